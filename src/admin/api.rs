@@ -1,0 +1,407 @@
+//! Admin routes. Every error is `{"error":{"code","message"}}` with a fitting status.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use crate::config::SecretValue;
+use crate::contract::{Outcome, Phase};
+use crate::journal::{Body, Draft, Journal, JournalError, Payload, Reconciliation, Record, Source, unb64};
+
+/// What the admin API serves from.
+pub struct AdminState {
+    pub journal: Journal,
+    pub registry: Registry,
+    pub token: Option<SecretValue>,
+}
+
+type Reply = Response<Full<Bytes>>;
+
+/// Accepts connections until the listener fails.
+pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin accept failed");
+                continue;
+            }
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(&state, req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// Binds the admin listener.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+fn json_reply(status: StatusCode, body: &Value) -> Reply {
+    let text = serde_json::to_vec(body).unwrap_or_default();
+    let mut r = Response::new(Full::new(Bytes::from(text)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    r
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Reply {
+    json_reply(status, &json!({"error": {"code": code, "message": message}}))
+}
+
+fn storage_error() -> Reply {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "JOURNAL_UNAVAILABLE",
+        "The journal could not be read.",
+    )
+}
+
+fn authorized(state: &AdminState, req: &Request<Incoming>) -> bool {
+    let Some(token) = &state.token else { return true };
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| token.matches(t.trim()))
+}
+
+async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let method = req.method().clone();
+    if path == "/healthz" {
+        return healthz(state);
+    }
+    if !authorized(state, &req) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "ADMIN_UNAUTHENTICATED",
+            "Send Authorization: Bearer <admin token>.",
+        );
+    }
+    match (&method, segments.as_slice()) {
+        (&Method::GET, ["metrics"]) => {
+            let text = super::metrics::encode(&state.registry);
+            let mut r = Response::new(Full::new(Bytes::from(text)));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            );
+            r
+        }
+        (&Method::GET, ["v1", "invocations"]) => list(state, &query),
+        (&Method::GET, ["v1", "invocations", id]) => record(state, id),
+        (&Method::GET, ["v1", "invocations", id, "events"]) => events(state, id),
+        (&Method::GET, ["v1", "invocations", id, "result"]) => result(state, id),
+        (&Method::GET, ["v1", "invocations", id, "result", "body"]) => {
+            let range = req.headers().get(header::RANGE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            result_body(state, id, range.as_deref())
+        }
+        (&Method::POST, ["v1", "invocations", id, "reconcile"]) => {
+            let id = (*id).to_owned();
+            match read_json(req).await {
+                Ok(body) => reconcile(state, &id, body).await,
+                Err(r) => r,
+            }
+        }
+        (&Method::GET, ["v1", "audit", "verify"]) => match state.journal.verify() {
+            Ok(report) => json_reply(StatusCode::OK, &json!(report)),
+            Err(_) => storage_error(),
+        },
+        (_, ["v1", "approvals", ..]) | (_, ["v1", "invocations", _, "retry"]) => error(
+            StatusCode::NOT_IMPLEMENTED,
+            "NOT_IMPLEMENTED",
+            "Approvals and retries are not available in this build yet.",
+        ),
+        _ => error(StatusCode::NOT_FOUND, "NOT_FOUND", "No such admin endpoint."),
+    }
+}
+
+fn healthz(state: &AdminState) -> Reply {
+    let health = state.journal.health();
+    if health.is_fatal() {
+        return json_reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "failed", "journal": "storage_fault"}),
+        );
+    }
+    if health.refusing_dispatch() {
+        return json_reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "degraded", "journal": "refusing_dispatch"}),
+        );
+    }
+    json_reply(StatusCode::OK, &json!({"status": "ok", "journal": "ok"}))
+}
+
+/// `?agent=&outcome=&phase=&limit=&cursor=`
+#[derive(Default)]
+struct ListQuery {
+    agent: Option<String>,
+    outcome: Option<Outcome>,
+    phase: Option<Phase>,
+    limit: usize,
+    cursor: Option<String>,
+}
+
+fn parse_list_query(query: &str) -> Result<ListQuery, Reply> {
+    let mut q = ListQuery {
+        limit: 50,
+        ..ListQuery::default()
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v);
+        let bad = |what: &str| error(StatusCode::BAD_REQUEST, "BAD_QUERY", what);
+        match k {
+            "agent" => q.agent = Some(v),
+            "outcome" => q.outcome = Some(Outcome::parse(&v).ok_or_else(|| bad("outcome is not a known outcome"))?),
+            "phase" => q.phase = Some(Phase::parse(&v).ok_or_else(|| bad("phase is not a known phase"))?),
+            "limit" => q.limit = v.parse().ok().filter(|n| (1..=1000).contains(n)).ok_or_else(|| bad("limit must be 1..1000"))?,
+            "cursor" => q.cursor = Some(v),
+            _ => return Err(bad("unknown query parameter (agent, outcome, phase, limit, cursor)")),
+        }
+    }
+    Ok(q)
+}
+
+fn matches(q: &ListQuery, r: &Record) -> bool {
+    q.agent.as_ref().is_none_or(|a| &r.agent == a)
+        && q.outcome.is_none_or(|o| r.outcome == o)
+        && q.phase.is_none_or(|p| r.phase == p)
+}
+
+fn list(state: &AdminState, query: &str) -> Reply {
+    let q = match parse_list_query(query) {
+        Ok(q) => q,
+        Err(r) => return r,
+    };
+    let mut found: Vec<Record> = Vec::new();
+    let mut cursor = q.cursor.clone();
+    let mut exhausted = false;
+    while found.len() <= q.limit && !exhausted {
+        let page = match state.journal.records_before(cursor.as_deref(), 256) {
+            Ok(p) => p,
+            Err(_) => return storage_error(),
+        };
+        exhausted = page.len() < 256;
+        cursor = page.last().map(|r| r.invocation_id.clone());
+        found.extend(page.into_iter().filter(|r| matches(&q, r)));
+    }
+    let next = if found.len() > q.limit {
+        found.truncate(q.limit);
+        found.last().map(|r| r.invocation_id.clone())
+    } else {
+        None
+    };
+    json_reply(StatusCode::OK, &json!({"invocations": found, "next": next}))
+}
+
+fn not_found(id: &str) -> Reply {
+    let msg = if id.starts_with("act_") {
+        "No invocation with this id."
+    } else {
+        "Invocation ids look like act_<ULID>."
+    };
+    error(StatusCode::NOT_FOUND, "INVOCATION_NOT_FOUND", msg)
+}
+
+fn record(state: &AdminState, id: &str) -> Reply {
+    match state.journal.record(id) {
+        Ok(Some(r)) => json_reply(StatusCode::OK, &json!(r)),
+        Ok(None) => not_found(id),
+        Err(_) => storage_error(),
+    }
+}
+
+fn events(state: &AdminState, id: &str) -> Reply {
+    match state.journal.events(id) {
+        Ok(ev) if ev.is_empty() => not_found(id),
+        Ok(ev) => json_reply(StatusCode::OK, &json!({"events": ev})),
+        Err(_) => storage_error(),
+    }
+}
+
+fn result(state: &AdminState, id: &str) -> Reply {
+    match state.journal.result(id) {
+        Ok(Some(r)) => json_reply(StatusCode::OK, &json!(r)),
+        Ok(None) => match state.journal.record(id) {
+            Ok(Some(_)) => error(
+                StatusCode::NOT_FOUND,
+                "RESULT_NOT_STORED",
+                "This invocation has no stored result (none was committed, or its retention ended).",
+            ),
+            Ok(None) => not_found(id),
+            Err(_) => storage_error(),
+        },
+        Err(_) => storage_error(),
+    }
+}
+
+fn result_body(state: &AdminState, id: &str, range: Option<&str>) -> Reply {
+    let stored = match state.journal.result(id) {
+        Ok(Some(r)) => r,
+        Ok(None) => return not_found(id),
+        Err(_) => return storage_error(),
+    };
+    let body = match &stored.payload {
+        Payload::Http(h) => h.body_base64.as_deref().and_then(unb64),
+        Payload::Ssh(s) => unb64(&s.stdout_base64),
+    };
+    let Some(body) = body else {
+        return error(StatusCode::NOT_FOUND, "BODY_NOT_STORED", "Only the digest of this body was kept.");
+    };
+    let total = body.len() as u64;
+    let Some(spec) = range else {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        r.headers_mut().insert(header::ACCEPT_RANGES, header::HeaderValue::from_static("bytes"));
+        return r;
+    };
+    match parse_range(spec, total) {
+        Some((start, end)) => {
+            let slice = body.get(start as usize..=end as usize).unwrap_or_default().to_vec();
+            let mut r = Response::new(Full::new(Bytes::from(slice)));
+            *r.status_mut() = StatusCode::PARTIAL_CONTENT;
+            if let Ok(v) = header::HeaderValue::from_str(&format!("bytes {start}-{end}/{total}")) {
+                r.headers_mut().insert(header::CONTENT_RANGE, v);
+            }
+            r
+        }
+        None => {
+            let mut r = error(StatusCode::RANGE_NOT_SATISFIABLE, "RANGE_NOT_SATISFIABLE", "The range is outside the body.");
+            if let Ok(v) = header::HeaderValue::from_str(&format!("bytes */{total}")) {
+                r.headers_mut().insert(header::CONTENT_RANGE, v);
+            }
+            r
+        }
+    }
+}
+
+/// One `bytes=` range, as inclusive offsets within `total`.
+pub fn parse_range(spec: &str, total: u64) -> Option<(u64, u64)> {
+    let (a, b) = spec.trim().strip_prefix("bytes=")?.split_once('-')?;
+    if total == 0 {
+        return None;
+    }
+    let (start, end) = match (a.trim(), b.trim()) {
+        ("", n) => {
+            let n: u64 = n.parse().ok()?;
+            (total.saturating_sub(n), total - 1)
+        }
+        (s, "") => (s.parse().ok()?, total - 1),
+        (s, e) => (s.parse().ok()?, e.parse::<u64>().ok()?.min(total - 1)),
+    };
+    (start <= end && start < total).then_some((start, end))
+}
+
+async fn read_json(req: Request<Incoming>) -> Result<Value, Reply> {
+    let bad = |m: &str| error(StatusCode::BAD_REQUEST, "BAD_REQUEST_BODY", m);
+    let body = Limited::new(req.into_body(), 64 * 1024)
+        .collect()
+        .await
+        .map_err(|_| bad("The body could not be read (at most 64 KiB)."))?
+        .to_bytes();
+    serde_json::from_slice(&body).map_err(|_| bad("The body is not JSON."))
+}
+
+async fn reconcile(state: &AdminState, id: &str, body: Value) -> Reply {
+    let outcome = match body.get("outcome").and_then(Value::as_str) {
+        Some("committed") => Outcome::Committed,
+        Some("rejected") => Outcome::Rejected,
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "BAD_REQUEST_BODY",
+                "outcome must be \"committed\" or \"rejected\".",
+            );
+        }
+    };
+    let note = body.get("note").and_then(Value::as_str).unwrap_or("").to_owned();
+    if note.trim().is_empty() {
+        return error(StatusCode::BAD_REQUEST, "BAD_REQUEST_BODY", "note must say how the outcome was established.");
+    }
+    match state.journal.record(id) {
+        Ok(Some(_)) => {}
+        Ok(None) => return not_found(id),
+        Err(_) => return storage_error(),
+    }
+    let draft = Draft::observed(Body::Reconciled(Reconciliation {
+        outcome,
+        note,
+        unsafe_retry: None,
+    }))
+    .source(Source::OperatorAttested)
+    .hop("postern");
+    match state.journal.append(id, vec![draft]).await {
+        Ok(appended) => json_reply(StatusCode::OK, &json!(appended.state.record)),
+        Err(JournalError::Refused(refusal)) => error(StatusCode::CONFLICT, "RECONCILE_REFUSED", &refusal.to_string()),
+        Err(JournalError::Unavailable) => storage_error(),
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |j: usize| bytes.get(j).and_then(|b| (*b as char).to_digit(16));
+        match (bytes[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b'+', _, _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_parse() {
+        assert_eq!(parse_range("bytes=0-3", 10), Some((0, 3)));
+        assert_eq!(parse_range("bytes=4-", 10), Some((4, 9)));
+        assert_eq!(parse_range("bytes=-3", 10), Some((7, 9)));
+        assert_eq!(parse_range("bytes=5-100", 10), Some((5, 9)));
+        assert_eq!(parse_range("bytes=10-", 10), None);
+        assert_eq!(parse_range("bytes=3-1", 10), None);
+        assert_eq!(parse_range("items=0-1", 10), None);
+        assert_eq!(parse_range("bytes=0-0", 0), None);
+    }
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("a%20b+c"), "a b c");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
+}

@@ -1,0 +1,73 @@
+//! A minimal admin API client (HTTP/1.1 over loopback).
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+
+use super::{AdminTarget, CliError};
+
+/// Sends one request and returns status and JSON body.
+pub fn call(target: &AdminTarget, method: Method, path: &str, body: Option<&Value>) -> Result<(StatusCode, Value), CliError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Failed(format!("cannot start a runtime: {e}")))?;
+    runtime.block_on(send(target, method, path, body))
+}
+
+async fn send(target: &AdminTarget, method: Method, path: &str, body: Option<&Value>) -> Result<(StatusCode, Value), CliError> {
+    let unreachable = |detail: String| CliError::Unreachable {
+        url: target.url.clone(),
+        detail,
+    };
+    let authority = target
+        .url
+        .strip_prefix("http://")
+        .ok_or_else(|| CliError::Failed(format!("admin URL `{}` must start with http://", target.url)))?
+        .trim_end_matches('/')
+        .to_owned();
+    let stream = tokio::net::TcpStream::connect(&authority)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    tokio::spawn(conn);
+    let payload = body.map(|b| serde_json::to_vec(b).unwrap_or_default()).unwrap_or_default();
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::HOST, authority.as_str())
+        .header(header::ACCEPT, "application/json");
+    if body.is_some() {
+        req = req.header(header::CONTENT_TYPE, "application/json");
+    }
+    if let Some(token) = &target.token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let req = req
+        .body(Full::new(Bytes::from(payload)))
+        .map_err(|e| CliError::Failed(format!("bad request: {e}")))?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let status = resp.status();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?
+        .to_bytes();
+    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Ok((status, json))
+}
+
+/// Turns an API error body into a CLI error.
+pub fn api_error(status: StatusCode, body: &Value) -> CliError {
+    let code = body["error"]["code"].as_str().unwrap_or("ERROR");
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    CliError::Failed(format!("{code} ({status}): {message}"))
+}

@@ -1,0 +1,195 @@
+//! Operator commands that talk to the running daemon.
+
+use std::process::ExitCode;
+
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use super::client::{api_error, call};
+use super::{ActionsCommand, AdminTarget, CliError, Home};
+use crate::contract::{Code, OperationView, Outcome, RecordFacts, Retry, decide as decide_verdict};
+
+fn get(target: &AdminTarget, path: &str) -> Result<Value, CliError> {
+    let (status, body) = call(target, Method::GET, path, None)?;
+    if status.is_success() {
+        Ok(body)
+    } else {
+        Err(api_error(status, &body))
+    }
+}
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+fn s(v: &Value) -> &str {
+    v.as_str().unwrap_or("-")
+}
+
+pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode, CliError> {
+    match command {
+        ActionsCommand::List {
+            agent,
+            outcome,
+            phase,
+            limit,
+            json,
+        } => {
+            let mut q = format!("limit={limit}");
+            for (k, v) in [("agent", agent), ("outcome", outcome), ("phase", phase)] {
+                if let Some(v) = v {
+                    q.push_str(&format!("&{k}={}", encode(&v)));
+                }
+            }
+            let body = get(target, &format!("/v1/invocations?{q}"))?;
+            if json {
+                print_json(&body);
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!("{:<31} {:<12} {:<14} {:<17} {:<20} {:<32} TARGET", "ID", "AGENT", "OUTCOME", "PHASE", "RETRY", "CODE");
+            for r in body["invocations"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<31} {:<12} {:<14} {:<17} {:<20} {:<32} {}",
+                    s(&r["invocation_id"]),
+                    s(&r["agent"]),
+                    s(&r["outcome"]),
+                    s(&r["phase"]),
+                    s(&r["retry"]),
+                    s(&r["code"]),
+                    s(&r["target"])
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ActionsCommand::Show { id, json } => {
+            let id = encode(&id);
+            let mut record = get(target, &format!("/v1/invocations/{id}"))?;
+            let events = get(target, &format!("/v1/invocations/{id}/events"))?;
+            record["events"] = events["events"].clone();
+            if json {
+                print_json(&record);
+            } else {
+                print_show(&record);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn print_show(r: &Value) {
+    println!("invocation  {}", s(&r["invocation_id"]));
+    println!("agent       {}", s(&r["agent"]));
+    println!("target      {} {}", s(&r["method"]), s(&r["target"]));
+    println!("route       {}", s(&r["route"]));
+    println!("outcome     {}", s(&r["outcome"]));
+    println!("phase       {}", s(&r["phase"]));
+    println!("retry       {}", s(&r["retry"]));
+    println!("code        {}", s(&r["code"]));
+    println!("generation  {}   attempts {}", r["generation"], r["attempts"]);
+    println!("created_at  {}", s(&r["created_at"]));
+    println!("evidence    {}", r["evidence"]);
+    if !r["result"].is_null() {
+        println!("result      {}", r["result"]);
+    }
+    if !r["envelope"].is_null() {
+        println!("envelope    {}", r["envelope"]);
+    }
+    println!("events:");
+    for e in r["events"].as_array().into_iter().flatten() {
+        println!(
+            "  #{:<6} {}  {:<24} gen {} att {}  {:<18} {:<8} {}",
+            e["seq"], s(&e["ts"]), s(&e["kind"]), e["generation"], e["attempt"], s(&e["source"]), s(&e["hop"]), e["data"]
+        );
+    }
+}
+
+pub fn result(target: &AdminTarget, id: &str) -> Result<ExitCode, CliError> {
+    let body = get(target, &format!("/v1/invocations/{}/result", encode(id)))?;
+    print_json(&body);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn decide(target: &AdminTarget, id: &str, json: bool) -> Result<ExitCode, CliError> {
+    let r = get(target, &format!("/v1/invocations/{}", encode(id)))?;
+    let parse = |v: &Value| v.as_str().map(str::to_owned);
+    let facts = RecordFacts {
+        code: parse(&r["code"]).and_then(|c| Code::parse(&c)),
+        outcome: parse(&r["outcome"])
+            .and_then(|o| Outcome::parse(&o))
+            .ok_or_else(|| CliError::Failed("the record has no readable outcome".into()))?,
+        retry: parse(&r["retry"])
+            .and_then(|o| Retry::parse(&o))
+            .ok_or_else(|| CliError::Failed("the record has no readable retry".into()))?,
+    };
+    let op = OperationView {
+        idempotent: r["evidence"]["idempotent"].as_bool().unwrap_or(false),
+        fingerprint_equal: true,
+    };
+    let verdict = decide_verdict(facts, op);
+    if json {
+        print_json(&json!({"invocation_id": id, "verdict": verdict}));
+    } else {
+        println!("{}", verdict.as_str());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn reconcile(target: &AdminTarget, id: &str, outcome: &str, note: &str) -> Result<ExitCode, CliError> {
+    let body = json!({"outcome": outcome, "note": note});
+    let path = format!("/v1/invocations/{}/reconcile", encode(id));
+    let (status, reply) = call(target, Method::POST, &path, Some(&body))?;
+    if status != StatusCode::OK {
+        return Err(api_error(status, &reply));
+    }
+    println!("{} reconciled as {} (operator_attested)", id, s(&reply["outcome"]));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Asks the daemon; with no daemon running, opens the journal itself.
+pub fn audit_verify(target: &AdminTarget, home: &Home, json: bool) -> Result<ExitCode, CliError> {
+    let report = match get(target, "/v1/audit/verify") {
+        Ok(v) => v,
+        Err(CliError::Unreachable { .. }) => offline_verify(home)?,
+        Err(e) => return Err(e),
+    };
+    if json {
+        print_json(&report);
+    } else if report["ok"].as_bool() == Some(true) {
+        println!("ok: {} events, head seq {} hash {}", report["events"], report["head_seq"], s(&report["head_hash"]));
+    } else {
+        println!(
+            "BROKEN at seq {}: {} ({} events verified before it)",
+            report["break"]["seq"],
+            s(&report["break"]["reason"]),
+            report["events"]
+        );
+    }
+    Ok(if report["ok"].as_bool() == Some(true) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn offline_verify(home: &Home) -> Result<Value, CliError> {
+    let dir = home.journal_dir();
+    if !dir.exists() {
+        return Err(CliError::Failed(format!("no journal at {}", dir.display())));
+    }
+    let store = crate::journal::FjallStore::open(&dir).map_err(|e| CliError::Failed(format!("cannot open the journal: {e}")))?;
+    let report = crate::journal::verify(&store).map_err(|e| CliError::Failed(format!("cannot read the journal: {e}")))?;
+    Ok(json!(report))
+}
+
+/// Percent-encodes a path segment or query value.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

@@ -1,0 +1,140 @@
+//! `postern serve` and `postern init`.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{CliError, Home};
+use crate::admin::{self, AdminState, metrics::FrontMetrics};
+use crate::config::{self, Config};
+use crate::journal::{Journal, JournalOptions, SpaceGuard, StoreError};
+
+/// Exit code after a storage fault: restart postern so recovery can run.
+const EXIT_STORAGE_FAULT: u8 = 70;
+
+fn load(config_path: Option<&Path>, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, CliError> {
+    Ok(config::load(config_path, env)?)
+}
+
+pub fn init(config_path: Option<&Path>, home: &Home, env: &dyn Fn(&str) -> Option<String>) -> Result<ExitCode, CliError> {
+    load(config_path, env)?;
+    home.create()
+        .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", home.root.display())))?;
+    println!("postern: state directory ready at {}", home.root.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn open_journal(config: &Config, home: &Home) -> Result<Journal, CliError> {
+    let options = JournalOptions {
+        durability: config.journal.durability,
+        result_retention_ms: config.journal.result_retention.as_millis() as i64,
+        ..JournalOptions::default()
+    };
+    let (journal, report) = Journal::open(&home.journal_dir(), options).map_err(|e| match e {
+        StoreError::Locked => CliError::Failed(format!(
+            "another postern process is using {} (one daemon per POSTERN_HOME)",
+            home.root.display()
+        )),
+        other => CliError::Failed(format!("cannot open the journal: {other}")),
+    })?;
+    for (id, code) in &report.recovered {
+        tracing::warn!(invocation = %id, code = code.as_str(), "recovered an invocation that was live when postern stopped");
+    }
+    if !report.recovered.is_empty() {
+        eprintln!("postern: recovery settled {} invocation(s)", report.recovered.len());
+    }
+    Ok(journal)
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fjall=warn,lsm_tree=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+pub fn run(config_path: Option<&Path>, home: &Home, env: &dyn Fn(&str) -> Option<String>) -> Result<ExitCode, CliError> {
+    init_tracing();
+    let config = load(config_path, env)?;
+    home.create()
+        .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", home.root.display())))?;
+    let journal = open_journal(&config, home)?;
+    SpaceGuard {
+        dir: home.journal_dir(),
+        reserve_bytes: config.journal.reserve_bytes,
+        min_free_bytes: config.journal.min_free_bytes,
+        interval: Duration::from_secs(5),
+    }
+    .spawn(journal.health().clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Failed(format!("cannot start the runtime: {e}")))?;
+    runtime.block_on(serve_until_stopped(config, journal, home.journal_dir()))
+}
+
+async fn serve_until_stopped(config: Config, journal: Journal, journal_dir: std::path::PathBuf) -> Result<ExitCode, CliError> {
+    let listener = admin::serve_bind(config.admin.listen)
+        .await
+        .map_err(|e| CliError::Failed(format!("cannot listen on {} ([admin] listen): {e}", config.admin.listen)))?;
+    let admin_addr = listener.local_addr().unwrap_or(config.admin.listen);
+    let front = FrontMetrics::default();
+    let state = Arc::new(AdminState {
+        registry: admin::metrics::registry(journal.metrics(), &front),
+        journal: journal.clone(),
+        token: config.admin.token.clone(),
+    });
+    tokio::spawn(admin::serve(listener, state));
+    tokio::spawn(expire_results(journal.clone()));
+    let durability = match config.journal.durability {
+        crate::journal::Durability::Fsync => "fsync",
+        crate::journal::Durability::Buffered => "buffered",
+    };
+    println!("postern {} serving", env!("CARGO_PKG_VERSION"));
+    println!("  admin    http://{admin_addr}");
+    println!("  journal  {} (durability {durability})", journal_dir.display());
+    let stop = shutdown_signal();
+    let fatal = journal.health().clone();
+    tokio::select! {
+        () = stop => {
+            let flushed = journal.flush().await;
+            eprintln!("postern: stopping; journal flushed");
+            Ok(if flushed.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_STORAGE_FAULT) })
+        }
+        () = fatal.fatal_notify.notified() => {
+            eprintln!(
+                "postern: journal storage fault ({}); exiting for a restart",
+                fatal.reason().unwrap_or_default()
+            );
+            Ok(ExitCode::from(EXIT_STORAGE_FAULT))
+        }
+    }
+}
+
+async fn expire_results(journal: Journal) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tick.tick().await;
+        if let Err(e) = journal.expire_results().await {
+            tracing::warn!(error = %e, "result retention sweep failed");
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

@@ -1,0 +1,35 @@
+//! Configuration in two steps: `raw` (as written, unknown keys refused) →
+//! `model` (validated; every problem reported with its key path in one run).
+
+mod model;
+mod raw;
+mod units;
+mod validate;
+
+use std::path::Path;
+
+pub use model::*;
+pub use units::{Quantity, parse_duration, parse_size};
+pub use validate::{ConfigErrors, EnvLookup, Problem, parse};
+
+/// The embedded default: loopback listeners, no agents, no routes.
+pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
+
+/// Loads the config file, or the embedded default when none is given.
+pub fn load(path: Option<&Path>, env: EnvLookup<'_>) -> Result<Config, ConfigErrors> {
+    match path {
+        None => parse(DEFAULT_CONFIG, None, env),
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                ConfigErrors(vec![Problem {
+                    path: p.display().to_string(),
+                    message: format!("cannot read the config file: {e}"),
+                }])
+            })?;
+            parse(&text, Some(p), env)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

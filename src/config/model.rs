@@ -1,0 +1,199 @@
+//! The validated config: every cross-field rule already checked.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::contract::Outcome;
+use crate::journal::Durability;
+
+/// A secret from the config (an agent or admin token). Never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretValue(String);
+
+impl SecretValue {
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Compares without an early exit on the first differing byte.
+    pub fn matches(&self, candidate: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), candidate.as_bytes());
+        let mut diff = a.len() ^ b.len();
+        for (i, x) in a.iter().enumerate() {
+            diff |= usize::from(x ^ b.get(i).copied().unwrap_or(0));
+        }
+        diff == 0
+    }
+}
+
+impl std::fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretValue([redacted])")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from; relative paths resolved against its directory.
+    pub source: Option<PathBuf>,
+    pub proxy: ProxyConfig,
+    pub ssh: SshConfig,
+    pub admin: AdminConfig,
+    pub journal: JournalConfig,
+    pub dns: Option<DnsConfig>,
+    pub agents: Vec<Agent>,
+    pub credentials: Vec<Credential>,
+    pub routes: Vec<Route>,
+    pub ssh_targets: Vec<SshTarget>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub listen: SocketAddr,
+    pub max_request_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct SshConfig {
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    pub token: Option<SecretValue>,
+}
+
+#[derive(Debug, Clone)]
+pub struct JournalConfig {
+    pub durability: Durability,
+    pub result_retention: Duration,
+    pub max_result_bytes: u64,
+    pub buffer_limit: u64,
+    /// Below this much free disk, new dispatches are refused.
+    pub min_free_bytes: u64,
+    /// The reserve file released when space runs low.
+    pub reserve_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct DnsConfig {
+    pub servers: Vec<SocketAddr>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Agent {
+    pub id: String,
+    pub token: SecretValue,
+}
+
+#[derive(Debug, Clone)]
+pub struct Credential {
+    pub id: String,
+    /// The vault entry's name (not its value).
+    pub secret: String,
+    pub inject: Inject,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inject {
+    Header { name: String, format: String },
+    Basic { user: String },
+    Query { param: String },
+    SshKey,
+    SshPassword,
+}
+
+impl Inject {
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Self::Header { .. } => "header",
+            Self::Basic { .. } => "basic",
+            Self::Query { .. } => "query",
+            Self::SshKey => "ssh_key",
+            Self::SshPassword => "ssh_password",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteMatch {
+    pub scheme: Scheme,
+    pub host: String,
+    pub port: u16,
+    /// Empty: any method.
+    pub methods: Vec<String>,
+    pub path_prefix: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Idempotency {
+    pub header: String,
+    pub scope: String,
+    pub retention: Duration,
+    pub safe_margin: Duration,
+    pub generate: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approval {
+    None,
+    Required,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    Auto,
+    Stream,
+    Buffer,
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub id: String,
+    /// Empty: every agent.
+    pub agents: Vec<String>,
+    /// Offered credentials; more than one means the agent picks with `Postern-Credential`.
+    pub credentials: Vec<String>,
+    pub matcher: RouteMatch,
+    pub idempotent_methods: Vec<String>,
+    pub idempotency: Option<Idempotency>,
+    pub approval: Approval,
+    pub approval_timeout: Duration,
+    pub retry_budget: u32,
+    pub connect_timeout: Duration,
+    pub response_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub intercept: bool,
+    pub allow_private: bool,
+    pub delivery: Delivery,
+    pub upstream_ca: Option<PathBuf>,
+    pub resolve: Option<SocketAddr>,
+    pub via: Option<String>,
+    pub status_outcomes: BTreeMap<u16, Outcome>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SshTarget {
+    pub id: String,
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub agents: Vec<String>,
+    pub credential: Option<String>,
+    pub known_hosts: Option<PathBuf>,
+    pub resolve: Option<SocketAddr>,
+    pub allow: Vec<String>,
+}

@@ -1,0 +1,137 @@
+//! The config file as written: serde structs that refuse unknown keys.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::units::Quantity;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProxy {
+    pub listen: Option<String>,
+    pub max_request_bytes: Option<Quantity>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSsh {
+    pub listen: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    pub listen: Option<String>,
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJournal {
+    pub durability: Option<String>,
+    pub result_retention: Option<Quantity>,
+    pub max_result_bytes: Option<Quantity>,
+    pub buffer_limit: Option<Quantity>,
+    pub min_free_bytes: Option<Quantity>,
+    pub reserve_bytes: Option<Quantity>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDns {
+    pub servers: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAgent {
+    pub id: String,
+    pub token: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCredential {
+    pub id: String,
+    pub secret: String,
+    pub inject: RawInject,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawInject {
+    pub header: Option<String>,
+    pub format: Option<String>,
+    pub basic: Option<RawBasic>,
+    pub query: Option<String>,
+    pub ssh_key: Option<bool>,
+    pub ssh_password: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBasic {
+    pub user: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMatch {
+    pub scheme: Option<String>,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub methods: Option<Vec<String>>,
+    pub path_prefix: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdempotency {
+    pub header: String,
+    pub scope: String,
+    pub retention: Quantity,
+    pub safe_margin: Option<Quantity>,
+    #[serde(default)]
+    pub generate: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub id: String,
+    pub agents: Option<Vec<String>>,
+    pub credential: Option<String>,
+    pub credentials: Option<Vec<String>>,
+    #[serde(rename = "match")]
+    pub matcher: RawMatch,
+    pub idempotent_methods: Option<Vec<String>>,
+    pub idempotency: Option<RawIdempotency>,
+    pub approval: Option<String>,
+    pub approval_timeout: Option<Quantity>,
+    pub retry_budget: Option<u32>,
+    pub connect_timeout: Option<Quantity>,
+    pub response_timeout: Option<Quantity>,
+    pub idle_timeout: Option<Quantity>,
+    pub intercept: Option<bool>,
+    pub allow_private: Option<bool>,
+    pub delivery: Option<String>,
+    pub upstream_ca: Option<String>,
+    pub resolve: Option<String>,
+    pub via: Option<String>,
+    pub status_outcomes: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSshTarget {
+    pub id: String,
+    pub host: String,
+    pub port: Option<u16>,
+    pub user: String,
+    pub agents: Option<Vec<String>>,
+    pub credential: Option<String>,
+    pub known_hosts: Option<String>,
+    pub resolve: Option<String>,
+    pub allow: Option<Vec<String>>,
+}

@@ -1,0 +1,149 @@
+use super::*;
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "CI_AGENT_TOKEN" => Some("ci-token".into()),
+        "POSTERN_ADMIN_TOKEN" => Some("admin-token".into()),
+        _ => None,
+    }
+}
+
+fn paths(text: &str) -> Vec<String> {
+    match parse(text, None, &env) {
+        Ok(_) => Vec::new(),
+        Err(e) => e.0.into_iter().map(|p| p.path).collect(),
+    }
+}
+
+#[test]
+fn the_embedded_default_is_valid_and_loopback() {
+    let c = load(None, &env).map_err(|e| e.to_string());
+    let c = c.as_ref().ok();
+    assert!(c.is_some_and(|c| c.proxy.listen.ip().is_loopback() && c.routes.is_empty()));
+    assert!(c.is_some_and(|c| c.admin.listen.port() == 3129 && c.admin.token.is_none()));
+}
+
+#[test]
+fn the_example_config_is_valid() {
+    let text = include_str!("../../config/postern.example.toml");
+    let c = parse(text, None, &env);
+    assert!(c.is_ok(), "{}", c.err().map(|e| e.to_string()).unwrap_or_default());
+}
+
+#[test]
+fn route_defaults_follow_the_spec() {
+    let text = r#"
+[[routes]]
+id = "r"
+match = { host = "API.example.test" }
+"#;
+    let c = parse(text, None, &env).ok();
+    let r = c.as_ref().and_then(|c| c.routes.first());
+    assert!(r.is_some());
+    let Some(r) = r else { return };
+    assert_eq!(r.matcher.scheme, Scheme::Https);
+    assert_eq!(r.matcher.port, 443);
+    assert_eq!(r.matcher.host, "api.example.test");
+    assert_eq!(r.matcher.path_prefix, "/");
+    assert!(r.matcher.methods.is_empty() && r.agents.is_empty() && r.credentials.is_empty());
+    assert_eq!(r.approval, Approval::None);
+    assert_eq!(r.approval_timeout, std::time::Duration::from_secs(300));
+    assert_eq!(r.retry_budget, 3);
+    assert_eq!(r.connect_timeout, std::time::Duration::from_secs(5));
+    assert_eq!(r.response_timeout, std::time::Duration::from_secs(30));
+    assert_eq!(r.idle_timeout, std::time::Duration::from_secs(60));
+    assert_eq!(r.delivery, Delivery::Auto);
+    assert!(r.intercept && !r.allow_private);
+    assert_eq!(r.idempotent_methods, ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]);
+}
+
+#[test]
+fn every_problem_is_reported_with_its_path_in_one_run() {
+    let text = r#"
+[proxy]
+listen = "nowhere"
+[journal]
+durability = "sometimes"
+result_retention = "5 fortnights"
+[[agents]]
+id = "ci"
+token = "env:MISSING_TOKEN"
+[[routes]]
+id = "a"
+credential = "ghost"
+agents = ["nobody"]
+match = { host = "x.test", scheme = "gopher" }
+status_outcomes = { "409" = "maybe", "abc" = "rejected" }
+[[routes]]
+id = "a"
+match = { host = "y.test", hots = 1 }
+[surprise]
+x = 1
+"#;
+    let mut got = paths(text);
+    got.sort();
+    let mut want = vec![
+        "proxy.listen",
+        "journal.durability",
+        "journal.result_retention",
+        "agents[0].token",
+        "routes[0].credential",
+        "routes[0].agents[0]",
+        "routes[0].match.scheme",
+        "routes[0].status_outcomes.409",
+        "routes[0].status_outcomes.abc",
+        "routes[1]",
+        "surprise",
+    ];
+    want.sort();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn unknown_keys_are_refused() {
+    assert_eq!(paths("[proxy]\nlisten = \"127.0.0.1:1\"\nlisten_too = 1\n"), ["proxy"]);
+    let e = parse("[admin]\ntokn = \"x\"\n", None, &env).err().map(|e| e.to_string());
+    assert!(e.is_some_and(|e| e.contains("tokn")));
+}
+
+#[test]
+fn a_non_loopback_listener_needs_agents() {
+    assert_eq!(paths("[proxy]\nlisten = \"0.0.0.0:3128\"\n"), ["proxy.listen"]);
+    let with_agent = "[proxy]\nlisten = \"0.0.0.0:3128\"\n[[agents]]\nid = \"a\"\ntoken = \"t\"\n";
+    assert!(paths(with_agent).is_empty());
+}
+
+#[test]
+fn credentials_name_exactly_one_mode() {
+    let text = r#"
+[[credentials]]
+id = "two"
+secret = "s"
+inject = { header = "Authorization", query = "k" }
+[[credentials]]
+id = "none"
+secret = "s"
+inject = {}
+[[credentials]]
+id = "basic"
+secret = "s"
+inject = { basic = { user = "u" } }
+"#;
+    assert_eq!(paths(text), ["credentials[0].inject", "credentials[1].inject"]);
+}
+
+#[test]
+fn secrets_never_show_in_debug_output() {
+    let text = "[[agents]]\nid = \"a\"\ntoken = \"canary-5f3a\"\n[admin]\ntoken = \"env:POSTERN_ADMIN_TOKEN\"\n";
+    let c = parse(text, None, &env).ok();
+    let dump = format!("{c:?}");
+    assert!(c.is_some());
+    assert!(!dump.contains("canary-5f3a") && !dump.contains("admin-token"));
+    assert!(c.is_some_and(|c| c.agents.first().is_some_and(|a| a.token.matches("canary-5f3a"))));
+}
+
+#[test]
+fn syntax_errors_are_reported() {
+    let e = parse("[proxy\n", None, &env).err();
+    assert!(e.is_some_and(|e| e.0.len() == 1 && e.0[0].path == "(file)"));
+}

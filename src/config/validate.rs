@@ -1,0 +1,533 @@
+//! Raw → validated: every problem reported with its key path, in one run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use super::model::*;
+use super::raw::*;
+use super::units::{Quantity, parse_duration, parse_size};
+use crate::contract::Outcome;
+use crate::journal::Durability;
+
+/// One bad key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+/// Every problem found in one config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<Problem>);
+
+impl std::fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "invalid config ({} problem(s)):", self.0.len())?;
+        for p in &self.0 {
+            writeln!(f, "  {}: {}", p.path, p.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Looks up a process environment variable (passed in, never read deep in code).
+pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+struct Checker<'a> {
+    problems: Vec<Problem>,
+    base: PathBuf,
+    env: EnvLookup<'a>,
+}
+
+impl Checker<'_> {
+    fn bad(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    fn section<T: DeserializeOwned + Default>(&mut self, path: &str, v: Option<&toml::Value>) -> T {
+        match v {
+            None => T::default(),
+            Some(v) => self.item(path, v).unwrap_or_default(),
+        }
+    }
+
+    fn item<T: DeserializeOwned>(&mut self, path: &str, v: &toml::Value) -> Option<T> {
+        match v.clone().try_into::<T>() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.bad(path, e.message().trim().to_owned());
+                None
+            }
+        }
+    }
+
+    fn list<T: DeserializeOwned>(&mut self, path: &str, v: Option<&toml::Value>) -> Vec<T> {
+        let Some(v) = v else { return Vec::new() };
+        let Some(items) = v.as_array() else {
+            self.bad(path, "expected an array of tables ([[...]])");
+            return Vec::new();
+        };
+        items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| self.item(&format!("{path}[{i}]"), item))
+            .collect()
+    }
+
+    fn addr(&mut self, path: &str, v: Option<&str>, default: &str) -> SocketAddr {
+        let text = v.unwrap_or(default);
+        text.parse().unwrap_or_else(|_| {
+            self.bad(path, format!("`{text}` is not an address such as \"127.0.0.1:3128\""));
+            SocketAddr::from(([127, 0, 0, 1], 0))
+        })
+    }
+
+    fn duration(&mut self, path: &str, v: Option<&Quantity>, default: Duration) -> Duration {
+        match v.map(parse_duration) {
+            None => default,
+            Some(Ok(d)) => d,
+            Some(Err(e)) => {
+                self.bad(path, e);
+                default
+            }
+        }
+    }
+
+    fn size(&mut self, path: &str, v: Option<&Quantity>, default: u64) -> u64 {
+        match v.map(parse_size) {
+            None => default,
+            Some(Ok(n)) => n,
+            Some(Err(e)) => {
+                self.bad(path, e);
+                default
+            }
+        }
+    }
+
+    /// `env:NAME` reads the environment; anything else is a literal.
+    fn secret(&mut self, path: &str, v: &str) -> Option<SecretValue> {
+        match v.strip_prefix("env:") {
+            Some(name) => match (self.env)(name) {
+                Some(value) if !value.is_empty() => Some(SecretValue::new(value)),
+                _ => {
+                    self.bad(path, format!("environment variable {name} is not set"));
+                    None
+                }
+            },
+            None if v.is_empty() => {
+                self.bad(path, "must not be empty");
+                None
+            }
+            None => Some(SecretValue::new(v.to_owned())),
+        }
+    }
+
+    fn path(&self, v: &str) -> PathBuf {
+        let p = Path::new(v);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base.join(p)
+        }
+    }
+
+    fn unique<'a>(&mut self, section: &str, ids: impl Iterator<Item = &'a str>) -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        for (i, id) in ids.enumerate() {
+            if id.is_empty() {
+                self.bad(format!("{section}[{i}].id"), "must not be empty");
+            } else if !seen.insert(id.to_owned()) {
+                self.bad(format!("{section}[{i}].id"), format!("duplicate id `{id}`"));
+            }
+        }
+        seen
+    }
+}
+
+/// Parses and validates a config text.
+pub fn parse(text: &str, source: Option<&Path>, env: EnvLookup<'_>) -> Result<Config, ConfigErrors> {
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        ConfigErrors(vec![Problem {
+            path: "(file)".into(),
+            message: e.to_string().trim().to_owned(),
+        }])
+    })?;
+    let base = source
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let mut c = Checker {
+        problems: Vec::new(),
+        base,
+        env,
+    };
+    const SECTIONS: &[&str] = &[
+        "proxy", "ssh", "admin", "journal", "dns", "agents", "credentials", "routes", "ssh_targets",
+    ];
+    for key in table.keys() {
+        if !SECTIONS.contains(&key.as_str()) {
+            c.bad(key.clone(), format!("unknown section (expected one of {})", SECTIONS.join(", ")));
+        }
+    }
+    let proxy: RawProxy = c.section("proxy", table.get("proxy"));
+    let ssh: RawSsh = c.section("ssh", table.get("ssh"));
+    let admin: RawAdmin = c.section("admin", table.get("admin"));
+    let journal: RawJournal = c.section("journal", table.get("journal"));
+    let dns: Option<RawDns> = table.get("dns").and_then(|v| c.item("dns", v));
+    let agents: Vec<RawAgent> = c.list("agents", table.get("agents"));
+    let credentials: Vec<RawCredential> = c.list("credentials", table.get("credentials"));
+    let routes: Vec<RawRoute> = c.list("routes", table.get("routes"));
+    let ssh_targets: Vec<RawSshTarget> = c.list("ssh_targets", table.get("ssh_targets"));
+
+    let config = Config {
+        source: source.map(Path::to_path_buf),
+        proxy: ProxyConfig {
+            listen: c.addr("proxy.listen", proxy.listen.as_deref(), "127.0.0.1:3128"),
+            max_request_bytes: c.size("proxy.max_request_bytes", proxy.max_request_bytes.as_ref(), 16 << 20),
+        },
+        ssh: SshConfig {
+            listen: c.addr("ssh.listen", ssh.listen.as_deref(), "127.0.0.1:2222"),
+        },
+        admin: AdminConfig {
+            listen: c.addr("admin.listen", admin.listen.as_deref(), "127.0.0.1:3129"),
+            token: admin.token.as_deref().and_then(|t| c.secret("admin.token", t)),
+        },
+        journal: journal_config(&mut c, &journal),
+        dns: dns.map(|d| DnsConfig {
+            servers: d
+                .servers
+                .iter()
+                .enumerate()
+                .map(|(i, s)| c.addr(&format!("dns.servers[{i}]"), Some(s), ""))
+                .collect(),
+        }),
+        agents: agents
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| {
+                let token = c.secret(&format!("agents[{i}].token"), &a.token)?;
+                Some(Agent {
+                    id: a.id.clone(),
+                    token,
+                })
+            })
+            .collect(),
+        credentials: credentials
+            .iter()
+            .enumerate()
+            .filter_map(|(i, cr)| credential(&mut c, i, cr))
+            .collect(),
+        routes: Vec::new(),
+        ssh_targets: Vec::new(),
+    };
+    let agent_ids = c.unique("agents", agents.iter().map(|a| a.id.as_str()));
+    let cred_ids = c.unique("credentials", credentials.iter().map(|a| a.id.as_str()));
+    c.unique("routes", routes.iter().map(|r| r.id.as_str()));
+    c.unique("ssh_targets", ssh_targets.iter().map(|r| r.id.as_str()));
+    let refs = Refs {
+        agents: &agent_ids,
+        credentials: &cred_ids,
+    };
+    let routes = routes
+        .iter()
+        .enumerate()
+        .map(|(i, r)| route(&mut c, &refs, i, r))
+        .collect();
+    let ssh_targets = ssh_targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| ssh_target(&mut c, &refs, i, t))
+        .collect();
+    let config = Config {
+        routes,
+        ssh_targets,
+        ..config
+    };
+    if config.agents.is_empty() && agents.is_empty() && !config.proxy.listen.ip().is_loopback() {
+        c.bad(
+            "proxy.listen",
+            "a non-loopback listener needs [[agents]]: anonymous agents are allowed on loopback only",
+        );
+    }
+    if c.problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigErrors(c.problems))
+    }
+}
+
+fn journal_config(c: &mut Checker<'_>, j: &RawJournal) -> JournalConfig {
+    let durability = match j.durability.as_deref() {
+        None | Some("fsync") => Durability::Fsync,
+        Some("buffered") => Durability::Buffered,
+        Some(other) => {
+            c.bad("journal.durability", format!("`{other}` is not \"fsync\" or \"buffered\""));
+            Durability::Fsync
+        }
+    };
+    JournalConfig {
+        durability,
+        result_retention: c.duration("journal.result_retention", j.result_retention.as_ref(), Duration::from_secs(7 * 86_400)),
+        max_result_bytes: c.size("journal.max_result_bytes", j.max_result_bytes.as_ref(), 16 << 20),
+        buffer_limit: c.size("journal.buffer_limit", j.buffer_limit.as_ref(), 8 << 20),
+        min_free_bytes: c.size("journal.min_free_bytes", j.min_free_bytes.as_ref(), 256 << 20),
+        reserve_bytes: c.size("journal.reserve_bytes", j.reserve_bytes.as_ref(), 64 << 20),
+    }
+}
+
+fn credential(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> Option<Credential> {
+    let path = format!("credentials[{i}].inject");
+    let inj = &cr.inject;
+    let modes = [
+        inj.header.is_some(),
+        inj.basic.is_some(),
+        inj.query.is_some(),
+        inj.ssh_key == Some(true),
+        inj.ssh_password == Some(true),
+    ];
+    if modes.iter().filter(|m| **m).count() != 1 {
+        c.bad(&path, "name exactly one mode: header, basic, query, ssh_key or ssh_password");
+        return None;
+    }
+    if inj.format.is_some() && inj.header.is_none() {
+        c.bad(format!("{path}.format"), "format goes with header");
+    }
+    let inject = if let Some(name) = &inj.header {
+        let format = inj.format.clone().unwrap_or_else(|| "{secret}".into());
+        if !format.contains("{secret}") {
+            c.bad(format!("{path}.format"), "must contain {secret}");
+        }
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            c.bad(format!("{path}.header"), format!("`{name}` is not a header name"));
+        }
+        Inject::Header {
+            name: name.clone(),
+            format,
+        }
+    } else if let Some(b) = &inj.basic {
+        Inject::Basic { user: b.user.clone() }
+    } else if let Some(q) = &inj.query {
+        Inject::Query { param: q.clone() }
+    } else if inj.ssh_key == Some(true) {
+        Inject::SshKey
+    } else {
+        Inject::SshPassword
+    };
+    if cr.secret.is_empty() {
+        c.bad(format!("credentials[{i}].secret"), "must name a vault secret");
+    }
+    Some(Credential {
+        id: cr.id.clone(),
+        secret: cr.secret.clone(),
+        inject,
+    })
+}
+
+struct Refs<'a> {
+    agents: &'a BTreeSet<String>,
+    credentials: &'a BTreeSet<String>,
+}
+
+impl Refs<'_> {
+    fn check_agents(&self, c: &mut Checker<'_>, path: &str, agents: &[String]) {
+        for (j, a) in agents.iter().enumerate() {
+            if !self.agents.contains(a) {
+                c.bad(format!("{path}.agents[{j}]"), format!("no agent with id `{a}`"));
+            }
+        }
+    }
+
+    fn check_credential(&self, c: &mut Checker<'_>, path: String, id: &str) {
+        if !self.credentials.contains(id) {
+            c.bad(path, format!("no credential with id `{id}`"));
+        }
+    }
+}
+
+const DEFAULT_IDEMPOTENT: &[&str] = &["GET", "HEAD", "OPTIONS", "PUT", "DELETE"];
+
+fn methods(c: &mut Checker<'_>, path: &str, list: &[String]) -> Vec<String> {
+    list.iter()
+        .enumerate()
+        .map(|(j, m)| {
+            if http::Method::from_bytes(m.as_bytes()).is_err() || m.is_empty() {
+                c.bad(format!("{path}[{j}]"), format!("`{m}` is not an HTTP method"));
+            }
+            m.to_ascii_uppercase()
+        })
+        .collect()
+}
+
+fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route {
+    let p = format!("routes[{i}]");
+    let agents = r.agents.clone().unwrap_or_default();
+    refs.check_agents(c, &p, &agents);
+    let credentials = match (&r.credential, &r.credentials) {
+        (Some(_), Some(_)) => {
+            c.bad(format!("{p}.credentials"), "use either credential or credentials, not both");
+            Vec::new()
+        }
+        (Some(one), None) => vec![one.clone()],
+        (None, Some(list)) => list.clone(),
+        (None, None) => Vec::new(),
+    };
+    let key = if r.credential.is_some() { "credential" } else { "credentials" };
+    for (j, id) in credentials.iter().enumerate() {
+        let path = if r.credential.is_some() {
+            format!("{p}.{key}")
+        } else {
+            format!("{p}.{key}[{j}]")
+        };
+        refs.check_credential(c, path, id);
+    }
+    let m = &r.matcher;
+    let scheme = match m.scheme.as_deref() {
+        None | Some("https") => Scheme::Https,
+        Some("http") => Scheme::Http,
+        Some(other) => {
+            c.bad(format!("{p}.match.scheme"), format!("`{other}` is not \"https\" or \"http\""));
+            Scheme::Https
+        }
+    };
+    let host = m.host.clone().unwrap_or_default().to_ascii_lowercase();
+    if host.is_empty() {
+        c.bad(format!("{p}.match.host"), "a route must match a host");
+    }
+    let path_prefix = m.path_prefix.clone().unwrap_or_else(|| "/".into());
+    if !path_prefix.starts_with('/') {
+        c.bad(format!("{p}.match.path_prefix"), "must start with /");
+    }
+    let matcher = RouteMatch {
+        scheme,
+        host,
+        port: m.port.unwrap_or(match scheme {
+            Scheme::Https => 443,
+            Scheme::Http => 80,
+        }),
+        methods: methods(c, &format!("{p}.match.methods"), m.methods.as_deref().unwrap_or(&[])),
+        path_prefix,
+    };
+    let default_idem: Vec<String> = DEFAULT_IDEMPOTENT.iter().map(|s| s.to_string()).collect();
+    let idempotent_methods = methods(
+        c,
+        &format!("{p}.idempotent_methods"),
+        r.idempotent_methods.as_deref().unwrap_or(&default_idem),
+    );
+    let idempotency = r.idempotency.as_ref().map(|k| Idempotency {
+        header: k.header.clone(),
+        scope: k.scope.clone(),
+        retention: c.duration(&format!("{p}.idempotency.retention"), Some(&k.retention), Duration::ZERO),
+        safe_margin: c.duration(&format!("{p}.idempotency.safe_margin"), k.safe_margin.as_ref(), Duration::ZERO),
+        generate: k.generate,
+    });
+    if let Some(k) = &idempotency {
+        if k.safe_margin >= k.retention {
+            c.bad(format!("{p}.idempotency.safe_margin"), "must be shorter than retention");
+        }
+        if http::HeaderName::from_bytes(k.header.as_bytes()).is_err() {
+            c.bad(format!("{p}.idempotency.header"), format!("`{}` is not a header name", k.header));
+        }
+    }
+    let approval = match r.approval.as_deref() {
+        None | Some("none") => Approval::None,
+        Some("required") => Approval::Required,
+        Some(other) => {
+            c.bad(format!("{p}.approval"), format!("`{other}` is not \"none\" or \"required\""));
+            Approval::None
+        }
+    };
+    let delivery = match r.delivery.as_deref() {
+        None | Some("auto") => Delivery::Auto,
+        Some("stream") => Delivery::Stream,
+        Some("buffer") => Delivery::Buffer,
+        Some(other) => {
+            c.bad(format!("{p}.delivery"), format!("`{other}` is not \"auto\", \"stream\" or \"buffer\""));
+            Delivery::Auto
+        }
+    };
+    let mut status_outcomes = BTreeMap::new();
+    for (k, v) in r.status_outcomes.iter().flatten() {
+        let path = format!("{p}.status_outcomes.{k}");
+        let status = k.parse::<u16>().ok().filter(|s| (200..=599).contains(s));
+        let outcome = match v.as_str() {
+            "committed" => Some(Outcome::Committed),
+            "rejected" => Some(Outcome::Rejected),
+            _ => None,
+        };
+        match (status, outcome) {
+            (Some(s), Some(o)) => {
+                status_outcomes.insert(s, o);
+            }
+            (None, _) => c.bad(path, "key must be a final HTTP status (200-599)"),
+            (_, None) => c.bad(path, format!("`{v}` is not \"committed\" or \"rejected\"")),
+        }
+    }
+    let resolve = r.resolve.as_deref().map(|s| c.addr(&format!("{p}.resolve"), Some(s), ""));
+    if let Some(via) = &r.via {
+        if !via.starts_with("http://") {
+            c.bad(format!("{p}.via"), "must be an http:// proxy URL");
+        }
+    }
+    let upstream_ca = r.upstream_ca.as_deref().map(|s| c.path(s));
+    if let Some(ca) = &upstream_ca {
+        if !ca.is_file() {
+            c.bad(format!("{p}.upstream_ca"), format!("no file at {}", ca.display()));
+        }
+    }
+    Route {
+        id: r.id.clone(),
+        agents,
+        credentials,
+        matcher,
+        idempotent_methods,
+        idempotency,
+        approval,
+        approval_timeout: c.duration(&format!("{p}.approval_timeout"), r.approval_timeout.as_ref(), Duration::from_secs(300)),
+        retry_budget: r.retry_budget.unwrap_or(3),
+        connect_timeout: c.duration(&format!("{p}.connect_timeout"), r.connect_timeout.as_ref(), Duration::from_secs(5)),
+        response_timeout: c.duration(&format!("{p}.response_timeout"), r.response_timeout.as_ref(), Duration::from_secs(30)),
+        idle_timeout: c.duration(&format!("{p}.idle_timeout"), r.idle_timeout.as_ref(), Duration::from_secs(60)),
+        intercept: r.intercept.unwrap_or(true),
+        allow_private: r.allow_private.unwrap_or(false),
+        delivery,
+        upstream_ca,
+        resolve,
+        via: r.via.clone(),
+        status_outcomes,
+    }
+}
+
+fn ssh_target(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, t: &RawSshTarget) -> SshTarget {
+    let p = format!("ssh_targets[{i}]");
+    let agents = t.agents.clone().unwrap_or_default();
+    refs.check_agents(c, &p, &agents);
+    if let Some(id) = &t.credential {
+        refs.check_credential(c, format!("{p}.credential"), id);
+    }
+    let allow = t.allow.clone().unwrap_or_else(|| vec!["exec".into()]);
+    for (j, a) in allow.iter().enumerate() {
+        if !matches!(a.as_str(), "exec" | "shell" | "port_forward") {
+            c.bad(format!("{p}.allow[{j}]"), format!("`{a}` is not exec, shell or port_forward"));
+        }
+    }
+    SshTarget {
+        id: t.id.clone(),
+        host: t.host.to_ascii_lowercase(),
+        port: t.port.unwrap_or(22),
+        user: t.user.clone(),
+        agents,
+        credential: t.credential.clone(),
+        known_hosts: t.known_hosts.as_deref().map(|s| c.path(s)),
+        resolve: t.resolve.as_deref().map(|s| c.addr(&format!("{p}.resolve"), Some(s), "")),
+        allow,
+    }
+}

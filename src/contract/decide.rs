@@ -1,0 +1,159 @@
+//! `decide(record, operation)`: the verdict automation acts on (SPEC §1.7).
+
+use serde::{Deserialize, Serialize};
+
+use super::codes::{Code, Outcome, Retry};
+
+/// What automation should do next with an invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Verdict {
+    /// Fetch the stored result by invocation id.
+    Fetch,
+    /// Find out what happened remotely before doing anything else.
+    Reconcile,
+    /// Change the request, config or credential first.
+    StopForCorrection,
+    /// A new attempt is safe.
+    RetryNewAttempt,
+    /// Retry with the same idempotency key.
+    RetrySameKey,
+    /// Retry once the remote's `Retry-After` allows.
+    RetryWhenAllowed,
+    /// The recorded result is the answer.
+    ReturnRecordedResult,
+}
+
+impl Verdict {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Fetch => "FETCH",
+            Self::Reconcile => "RECONCILE",
+            Self::StopForCorrection => "STOP_FOR_CORRECTION",
+            Self::RetryNewAttempt => "RETRY_NEW_ATTEMPT",
+            Self::RetrySameKey => "RETRY_SAME_KEY",
+            Self::RetryWhenAllowed => "RETRY_WHEN_ALLOWED",
+            Self::ReturnRecordedResult => "RETURN_RECORDED_RESULT",
+        }
+    }
+
+    /// Verdicts `postern retry` refuses without the visibly unsafe flag.
+    pub const fn needs_operator(self) -> bool {
+        matches!(self, Self::Reconcile | Self::StopForCorrection)
+    }
+}
+
+/// The four facts of a record that `decide` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordFacts {
+    pub code: Option<Code>,
+    pub outcome: Outcome,
+    pub retry: Retry,
+}
+
+/// What the caller knows about the operation it would repeat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OperationView {
+    pub idempotent: bool,
+    /// The operation's fingerprint equals the recorded one.
+    pub fingerprint_equal: bool,
+}
+
+/// SPEC §1.7, branch for branch.
+pub fn decide(record: RecordFacts, operation: OperationView) -> Verdict {
+    if record.retry == Retry::FetchResult {
+        return Verdict::Fetch;
+    }
+    if record.code == Some(Code::RetryBudgetExhausted) {
+        return if record.outcome == Outcome::Unknown {
+            Verdict::Reconcile
+        } else {
+            Verdict::StopForCorrection
+        };
+    }
+    match record.outcome {
+        Outcome::NotAttempted if record.retry == Retry::Backoff => Verdict::RetryNewAttempt,
+        Outcome::NotAttempted => Verdict::StopForCorrection,
+        Outcome::Unknown if operation.idempotent => Verdict::RetryNewAttempt,
+        Outcome::Unknown
+            if record.retry == Retry::SameIdempotencyKey && operation.fingerprint_equal =>
+        {
+            Verdict::RetrySameKey
+        }
+        Outcome::Unknown => Verdict::Reconcile,
+        Outcome::Rejected if record.retry == Retry::Backoff => Verdict::RetryWhenAllowed,
+        Outcome::Rejected | Outcome::Committed => Verdict::ReturnRecordedResult,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(code: Option<Code>, outcome: Outcome, retry: Retry) -> RecordFacts {
+        RecordFacts {
+            code,
+            outcome,
+            retry,
+        }
+    }
+
+    const PLAIN: OperationView = OperationView {
+        idempotent: false,
+        fingerprint_equal: false,
+    };
+
+    #[test]
+    fn every_branch_of_decide() {
+        use Outcome::*;
+        use Retry::*;
+        use Verdict::*;
+        let same_fp = OperationView {
+            idempotent: false,
+            fingerprint_equal: true,
+        };
+        let idem = OperationView {
+            idempotent: true,
+            fingerprint_equal: false,
+        };
+        let rbe = Some(Code::RetryBudgetExhausted);
+        let cases = [
+            (facts(None, Committed, FetchResult), PLAIN, Fetch),
+            (facts(rbe, Unknown, FetchResult), PLAIN, Fetch),
+            (facts(rbe, Unknown, Retry::Reconcile), idem, Verdict::Reconcile),
+            (facts(rbe, NotAttempted, AfterCorrection), idem, StopForCorrection),
+            (facts(rbe, Rejected, AfterCorrection), PLAIN, StopForCorrection),
+            (facts(Some(Code::DnsError), NotAttempted, Backoff), PLAIN, RetryNewAttempt),
+            (facts(Some(Code::RouteDenied), NotAttempted, AfterCorrection), idem, StopForCorrection),
+            (facts(Some(Code::ApprovalDenied), NotAttempted, Never), idem, StopForCorrection),
+            (facts(Some(Code::RemoteTimeout), Unknown, Retry::Reconcile), idem, RetryNewAttempt),
+            (facts(Some(Code::RemoteTimeout), Unknown, SameIdempotencyKey), same_fp, RetrySameKey),
+            (facts(Some(Code::RemoteTimeout), Unknown, SameIdempotencyKey), PLAIN, Verdict::Reconcile),
+            (facts(Some(Code::RemoteTimeout), Unknown, Retry::Reconcile), same_fp, Verdict::Reconcile),
+            (facts(None, Rejected, Backoff), PLAIN, RetryWhenAllowed),
+            (facts(None, Rejected, AfterCorrection), PLAIN, ReturnRecordedResult),
+            (facts(None, Committed, Never), idem, ReturnRecordedResult),
+        ];
+        for (record, op, want) in cases {
+            assert_eq!(decide(record, op), want, "{record:?} {op:?}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_outcome_is_never_returned_as_a_result() {
+        for &retry in Retry::ALL {
+            for code in [None, Some(Code::RemoteOutcomeUnknown), Some(Code::RetryBudgetExhausted)] {
+                let v = decide(facts(code, Outcome::Unknown, retry), PLAIN);
+                assert_ne!(v, Verdict::ReturnRecordedResult, "{retry} {code:?}");
+                assert_ne!(v, Verdict::RetryNewAttempt, "{retry} {code:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn verdicts_serialize_as_pinned() {
+        let json = serde_json::to_string(&Verdict::RetrySameKey).ok();
+        assert_eq!(json.as_deref(), Some("\"RETRY_SAME_KEY\""));
+        assert_eq!(Verdict::StopForCorrection.as_str(), "STOP_FOR_CORRECTION");
+    }
+}

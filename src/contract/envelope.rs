@@ -1,0 +1,345 @@
+//! The JSON envelope (SPEC §1.8) and the headers rendered from it (SPEC §3.3).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::codes::{Code, Outcome, Phase, Retry};
+use super::resolve::Resolution;
+
+/// postern's answer for a failed invocation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub invocation_id: String,
+    pub error: ErrorBody,
+    pub evidence: Evidence,
+}
+
+/// The four facts plus a human message and, for validation, the field to correct.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: Code,
+    pub phase: Phase,
+    pub outcome: Outcome,
+    pub retry: Retry,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// How postern knows. New fields may be added; meanings never change.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    pub dispatch_started: bool,
+    pub request_complete: bool,
+    pub response_headers_received: bool,
+    pub response_complete: bool,
+    pub hop: String,
+    #[serde(default)]
+    pub attempts: Vec<AttemptEvidence>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency: Option<IdempotencyEvidence>,
+    /// The method is in the route's `idempotent_methods` (bound at preflight).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatch_seq: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion: Option<Completion>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<CredentialEvidence>,
+    /// Further evidence a transport recorded (`connection_id`, `remote_request_id`, …).
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// One connection-setup attempt of the latest generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptEvidence {
+    pub n: u32,
+    pub stage: Stage,
+    pub outcome: AttemptOutcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<Code>,
+}
+
+/// Connection-setup stages (SPEC §3.2), plus SSH's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    Dns,
+    TcpConnect,
+    TlsHandshake,
+    ProxyTunnel,
+    SshHandshake,
+    SshAuth,
+    SshChannel,
+}
+
+/// The result of one stage: it either succeeded or proved nothing was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    Ok,
+    NotAttempted,
+}
+
+/// The framing marker seen at the end of a result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Completion {
+    ContentLength,
+    LastChunk,
+    EndStream,
+    ExitStatus,
+    /// The body ended at connection close: truncation is undetectable.
+    Close,
+    None,
+}
+
+/// The idempotency contract recorded before dispatch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdempotencyEvidence {
+    pub key: String,
+    pub scope: String,
+    pub fingerprint: String,
+    pub remote_contract: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safe_until: Option<String>,
+}
+
+/// Which credential was used: never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialEvidence {
+    pub id: String,
+    pub version: u64,
+    pub mode: String,
+}
+
+impl Envelope {
+    /// Builds the envelope for a resolved failure.
+    pub fn new(invocation_id: &str, resolution: Resolution, field: Option<String>, evidence: Evidence) -> Self {
+        Self {
+            invocation_id: invocation_id.to_owned(),
+            error: ErrorBody {
+                code: resolution.code,
+                phase: resolution.phase,
+                outcome: resolution.outcome,
+                retry: resolution.retry,
+                message: resolution.code.message().to_owned(),
+                field,
+            },
+            evidence,
+        }
+    }
+
+    /// The HTTP status postern answers with (SPEC §5.5).
+    pub fn http_status(&self) -> u16 {
+        self.error.code.http_status()
+    }
+
+    /// `Postern-Outcome` for this failure.
+    pub fn postern_outcome(&self) -> String {
+        postern_outcome(
+            self.error.outcome,
+            self.error.phase,
+            self.error.retry,
+            Some(self.error.code),
+        )
+    }
+
+    /// `Proxy-Status` (RFC 9209) for this failure.
+    pub fn proxy_status(&self) -> String {
+        proxy_status(self.error.code, &self.error.message)
+    }
+}
+
+/// `Postern-Outcome`: an RFC 8941 dictionary of tokens.
+pub fn postern_outcome(outcome: Outcome, phase: Phase, retry: Retry, code: Option<Code>) -> String {
+    let mut s = format!("outcome={outcome}, phase={phase}, retry={retry}");
+    if let Some(code) = code {
+        s.push_str(", code=");
+        s.push_str(code.as_str());
+    }
+    s
+}
+
+/// `Proxy-Status: postern; error=<type>; details="…"` (RFC 9209).
+pub fn proxy_status(code: Code, details: &str) -> String {
+    format!(
+        "postern; error={}; details={}",
+        code.proxy_status_error(),
+        sf_string(details)
+    )
+}
+
+/// An RFC 8941 sf-string: printable ASCII only, `"` and `\` escaped.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Envelope {
+        let resolution = Resolution {
+            code: Code::RemoteOutcomeUnknown,
+            phase: Phase::RemoteExecution,
+            outcome: Outcome::Unknown,
+            retry: Retry::SameIdempotencyKey,
+        };
+        let evidence = Evidence {
+            dispatch_started: true,
+            request_complete: true,
+            hop: "origin".into(),
+            attempts: vec![AttemptEvidence {
+                n: 1,
+                stage: Stage::TcpConnect,
+                outcome: AttemptOutcome::NotAttempted,
+                code: Some(Code::ConnectionRefused),
+            }],
+            ..Evidence::default()
+        };
+        Envelope::new("act_01J", resolution, None, evidence)
+    }
+
+    #[test]
+    fn envelope_has_the_pinned_shape() {
+        let v = serde_json::to_value(sample()).unwrap_or_default();
+        assert_eq!(v["invocation_id"], "act_01J");
+        assert_eq!(v["error"]["code"], "REMOTE_OUTCOME_UNKNOWN");
+        assert_eq!(v["error"]["phase"], "remote_execution");
+        assert_eq!(v["error"]["outcome"], "unknown");
+        assert_eq!(v["error"]["retry"], "same_idempotency_key");
+        assert!(v["error"]["message"].is_string());
+        assert!(v["error"].get("field").is_none());
+        let e = &v["evidence"];
+        assert_eq!(e["dispatch_started"], true);
+        assert_eq!(e["request_complete"], true);
+        assert_eq!(e["response_headers_received"], false);
+        assert_eq!(e["response_complete"], false);
+        assert_eq!(e["hop"], "origin");
+        assert_eq!(e["attempts"][0]["n"], 1);
+        assert_eq!(e["attempts"][0]["stage"], "tcp_connect");
+        assert_eq!(e["attempts"][0]["outcome"], "not_attempted");
+        assert_eq!(e["attempts"][0]["code"], "CONNECTION_REFUSED");
+    }
+
+    #[test]
+    fn envelope_round_trips() {
+        let env = sample();
+        let text = serde_json::to_string(&env).unwrap_or_default();
+        let back: Option<Envelope> = serde_json::from_str(&text).ok();
+        assert_eq!(back, Some(env));
+    }
+
+    #[test]
+    fn headers_render_as_structured_fields() {
+        let env = sample();
+        assert_eq!(
+            env.postern_outcome(),
+            "outcome=unknown, phase=remote_execution, retry=same_idempotency_key, code=REMOTE_OUTCOME_UNKNOWN"
+        );
+        assert_eq!(
+            env.proxy_status(),
+            "postern; error=http_response_incomplete; details=\"Connection closed before a complete response was recorded.\""
+        );
+        assert_eq!(
+            postern_outcome(Outcome::Committed, Phase::RemoteExecution, Retry::Never, None),
+            "outcome=committed, phase=remote_execution, retry=never"
+        );
+    }
+
+    #[test]
+    fn details_are_escaped() {
+        assert_eq!(proxy_status(Code::DnsError, "a \"b\" \\ é\n"), "postern; error=dns_error; details=\"a \\\"b\\\" \\\\ ??\"");
+    }
+
+    #[test]
+    fn every_code_has_a_status_and_proxy_status_type() {
+        let pinned = [
+            (Code::AgentUnauthenticated, 407, "http_request_denied"),
+            (Code::RouteDenied, 403, "http_request_denied"),
+            (Code::ForbiddenHeader, 403, "http_request_denied"),
+            (Code::ApprovalDenied, 403, "http_request_denied"),
+            (Code::ApprovalTimeout, 403, "http_request_denied"),
+            (Code::InvalidTarget, 400, "http_request_error"),
+            (Code::UnsupportedAction, 400, "http_request_error"),
+            (Code::MalformedRequest, 400, "http_request_error"),
+            (Code::UnknownCredential, 400, "http_request_error"),
+            (Code::PayloadLimit, 413, "http_request_error"),
+            (Code::IdempotencyMismatch, 422, "proxy_internal_response"),
+            (Code::AttemptInProgress, 409, "proxy_internal_response"),
+            (Code::FingerprintChanged, 409, "proxy_internal_response"),
+            (Code::RetryBudgetExhausted, 409, "proxy_internal_response"),
+            (Code::VaultLocked, 503, "proxy_internal_error"),
+            (Code::CredentialMissing, 500, "proxy_configuration_error"),
+            (Code::InjectionModeUnsupported, 500, "proxy_configuration_error"),
+            (Code::CredentialDecryptFailed, 500, "proxy_configuration_error"),
+            (Code::DnsError, 502, "dns_error"),
+            (Code::ConnectionRefused, 502, "connection_refused"),
+            (Code::ConnectTimeout, 504, "connection_timeout"),
+            (Code::TlsCertificateError, 502, "tls_certificate_error"),
+            (Code::TlsHandshakeError, 502, "tls_protocol_error"),
+            (Code::DestinationProhibited, 502, "destination_ip_prohibited"),
+            (Code::RemoteTimeout, 504, "http_response_timeout"),
+            (Code::RemoteOutcomeUnknown, 502, "http_response_incomplete"),
+            (Code::RemoteResultIncomplete, 502, "http_response_incomplete"),
+            (Code::CallerCancelled, 502, "http_response_incomplete"),
+            (Code::BrokerRestarted, 502, "http_response_incomplete"),
+            (Code::UpstreamHopError, 502, "http_response_incomplete"),
+            (Code::JournalUnavailable, 503, "proxy_internal_error"),
+        ];
+        for (code, status, kind) in pinned {
+            assert_eq!((code.http_status(), code.proxy_status_error()), (status, kind), "{code}");
+        }
+        for &code in Code::ALL {
+            assert!(!code.message().is_empty());
+            assert!((400..=599).contains(&code.http_status()));
+        }
+    }
+
+    #[test]
+    fn codes_serialize_as_their_wire_names() {
+        for &code in Code::ALL {
+            let json = serde_json::to_string(&code).unwrap_or_default();
+            assert_eq!(json, format!("\"{}\"", code.as_str()));
+            assert_eq!(Code::parse(code.as_str()), Some(code));
+        }
+        for &p in Phase::ALL {
+            assert_eq!(serde_json::to_string(&p).unwrap_or_default(), format!("\"{p}\""));
+        }
+        for &o in Outcome::ALL {
+            assert_eq!(serde_json::to_string(&o).unwrap_or_default(), format!("\"{o}\""));
+        }
+        for &r in Retry::ALL {
+            assert_eq!(serde_json::to_string(&r).unwrap_or_default(), format!("\"{r}\""));
+        }
+    }
+}

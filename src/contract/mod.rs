@@ -1,0 +1,22 @@
+//! The error contract: codes, phases, outcomes, retry, envelope and `decide`.
+//!
+//! Pure: no sockets, no files, no clock. Transports report observations to the
+//! journal; the journal's projection asks this module what they mean.
+
+mod codes;
+mod decide;
+mod envelope;
+mod resolve;
+mod status;
+
+pub use codes::{Code, CodeRow, Outcome, OutcomeRule, Phase, PhaseRule, Retry, RetryRule};
+pub use decide::{OperationView, RecordFacts, Verdict, decide};
+pub use envelope::{
+    AttemptEvidence, AttemptOutcome, Completion, CredentialEvidence, Envelope, ErrorBody, Evidence,
+    IdempotencyEvidence, Stage, postern_outcome, proxy_status,
+};
+pub use resolve::{
+    FailureContext, KeyWindow, OperationFacts, Resolution, is_resolved, resolve_failure,
+    retry_for_unknown,
+};
+pub use status::{ResponseFacts, StatusOverrides, StatusResolution, classify_status};

@@ -1,0 +1,275 @@
+//! From observations to the four facts: the only place outcomes are computed.
+
+use super::codes::{Code, Outcome, OutcomeRule, Phase, PhaseRule, Retry, RetryRule};
+
+/// What the journal proves about the operation's retry semantics (SPEC §1.6).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OperationFacts {
+    /// The method is in the route's `idempotent_methods` (or the SSH target says so).
+    pub idempotent: bool,
+    /// A configured idempotency contract with a key and fingerprint recorded before dispatch.
+    pub idempotency_key: Option<KeyWindow>,
+}
+
+/// The window in which the remote promises to deduplicate a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyWindow {
+    /// Unix milliseconds after which a same-key retry is no longer safe.
+    pub safe_until_ms: i64,
+}
+
+/// The invocation as far as the journal knows it when a failure is recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureContext {
+    /// The furthest phase reached.
+    pub phase_reached: Phase,
+    /// The outcome the invocation already holds.
+    pub current_outcome: Outcome,
+    /// `DISPATCH_STARTED` is durable in some generation.
+    pub dispatched: bool,
+    /// A result is durably stored (`RESULT_COMMITTED` with its result).
+    pub result_stored: bool,
+    /// The operation's retry semantics.
+    pub operation: OperationFacts,
+    /// The time of the failure, unix milliseconds.
+    pub now_ms: i64,
+}
+
+/// The phase, outcome and retry of one failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resolution {
+    pub code: Code,
+    pub phase: Phase,
+    pub outcome: Outcome,
+    pub retry: Retry,
+}
+
+/// Computes retry for an `unknown` outcome (SPEC §1.6).
+pub fn retry_for_unknown(op: &OperationFacts, now_ms: i64) -> Retry {
+    if op.idempotent {
+        return Retry::Backoff;
+    }
+    match op.idempotency_key {
+        Some(window) if now_ms < window.safe_until_ms => Retry::SameIdempotencyKey,
+        _ => Retry::Reconcile,
+    }
+}
+
+/// Resolves a failure code against what the journal proves.
+///
+/// Once dispatch may have happened the outcome is never `not_attempted`: a
+/// pre-dispatch code in a later generation keeps the invocation `unknown`.
+pub fn resolve_failure(code: Code, ctx: &FailureContext) -> Resolution {
+    let row = code.row();
+    let phase = match row.phase {
+        PhaseRule::Fixed(p) => p,
+        PhaseRule::Reached => ctx.phase_reached,
+    };
+    let mut outcome = match row.outcome {
+        OutcomeRule::Fixed(o) => o,
+        OutcomeRule::Own => ctx.current_outcome,
+        OutcomeRule::CommittedIfProvable if ctx.result_stored => Outcome::Committed,
+        OutcomeRule::CommittedIfProvable => Outcome::Unknown,
+    };
+    if outcome == Outcome::NotAttempted && ctx.dispatched {
+        outcome = Outcome::Unknown;
+    }
+    if is_resolved(ctx.current_outcome) {
+        outcome = ctx.current_outcome;
+    }
+    let retry = match row.retry {
+        RetryRule::Fixed(r) if outcome == Outcome::Unknown && r != Retry::Reconcile => {
+            if r == Retry::FetchResult {
+                r
+            } else {
+                retry_for_unknown(&ctx.operation, ctx.now_ms)
+            }
+        }
+        RetryRule::Fixed(r) => r,
+        RetryRule::ComputedUnknown => retry_for_unknown(&ctx.operation, ctx.now_ms),
+        RetryRule::BudgetExhausted if outcome == Outcome::Unknown => Retry::Reconcile,
+        RetryRule::BudgetExhausted => Retry::AfterCorrection,
+    };
+    Resolution {
+        code,
+        phase,
+        outcome,
+        retry,
+    }
+}
+
+/// `committed` and `rejected` are final.
+pub const fn is_resolved(outcome: Outcome) -> bool {
+    matches!(outcome, Outcome::Committed | Outcome::Rejected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(dispatched: bool) -> FailureContext {
+        FailureContext {
+            phase_reached: if dispatched {
+                Phase::RemoteExecution
+            } else {
+                Phase::ConnectionSetup
+            },
+            current_outcome: if dispatched {
+                Outcome::Unknown
+            } else {
+                Outcome::NotAttempted
+            },
+            dispatched,
+            result_stored: false,
+            operation: OperationFacts::default(),
+            now_ms: 1_000,
+        }
+    }
+
+    #[test]
+    fn every_code_matches_its_spec_row_before_dispatch() {
+        // (code, phase, outcome, retry) per SPEC §1.4 with a non-idempotent operation.
+        use Code::*;
+        use Outcome::*;
+        use Phase::*;
+        use Retry::*;
+        let table = [
+            (AgentUnauthenticated, Validation, NotAttempted, AfterCorrection),
+            (InvalidTarget, Validation, NotAttempted, AfterCorrection),
+            (RouteDenied, Validation, NotAttempted, AfterCorrection),
+            (UnsupportedAction, Validation, NotAttempted, AfterCorrection),
+            (PayloadLimit, Validation, NotAttempted, AfterCorrection),
+            (UnknownCredential, Validation, NotAttempted, AfterCorrection),
+            (ForbiddenHeader, Validation, NotAttempted, AfterCorrection),
+            (MalformedRequest, Validation, NotAttempted, AfterCorrection),
+            (IdempotencyMismatch, Validation, NotAttempted, AfterCorrection),
+            (FingerprintChanged, Validation, NotAttempted, AfterCorrection),
+            (AttemptInProgress, ConnectionSetup, NotAttempted, FetchResult),
+            (JournalUnavailable, Validation, NotAttempted, Backoff),
+            (VaultLocked, CredentialInjection, NotAttempted, AfterCorrection),
+            (CredentialMissing, CredentialInjection, NotAttempted, AfterCorrection),
+            (InjectionModeUnsupported, CredentialInjection, NotAttempted, AfterCorrection),
+            (CredentialDecryptFailed, CredentialInjection, NotAttempted, AfterCorrection),
+            (ApprovalDenied, CredentialInjection, NotAttempted, Never),
+            (ApprovalTimeout, CredentialInjection, NotAttempted, AfterCorrection),
+            (DnsError, ConnectionSetup, NotAttempted, Backoff),
+            (ConnectionRefused, ConnectionSetup, NotAttempted, Backoff),
+            (ConnectTimeout, ConnectionSetup, NotAttempted, Backoff),
+            (TlsCertificateError, ConnectionSetup, NotAttempted, AfterCorrection),
+            (TlsHandshakeError, ConnectionSetup, NotAttempted, Backoff),
+            (DestinationProhibited, ConnectionSetup, NotAttempted, AfterCorrection),
+            (SshHostKeyMismatch, ConnectionSetup, NotAttempted, AfterCorrection),
+            (SshAuthFailed, ConnectionSetup, NotAttempted, AfterCorrection),
+            (SshChannelFailed, ConnectionSetup, NotAttempted, Backoff),
+            (BrokerRestartedBeforeDispatch, ConnectionSetup, NotAttempted, Backoff),
+            (RetryBudgetExhausted, ConnectionSetup, NotAttempted, AfterCorrection),
+        ];
+        for (code, phase, outcome, retry) in table {
+            let r = resolve_failure(code, &ctx(false));
+            assert_eq!((r.phase, r.outcome, r.retry), (phase, outcome, retry), "{code}");
+        }
+    }
+
+    #[test]
+    fn every_code_after_dispatch_is_never_not_attempted() {
+        for &code in Code::ALL {
+            let r = resolve_failure(code, &ctx(true));
+            assert_ne!(r.outcome, Outcome::NotAttempted, "{code}");
+        }
+    }
+
+    #[test]
+    fn unknown_codes_compute_retry_from_the_operation() {
+        use Code::*;
+        for code in [
+            RemoteOutcomeUnknown,
+            RemoteResultIncomplete,
+            RemoteTimeout,
+            CallerCancelled,
+            BrokerRestarted,
+            UpstreamHopError,
+        ] {
+            let mut c = ctx(true);
+            let r = resolve_failure(code, &c);
+            assert_eq!(
+                (r.phase, r.outcome, r.retry),
+                (Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile),
+                "{code}"
+            );
+            c.operation.idempotent = true;
+            assert_eq!(resolve_failure(code, &c).retry, Retry::Backoff, "{code}");
+            c.operation.idempotent = false;
+            c.operation.idempotency_key = Some(KeyWindow {
+                safe_until_ms: 2_000,
+            });
+            assert_eq!(
+                resolve_failure(code, &c).retry,
+                Retry::SameIdempotencyKey,
+                "{code}"
+            );
+            c.now_ms = 2_000;
+            assert_eq!(resolve_failure(code, &c).retry, Retry::Reconcile, "{code}");
+        }
+    }
+
+    #[test]
+    fn remote_exec_rejected_is_rejected() {
+        let r = resolve_failure(Code::RemoteExecRejected, &ctx(true));
+        assert_eq!(
+            (r.phase, r.outcome, r.retry),
+            (Phase::RemoteExecution, Outcome::Rejected, Retry::AfterCorrection)
+        );
+    }
+
+    #[test]
+    fn delivery_failure_keeps_the_resolved_outcome() {
+        for resolved in [Outcome::Committed, Outcome::Rejected] {
+            let mut c = ctx(true);
+            c.current_outcome = resolved;
+            c.result_stored = true;
+            let r = resolve_failure(Code::ResultDeliveryFailed, &c);
+            assert_eq!(
+                (r.phase, r.outcome, r.retry),
+                (Phase::ResultDelivery, resolved, Retry::FetchResult)
+            );
+        }
+    }
+
+    #[test]
+    fn result_store_failure_is_committed_only_when_provable() {
+        let mut c = ctx(true);
+        let r = resolve_failure(Code::ResultStoreFailed, &c);
+        assert_eq!((r.outcome, r.retry), (Outcome::Unknown, Retry::Reconcile));
+        c.result_stored = true;
+        c.current_outcome = Outcome::Committed;
+        let r = resolve_failure(Code::ResultStoreFailed, &c);
+        assert_eq!((r.outcome, r.retry), (Outcome::Committed, Retry::Reconcile));
+    }
+
+    #[test]
+    fn budget_exhausted_reconciles_only_unknown() {
+        let r = resolve_failure(Code::RetryBudgetExhausted, &ctx(true));
+        assert_eq!((r.outcome, r.retry), (Outcome::Unknown, Retry::Reconcile));
+        let r = resolve_failure(Code::RetryBudgetExhausted, &ctx(false));
+        assert_eq!(
+            (r.outcome, r.retry),
+            (Outcome::NotAttempted, Retry::AfterCorrection)
+        );
+    }
+
+    #[test]
+    fn pre_dispatch_code_in_a_later_generation_stays_unknown() {
+        let mut c = ctx(true);
+        c.operation.idempotent = true;
+        let r = resolve_failure(Code::ConnectionRefused, &c);
+        assert_eq!(
+            (r.phase, r.outcome, r.retry),
+            (Phase::ConnectionSetup, Outcome::Unknown, Retry::Backoff)
+        );
+        c.operation.idempotent = false;
+        assert_eq!(
+            resolve_failure(Code::TlsCertificateError, &c).retry,
+            Retry::Reconcile
+        );
+    }
+}

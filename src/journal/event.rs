@@ -1,0 +1,481 @@
+//! Journal events: what was observed, in global `seq` order, hash-chained.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::contract::{Code, Completion, CredentialEvidence, IdempotencyEvidence, Outcome, Retry, Stage};
+
+/// The hash before the first event.
+pub const GENESIS_HASH: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Event kinds (SPEC §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum EventKind {
+    ActionAccepted,
+    PreflightValidated,
+    CredentialAuthorized,
+    ApprovalRequested,
+    ApprovalGranted,
+    ApprovalDenied,
+    ConnectAttempt,
+    DispatchStarted,
+    RequestSent,
+    RemoteResponseStarted,
+    RemoteResponseComplete,
+    ResultCommitted,
+    ResultDelivered,
+    Failed,
+    Reconciled,
+    RetryLeased,
+}
+
+impl EventKind {
+    pub const ALL: &'static [EventKind] = &[
+        Self::ActionAccepted,
+        Self::PreflightValidated,
+        Self::CredentialAuthorized,
+        Self::ApprovalRequested,
+        Self::ApprovalGranted,
+        Self::ApprovalDenied,
+        Self::ConnectAttempt,
+        Self::DispatchStarted,
+        Self::RequestSent,
+        Self::RemoteResponseStarted,
+        Self::RemoteResponseComplete,
+        Self::ResultCommitted,
+        Self::ResultDelivered,
+        Self::Failed,
+        Self::Reconciled,
+        Self::RetryLeased,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ActionAccepted => "ACTION_ACCEPTED",
+            Self::PreflightValidated => "PREFLIGHT_VALIDATED",
+            Self::CredentialAuthorized => "CREDENTIAL_AUTHORIZED",
+            Self::ApprovalRequested => "APPROVAL_REQUESTED",
+            Self::ApprovalGranted => "APPROVAL_GRANTED",
+            Self::ApprovalDenied => "APPROVAL_DENIED",
+            Self::ConnectAttempt => "CONNECT_ATTEMPT",
+            Self::DispatchStarted => "DISPATCH_STARTED",
+            Self::RequestSent => "REQUEST_SENT",
+            Self::RemoteResponseStarted => "REMOTE_RESPONSE_STARTED",
+            Self::RemoteResponseComplete => "REMOTE_RESPONSE_COMPLETE",
+            Self::ResultCommitted => "RESULT_COMMITTED",
+            Self::ResultDelivered => "RESULT_DELIVERED",
+            Self::Failed => "FAILED",
+            Self::Reconciled => "RECONCILED",
+            Self::RetryLeased => "RETRY_LEASED",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|k| k.as_str() == s)
+    }
+}
+
+/// How postern knows what an event says (SPEC §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    TransportObserved,
+    RemoteResponse,
+    RemoteQuery,
+    OperatorAttested,
+    Recovery,
+}
+
+impl Source {
+    pub const ALL: &'static [Source] = &[
+        Self::TransportObserved,
+        Self::RemoteResponse,
+        Self::RemoteQuery,
+        Self::OperatorAttested,
+        Self::Recovery,
+    ];
+
+    /// Sources that may turn an `unknown` into a resolved outcome.
+    pub fn can_resolve_unknown(self) -> bool {
+        matches!(self, Self::RemoteResponse | Self::RemoteQuery | Self::OperatorAttested)
+    }
+}
+
+/// The observed facts an event carries, one variant per kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "data", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Body {
+    ActionAccepted(Accepted),
+    PreflightValidated(Preflight),
+    CredentialAuthorized(CredentialEvidence),
+    ApprovalRequested(ApprovalRequest),
+    ApprovalGranted(ApprovalAnswer),
+    ApprovalDenied(ApprovalAnswer),
+    ConnectAttempt(ConnectAttempt),
+    DispatchStarted(Dispatch),
+    RequestSent(RequestSent),
+    RemoteResponseStarted(ResponseStarted),
+    RemoteResponseComplete(ResponseComplete),
+    ResultCommitted(ResultCommitted),
+    ResultDelivered(Delivered),
+    Failed(Failure),
+    Reconciled(Reconciliation),
+    RetryLeased(Lease),
+}
+
+impl Body {
+    pub fn kind(&self) -> EventKind {
+        match self {
+            Self::ActionAccepted(_) => EventKind::ActionAccepted,
+            Self::PreflightValidated(_) => EventKind::PreflightValidated,
+            Self::CredentialAuthorized(_) => EventKind::CredentialAuthorized,
+            Self::ApprovalRequested(_) => EventKind::ApprovalRequested,
+            Self::ApprovalGranted(_) => EventKind::ApprovalGranted,
+            Self::ApprovalDenied(_) => EventKind::ApprovalDenied,
+            Self::ConnectAttempt(_) => EventKind::ConnectAttempt,
+            Self::DispatchStarted(_) => EventKind::DispatchStarted,
+            Self::RequestSent(_) => EventKind::RequestSent,
+            Self::RemoteResponseStarted(_) => EventKind::RemoteResponseStarted,
+            Self::RemoteResponseComplete(_) => EventKind::RemoteResponseComplete,
+            Self::ResultCommitted(_) => EventKind::ResultCommitted,
+            Self::ResultDelivered(_) => EventKind::ResultDelivered,
+            Self::Failed(_) => EventKind::Failed,
+            Self::Reconciled(_) => EventKind::Reconciled,
+            Self::RetryLeased(_) => EventKind::RetryLeased,
+        }
+    }
+}
+
+/// The protocol of an invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    Http,
+    Https,
+    Ssh,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accepted {
+    pub agent: String,
+    pub protocol: Protocol,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// Absolute URL, or `ssh://user@host:port`.
+    pub target: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+}
+
+/// The snapshot an invocation binds at preflight (SPEC §2, "Snapshot binding").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preflight {
+    pub route: String,
+    pub fingerprint: String,
+    /// The method is in the route's `idempotent_methods`.
+    pub idempotent: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<CredentialEvidence>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency: Option<IdempotencyEvidence>,
+    /// Unix ms until which a same-key retry is safe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safe_until_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalRequest {
+    pub fingerprint: String,
+    pub expires_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalAnswer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+/// One connection-setup stage and its result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectAttempt {
+    pub n: u32,
+    pub stage: Stage,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<Code>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The transport library's own words; operators only, never an envelope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostic: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dispatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_id: Option<String>,
+    #[serde(default)]
+    pub reused_connection: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestSent {
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseStarted {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseComplete {
+    pub completion: Completion,
+    pub bytes: u64,
+    pub digest: String,
+}
+
+/// The resolving event: outcome computed by `contract` from a complete result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultCommitted {
+    pub outcome: Outcome,
+    pub retry: Retry,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_signal: Option<String>,
+    pub digest: String,
+    pub bytes: u64,
+    /// The output was complete (SSH output may break after an exit status).
+    pub complete: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion: Option<Completion>,
+    /// Extra evidence such as `location` for a `202`.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub evidence: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivered {
+    #[serde(default)]
+    pub bytes: u64,
+}
+
+/// A failure as observed; the projection computes its phase, outcome and retry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub code: Code,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostic: Option<String>,
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub evidence: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Failure {
+    pub fn of(code: Code) -> Self {
+        Self {
+            code,
+            field: None,
+            diagnostic: None,
+            evidence: serde_json::Map::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reconciliation {
+    pub outcome: Outcome,
+    pub note: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsafe_retry: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub generation: u32,
+    #[serde(default)]
+    pub unsafe_override: bool,
+}
+
+/// What a caller asks the journal to append.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Draft {
+    pub body: Body,
+    pub source: Source,
+    pub hop: String,
+    pub attempt: u32,
+}
+
+impl Draft {
+    /// An observation by postern's own transport.
+    pub fn observed(body: Body) -> Self {
+        Self {
+            body,
+            source: Source::TransportObserved,
+            hop: "postern".into(),
+            attempt: 0,
+        }
+    }
+
+    pub fn source(mut self, source: Source) -> Self {
+        self.source = source;
+        self
+    }
+
+    pub fn hop(mut self, hop: &str) -> Self {
+        self.hop = hop.to_owned();
+        self
+    }
+
+    pub fn attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+}
+
+/// A journaled event, exactly the shape of SPEC §5.5.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub seq: u64,
+    pub invocation_id: String,
+    pub attempt: u32,
+    pub generation: u32,
+    pub ts: String,
+    pub kind: EventKind,
+    pub source: Source,
+    pub hop: String,
+    pub data: serde_json::Value,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+#[derive(Serialize)]
+struct Canonical<'a> {
+    seq: u64,
+    invocation_id: &'a str,
+    attempt: u32,
+    generation: u32,
+    ts: &'a str,
+    kind: EventKind,
+    source: Source,
+    hop: &'a str,
+    data: &'a serde_json::Value,
+    prev_hash: &'a str,
+}
+
+impl Event {
+    /// The typed body; `None` if the stored data does not fit its kind.
+    pub fn body(&self) -> Option<Body> {
+        let tagged = serde_json::json!({"kind": self.kind, "data": self.data});
+        serde_json::from_value(tagged).ok()
+    }
+
+    /// SHA-256 over the canonical bytes of everything but `hash`.
+    pub fn compute_hash(&self) -> String {
+        let canonical = Canonical {
+            seq: self.seq,
+            invocation_id: &self.invocation_id,
+            attempt: self.attempt,
+            generation: self.generation,
+            ts: &self.ts,
+            kind: self.kind,
+            source: self.source,
+            hop: &self.hop,
+            data: &self.data,
+            prev_hash: &self.prev_hash,
+        };
+        let bytes = serde_json::to_vec(&canonical).unwrap_or_default();
+        sha256_tagged(&bytes)
+    }
+}
+
+/// Splits a body into the `kind` and `data` fields of an event.
+pub fn split_body(body: &Body) -> (EventKind, serde_json::Value) {
+    let data = match serde_json::to_value(body) {
+        Ok(serde_json::Value::Object(mut map)) => map.remove("data"),
+        _ => None,
+    };
+    (body.kind(), data.unwrap_or(serde_json::Value::Null))
+}
+
+/// `sha256:<hex>` of some bytes.
+pub fn sha256_tagged(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256:");
+    for b in digest.iter() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_split_and_rejoin() {
+        let body = Body::Failed(Failure::of(Code::DnsError));
+        let (kind, data) = split_body(&body);
+        assert_eq!(kind, EventKind::Failed);
+        assert_eq!(data["code"], "DNS_ERROR");
+        let event = Event {
+            seq: 1,
+            invocation_id: "act_x".into(),
+            attempt: 0,
+            generation: 1,
+            ts: "2026-01-01T00:00:00Z".into(),
+            kind,
+            source: Source::TransportObserved,
+            hop: "postern".into(),
+            data,
+            prev_hash: GENESIS_HASH.into(),
+            hash: String::new(),
+        };
+        assert_eq!(event.body(), Some(body));
+    }
+
+    #[test]
+    fn hash_is_stable_across_a_json_round_trip() {
+        let (kind, data) = split_body(&Body::ActionAccepted(Accepted {
+            agent: "ci".into(),
+            protocol: Protocol::Https,
+            method: Some("POST".into()),
+            target: "https://example.test/x".into(),
+            command: None,
+        }));
+        let mut event = Event {
+            seq: 7,
+            invocation_id: "act_y".into(),
+            attempt: 0,
+            generation: 1,
+            ts: "2026-01-01T00:00:00Z".into(),
+            kind,
+            source: Source::TransportObserved,
+            hop: "postern".into(),
+            data,
+            prev_hash: GENESIS_HASH.into(),
+            hash: String::new(),
+        };
+        event.hash = event.compute_hash();
+        let text = serde_json::to_string(&event).unwrap_or_default();
+        let back: Event = serde_json::from_str(&text).unwrap_or_else(|_| event.clone());
+        assert_eq!(back.compute_hash(), event.hash);
+        assert!(event.hash.starts_with("sha256:") && event.hash.len() == 71);
+    }
+
+    #[test]
+    fn kinds_parse_their_wire_names() {
+        for &k in EventKind::ALL {
+            assert_eq!(EventKind::parse(k.as_str()), Some(k));
+            let json = serde_json::to_string(&k).unwrap_or_default();
+            assert_eq!(json, format!("\"{}\"", k.as_str()));
+        }
+    }
+}

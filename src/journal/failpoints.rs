@@ -1,0 +1,64 @@
+//! `POSTERN_CRASH_AFTER=<EVENT_KIND>[:n]` (SPEC §6), compiled only with `failpoints`.
+
+use super::event::EventKind;
+
+/// Aborts the process right after the n-th durable write of one event kind.
+#[derive(Debug, Default)]
+pub struct Failpoints {
+    #[cfg(feature = "failpoints")]
+    target: Option<(EventKind, u32)>,
+    #[cfg(feature = "failpoints")]
+    seen: u32,
+}
+
+impl Failpoints {
+    #[cfg(feature = "failpoints")]
+    pub fn from_env() -> Self {
+        let target = std::env::var("POSTERN_CRASH_AFTER").ok().and_then(|v| parse(&v));
+        Self { target, seen: 0 }
+    }
+
+    #[cfg(not(feature = "failpoints"))]
+    pub fn from_env() -> Self {
+        Self::default()
+    }
+
+    #[cfg(feature = "failpoints")]
+    pub fn after_durable_write(&mut self, kind: EventKind) {
+        if let Some((k, n)) = self.target {
+            if k == kind {
+                self.seen += 1;
+                if self.seen >= n {
+                    eprintln!("postern: failpoint: crashing after {} #{n}", kind.as_str());
+                    std::process::abort();
+                }
+            }
+        }
+    }
+
+    #[cfg(not(feature = "failpoints"))]
+    pub fn after_durable_write(&mut self, _kind: EventKind) {}
+}
+
+/// Parses `KIND[:n]`.
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+pub fn parse(spec: &str) -> Option<(EventKind, u32)> {
+    let (kind, n) = match spec.split_once(':') {
+        Some((k, n)) => (k, n.trim().parse().ok()?),
+        None => (spec, 1),
+    };
+    Some((EventKind::parse(kind.trim())?, n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse() {
+        assert_eq!(parse("DISPATCH_STARTED"), Some((EventKind::DispatchStarted, 1)));
+        assert_eq!(parse("FAILED:3"), Some((EventKind::Failed, 3)));
+        assert_eq!(parse("NOPE"), None);
+        assert_eq!(parse("FAILED:x"), None);
+    }
+}

@@ -1,0 +1,213 @@
+//! The fjall implementation of `EventStore`. fjall types stay in this file.
+
+use std::path::Path;
+
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+
+use super::event::Event;
+use super::projection::State;
+use super::result::StoredResult;
+use super::store::{EventStore, RawEvent, StoreError, WriteSet};
+
+/// Journal storage in one fjall database.
+pub struct FjallStore {
+    db: Database,
+    events: Keyspace,
+    by_invocation: Keyspace,
+    states: Keyspace,
+    open: Keyspace,
+    results: Keyspace,
+    result_expiry: Keyspace,
+}
+
+impl From<fjall::Error> for StoreError {
+    fn from(e: fjall::Error) -> Self {
+        match e {
+            fjall::Error::Locked => StoreError::Locked,
+            fjall::Error::Poisoned => StoreError::Poisoned,
+            other => StoreError::Io(format!("{other:?}")),
+        }
+    }
+}
+
+fn corrupt(what: &'static str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        what,
+        detail: e.to_string(),
+    }
+}
+
+fn to_json<T: serde::Serialize>(what: &'static str, v: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(v).map_err(|e| corrupt(what, e))
+}
+
+fn seq_key(seq: u64) -> [u8; 8] {
+    seq.to_be_bytes()
+}
+
+fn invocation_key(id: &str, seq: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(id.len() + 9);
+    key.extend_from_slice(id.as_bytes());
+    key.push(0);
+    key.extend_from_slice(&seq.to_be_bytes());
+    key
+}
+
+fn expiry_key(at_ms: i64, id: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(id.len() + 8);
+    key.extend_from_slice(&(at_ms.max(0) as u64).to_be_bytes());
+    key.extend_from_slice(id.as_bytes());
+    key
+}
+
+impl FjallStore {
+    /// Opens (or creates) the journal under `dir`.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let db = Database::builder(dir).manual_journal_persist(true).open()?;
+        let ks = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default);
+        Ok(Self {
+            events: ks("events")?,
+            by_invocation: ks("by_invocation")?,
+            states: ks("states")?,
+            open: ks("open")?,
+            results: ks("results")?,
+            result_expiry: ks("result_expiry")?,
+            db,
+        })
+    }
+}
+
+impl EventStore for FjallStore {
+    fn write(&self, set: WriteSet) -> Result<(), StoreError> {
+        let mut batch = self.db.batch();
+        for event in &set.events {
+            batch.insert(&self.events, seq_key(event.seq), to_json("event", event)?);
+            batch.insert(
+                &self.by_invocation,
+                invocation_key(&event.invocation_id, event.seq),
+                [],
+            );
+        }
+        for state in &set.states {
+            let id = state.record.invocation_id.as_bytes();
+            batch.insert(&self.states, id, to_json("state", state)?);
+        }
+        for id in &set.opened {
+            batch.insert(&self.open, id.as_bytes(), []);
+        }
+        for id in &set.closed {
+            batch.remove(&self.open, id.as_bytes());
+        }
+        for result in &set.results {
+            let id = result.invocation_id.as_bytes();
+            batch.insert(&self.results, id, to_json("result", result)?);
+            batch.insert(
+                &self.result_expiry,
+                expiry_key(result.expires_at_ms, &result.invocation_id),
+                [],
+            );
+        }
+        for (at_ms, id) in &set.expired_results {
+            batch.remove(&self.results, id.as_bytes());
+            batch.remove(&self.result_expiry, expiry_key(*at_ms, id));
+        }
+        batch.commit()?;
+        self.db.persist(PersistMode::Buffer)?;
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        Ok(self.db.persist(PersistMode::SyncData)?)
+    }
+
+    fn head(&self) -> Result<Option<Event>, StoreError> {
+        match self.events.last_key_value() {
+            None => Ok(None),
+            Some(guard) => {
+                let (_, v) = guard.into_inner()?;
+                serde_json::from_slice(&v).map(Some).map_err(|e| corrupt("event", e))
+            }
+        }
+    }
+
+    fn raw_events(&self, from: u64, limit: usize) -> Result<Vec<RawEvent>, StoreError> {
+        let mut out = Vec::new();
+        for guard in self.events.range(seq_key(from)..).take(limit) {
+            let (k, v) = guard.into_inner()?;
+            let key: [u8; 8] = k.as_ref().try_into().map_err(|e| corrupt("event key", e))?;
+            out.push(RawEvent {
+                key_seq: u64::from_be_bytes(key),
+                bytes: v.to_vec(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn events_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError> {
+        let mut prefix = invocation_id.as_bytes().to_vec();
+        prefix.push(0);
+        let mut out = Vec::new();
+        for guard in self.by_invocation.prefix(&prefix) {
+            let k = guard.key()?;
+            let Some(seq_bytes) = k.get(prefix.len()..) else {
+                continue;
+            };
+            let key: [u8; 8] = seq_bytes.try_into().map_err(|e| corrupt("index key", e))?;
+            if let Some(v) = self.events.get(key)? {
+                out.push(serde_json::from_slice(&v).map_err(|e| corrupt("event", e))?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn state(&self, invocation_id: &str) -> Result<Option<State>, StoreError> {
+        match self.states.get(invocation_id.as_bytes())? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| corrupt("state", e)),
+        }
+    }
+
+    fn states_before(&self, before: Option<&str>, limit: usize) -> Result<Vec<State>, StoreError> {
+        let iter = match before {
+            Some(b) => self.states.range(..b.as_bytes().to_vec()),
+            None => self.states.iter(),
+        };
+        let mut out = Vec::new();
+        for guard in iter.rev().take(limit) {
+            let (_, v) = guard.into_inner()?;
+            out.push(serde_json::from_slice(&v).map_err(|e| corrupt("state", e))?);
+        }
+        Ok(out)
+    }
+
+    fn open_invocations(&self) -> Result<Vec<String>, StoreError> {
+        let mut out = Vec::new();
+        for guard in self.open.iter() {
+            let k = guard.key()?;
+            out.push(String::from_utf8_lossy(&k).into_owned());
+        }
+        Ok(out)
+    }
+
+    fn result(&self, invocation_id: &str) -> Result<Option<StoredResult>, StoreError> {
+        match self.results.get(invocation_id.as_bytes())? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| corrupt("result", e)),
+        }
+    }
+
+    fn expired_results(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, String)>, StoreError> {
+        let mut out = Vec::new();
+        for guard in self.result_expiry.iter().take(limit) {
+            let k = guard.key()?;
+            let (at, id) = k.split_at(8.min(k.len()));
+            let at: [u8; 8] = at.try_into().map_err(|e| corrupt("expiry key", e))?;
+            let at_ms = u64::from_be_bytes(at) as i64;
+            if at_ms > now_ms {
+                break;
+            }
+            out.push((at_ms, String::from_utf8_lossy(id).into_owned()));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,82 @@
+//! Journal metrics; `admin::metrics` registers them.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::projection::Record;
+
+/// Labels of a settled invocation: phase and outcome kept apart.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SettledLabels {
+    pub phase: String,
+    pub outcome: String,
+    pub code: String,
+}
+
+/// Cheap to clone: every field is an `Arc` inside.
+#[derive(Clone, Debug)]
+pub struct JournalMetrics {
+    pub events: Counter,
+    pub syncs: Counter,
+    pub sync_seconds: Histogram,
+    pub invocations: Family<SettledLabels, Counter>,
+}
+
+impl Default for JournalMetrics {
+    fn default() -> Self {
+        Self {
+            events: Counter::default(),
+            syncs: Counter::default(),
+            sync_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            invocations: Family::default(),
+        }
+    }
+}
+
+impl JournalMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "postern_journal_events",
+            "Events appended to the journal",
+            self.events.clone(),
+        );
+        registry.register(
+            "postern_journal_syncs",
+            "Journal fdatasync calls (group commits that waited for a sync)",
+            self.syncs.clone(),
+        );
+        registry.register(
+            "postern_journal_sync_seconds",
+            "Duration of journal syncs",
+            self.sync_seconds.clone(),
+        );
+        registry.register(
+            "postern_invocations",
+            "Invocations settled, by phase, outcome and code",
+            self.invocations.clone(),
+        );
+    }
+
+    pub fn appended(&self, n: usize) {
+        self.events.inc_by(n as u64);
+    }
+
+    pub fn synced(&self, took: Duration) {
+        self.syncs.inc();
+        self.sync_seconds.observe(took.as_secs_f64());
+    }
+
+    pub fn settled(&self, record: &Record) {
+        let labels = SettledLabels {
+            phase: record.phase.as_str().to_owned(),
+            outcome: record.outcome.as_str().to_owned(),
+            code: record.code.map_or("none", |c| c.as_str()).to_owned(),
+        };
+        self.invocations.get_or_create(&labels).inc();
+    }
+}

@@ -1,0 +1,287 @@
+//! The durable, hash-chained action journal.
+//!
+//! Lifecycle of an invocation: `ACTION_ACCEPTED` → `PREFLIGHT_VALIDATED` →
+//! (`CREDENTIAL_AUTHORIZED`, `APPROVAL_*`, `CONNECT_ATTEMPT`…) → `DISPATCH_STARTED`
+//! (durable before the first request byte) → `REQUEST_SENT` →
+//! `REMOTE_RESPONSE_STARTED` → `REMOTE_RESPONSE_COMPLETE` → `RESULT_COMMITTED`
+//! (with its result, durable) → `RESULT_DELIVERED`; or `FAILED` at any point.
+//! Transports append observations; `projection` folds them into the record.
+
+mod audit;
+mod event;
+mod failpoints;
+mod fjall_store;
+mod health;
+mod metrics;
+mod projection;
+mod result;
+mod space;
+mod store;
+mod writer;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+pub use audit::{AuditReport, ChainBreak, verify};
+pub use event::{
+    Accepted, ApprovalAnswer, ApprovalRequest, Body, ConnectAttempt, Delivered, Dispatch, Draft,
+    Event, EventKind, Failure, GENESIS_HASH, Lease, Preflight, Protocol, Reconciliation,
+    RequestSent, ResponseComplete, ResponseStarted, ResultCommitted, Source, sha256_tagged,
+};
+pub use fjall_store::FjallStore;
+pub use health::Health;
+pub use metrics::JournalMetrics;
+pub use projection::{Progress, Record, Refusal, ResultSummary, State, apply};
+pub use result::{HttpResult, Payload, SshResult, StoredResult, b64, unb64};
+pub use space::SpaceGuard;
+pub use store::{EventStore, RawEvent, StoreError, WriteSet};
+pub use writer::{Appended, needs_sync_rule, rfc3339};
+
+use crate::contract::Code;
+use writer::{Request, Writer};
+
+/// `journal.durability` (SPEC §5.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fdatasync before acking sync events (default).
+    Fsync,
+    /// Reach the OS only; loses the last writes on power loss.
+    Buffered,
+}
+
+/// A journal failure as callers see it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JournalError {
+    /// The journal cannot record: answer `JOURNAL_UNAVAILABLE`.
+    #[error("the journal is unavailable")]
+    Unavailable,
+    /// The projection refused the events: a transport bug, nothing was written.
+    #[error("the journal refused the events: {0}")]
+    Refused(Refusal),
+}
+
+impl From<StoreError> for JournalError {
+    fn from(_: StoreError) -> Self {
+        JournalError::Unavailable
+    }
+}
+
+/// What recovery did at open.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub recovered: Vec<(String, Code)>,
+}
+
+/// Options for opening a journal.
+#[derive(Debug, Clone)]
+pub struct JournalOptions {
+    pub durability: Durability,
+    pub result_retention_ms: i64,
+    pub clock: fn() -> time::OffsetDateTime,
+}
+
+impl Default for JournalOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Fsync,
+            result_retention_ms: 7 * 24 * 3600 * 1000,
+            clock: time::OffsetDateTime::now_utc,
+        }
+    }
+}
+
+/// The handle every part of postern appends through. Cheap to clone.
+#[derive(Clone)]
+pub struct Journal {
+    tx: mpsc::Sender<Request>,
+    store: Arc<dyn EventStore>,
+    health: Arc<Health>,
+    metrics: JournalMetrics,
+    options: JournalOptions,
+}
+
+/// A fresh invocation id: `act_<ULID>`.
+pub fn new_invocation_id() -> String {
+    format!("act_{}", ulid::Ulid::generate())
+}
+
+impl Journal {
+    /// Opens the fjall journal under `dir`, runs recovery, starts the writer.
+    pub fn open(dir: &Path, options: JournalOptions) -> Result<(Self, RecoveryReport), StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::Io(e.to_string()))?;
+        let store: Arc<dyn EventStore> = Arc::new(FjallStore::open(dir)?);
+        Self::with_store(store, options)
+    }
+
+    /// Starts a journal over any store.
+    pub fn with_store(store: Arc<dyn EventStore>, options: JournalOptions) -> Result<(Self, RecoveryReport), StoreError> {
+        let health = Arc::new(Health::default());
+        let metrics = JournalMetrics::default();
+        let writer = Writer::new(
+            store.clone(),
+            options.durability,
+            health.clone(),
+            metrics.clone(),
+            options.clock,
+        )?;
+        let (tx, rx) = mpsc::channel(8192);
+        std::thread::Builder::new()
+            .name("postern-journal".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        let journal = Self {
+            tx,
+            store,
+            health,
+            metrics,
+            options,
+        };
+        let report = journal.recover()?;
+        Ok((journal, report))
+    }
+
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
+    pub fn metrics(&self) -> &JournalMetrics {
+        &self.metrics
+    }
+
+    pub fn now(&self) -> time::OffsetDateTime {
+        (self.options.clock)()
+    }
+
+    /// Unix ms after which a result committed now is removed.
+    pub fn result_expiry_ms(&self) -> i64 {
+        unix_ms(self.now()) + self.options.result_retention_ms
+    }
+
+    /// Appends drafts for one invocation atomically; acked once durable per the sync rule.
+    pub async fn append(&self, invocation_id: &str, drafts: Vec<Draft>) -> Result<Appended, JournalError> {
+        self.submit(invocation_id, drafts, None).await
+    }
+
+    /// Appends the resolving event together with the retrievable result.
+    pub async fn commit_result(&self, invocation_id: &str, drafts: Vec<Draft>, result: StoredResult) -> Result<Appended, JournalError> {
+        self.submit(invocation_id, drafts, Some(result)).await
+    }
+
+    async fn submit(&self, invocation_id: &str, drafts: Vec<Draft>, result: Option<StoredResult>) -> Result<Appended, JournalError> {
+        let (reply, rx) = oneshot::channel();
+        let request = Request::Append {
+            invocation_id: invocation_id.to_owned(),
+            drafts,
+            result,
+            reply,
+        };
+        self.tx.send(request).await.map_err(|_| JournalError::Unavailable)?;
+        rx.await.map_err(|_| JournalError::Unavailable)?
+    }
+
+    /// The blocking form of `append`, for code outside the runtime.
+    pub fn append_blocking(&self, invocation_id: &str, drafts: Vec<Draft>) -> Result<Appended, JournalError> {
+        let (reply, rx) = oneshot::channel();
+        let request = Request::Append {
+            invocation_id: invocation_id.to_owned(),
+            drafts,
+            result: None,
+            reply,
+        };
+        self.tx.blocking_send(request).map_err(|_| JournalError::Unavailable)?;
+        rx.blocking_recv().map_err(|_| JournalError::Unavailable)?
+    }
+
+    /// Makes everything appended so far durable.
+    pub async fn flush(&self) -> Result<(), JournalError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Request::Flush { reply }).await.map_err(|_| JournalError::Unavailable)?;
+        rx.await.map_err(|_| JournalError::Unavailable)?
+    }
+
+    /// Refuses new dispatches while the journal is degraded.
+    pub fn admit(&self) -> Result<(), Code> {
+        if self.health.refusing_dispatch() {
+            Err(Code::JournalUnavailable)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn record(&self, invocation_id: &str) -> Result<Option<Record>, StoreError> {
+        Ok(self.store.state(invocation_id)?.map(|s| s.record))
+    }
+
+    pub fn state(&self, invocation_id: &str) -> Result<Option<State>, StoreError> {
+        self.store.state(invocation_id)
+    }
+
+    pub fn events(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError> {
+        self.store.events_of(invocation_id)
+    }
+
+    /// Records newest first, strictly older than `before`.
+    pub fn records_before(&self, before: Option<&str>, limit: usize) -> Result<Vec<Record>, StoreError> {
+        Ok(self
+            .store
+            .states_before(before, limit)?
+            .into_iter()
+            .map(|s| s.record)
+            .collect())
+    }
+
+    pub fn result(&self, invocation_id: &str) -> Result<Option<StoredResult>, StoreError> {
+        self.store.result(invocation_id)
+    }
+
+    pub fn verify(&self) -> Result<AuditReport, StoreError> {
+        verify(self.store.as_ref())
+    }
+
+    /// Removes results whose retention has passed.
+    pub async fn expire_results(&self) -> Result<usize, JournalError> {
+        let due = self.store.expired_results(unix_ms(self.now()), 1024)?;
+        let n = due.len();
+        if n > 0 {
+            let request = Request::Expire { results: due };
+            self.tx.send(request).await.map_err(|_| JournalError::Unavailable)?;
+            self.flush().await?;
+        }
+        Ok(n)
+    }
+
+    /// SPEC §2 recovery: every exchange that was live when postern stopped is settled.
+    fn recover(&self) -> Result<RecoveryReport, StoreError> {
+        let mut report = RecoveryReport::default();
+        for id in self.store.open_invocations()? {
+            let Some(state) = self.store.state(&id)? else {
+                continue;
+            };
+            let code = recovery_code(&state.progress, &state.record);
+            let draft = Draft::observed(Body::Failed(Failure::of(code))).source(Source::Recovery);
+            match self.append_blocking(&id, vec![draft]) {
+                Ok(_) => report.recovered.push((id, code)),
+                Err(e) => tracing::error!(invocation = %id, error = %e, "recovery could not settle an invocation"),
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// Which code a live invocation gets when postern restarts under it.
+fn recovery_code(progress: &Progress, record: &Record) -> Code {
+    if crate::contract::is_resolved(record.outcome) {
+        Code::ResultDeliveryFailed
+    } else if progress.dispatched_this_generation {
+        Code::BrokerRestarted
+    } else {
+        Code::BrokerRestartedBeforeDispatch
+    }
+}
+
+/// Unix milliseconds of a time.
+pub fn unix_ms(t: time::OffsetDateTime) -> i64 {
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}

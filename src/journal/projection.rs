@@ -1,0 +1,409 @@
+//! The current record of an invocation, as a pure fold over its events.
+//!
+//! `apply` is the one place the journal's transition rules live: nothing returns
+//! to `not_attempted` once `DISPATCH_STARTED` exists; `committed`/`rejected` are
+//! final; `unknown` is resolved only by later evidence from a named source.
+
+use serde::{Deserialize, Serialize};
+
+use super::event::{Body, Event, EventKind, Protocol, Source};
+use crate::contract::{
+    AttemptEvidence, AttemptOutcome, Code, Envelope, Evidence, FailureContext, KeyWindow, OperationFacts, Outcome, OutcomeRule, Phase, Resolution,
+    Retry, is_resolved, resolve_failure,
+};
+
+/// A record, exactly the shape of SPEC §5.5.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub invocation_id: String,
+    pub agent: String,
+    pub protocol: Protocol,
+    pub route: Option<String>,
+    pub method: Option<String>,
+    pub target: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    pub phase: Phase,
+    pub outcome: Outcome,
+    pub retry: Retry,
+    pub code: Option<Code>,
+    pub generation: u32,
+    pub attempts: u32,
+    pub created_at: String,
+    pub evidence: Evidence,
+    pub result: Option<ResultSummary>,
+    pub envelope: Option<Envelope>,
+}
+
+/// The summary of a stored result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultSummary {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_signal: Option<String>,
+    pub digest: String,
+    pub bytes: u64,
+    pub complete: bool,
+}
+
+/// What the projection tracks beyond the public record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    pub phase_reached: Option<Phase>,
+    pub dispatched_ever: bool,
+    pub dispatched_this_generation: bool,
+    /// No live exchange appends to this generation any more.
+    pub closed: bool,
+    pub result_stored: bool,
+    pub delivered: bool,
+    pub idempotent: bool,
+    pub safe_until_ms: Option<i64>,
+    pub last_seq: u64,
+}
+
+/// Record plus progress: what the journal stores per invocation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub record: Record,
+    pub progress: Progress,
+}
+
+/// Why the projection refused an event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("the invocation has no ACTION_ACCEPTED event")]
+    UnknownInvocation,
+    #[error("the invocation was already accepted")]
+    AlreadyAccepted,
+    #[error("event data does not fit {0:?}")]
+    BadData(EventKind),
+    #[error("event generation {got} is not the invocation's generation {expected}")]
+    WrongGeneration { expected: u32, got: u32 },
+    #[error("{0:?} after the generation closed")]
+    Closed(EventKind),
+    #[error("{0:?} before DISPATCH_STARTED")]
+    NotDispatched(EventKind),
+    #[error("{0:?} after DISPATCH_STARTED")]
+    AfterDispatch(EventKind),
+    #[error("{0} claims not_attempted after DISPATCH_STARTED")]
+    NotAttemptedAfterDispatch(Code),
+    #[error("the outcome is already resolved")]
+    AlreadyResolved,
+    #[error("{0} needs a resolved outcome")]
+    NotResolved(Code),
+    #[error("source {0:?} cannot resolve an unknown outcome")]
+    SourceCannotResolve(Source),
+    #[error("only an unknown outcome can be reconciled")]
+    NotUnknown,
+    #[error("a RESULT_COMMITTED outcome must be committed or rejected")]
+    UnresolvedResult,
+    #[error("a retry lease needs a closed generation that is not resolved")]
+    LeaseRefused,
+}
+
+/// The time of an event in unix ms; 0 if `ts` is not RFC 3339.
+pub fn event_ms(event: &Event) -> i64 {
+    time::OffsetDateTime::parse(&event.ts, &time::format_description::well_known::Rfc3339)
+        .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
+        .unwrap_or(0)
+}
+
+/// Folds one event into the state; refuses impossible moves.
+pub fn apply(state: Option<State>, event: &Event) -> Result<State, Refusal> {
+    let body = event.body().ok_or(Refusal::BadData(event.kind))?;
+    let Some(mut state) = state else {
+        return match body {
+            Body::ActionAccepted(a) => Ok(accepted(event, a)),
+            _ => Err(Refusal::UnknownInvocation),
+        };
+    };
+    let expected = match body {
+        Body::RetryLeased(_) => state.record.generation + 1,
+        _ => state.record.generation,
+    };
+    if event.generation != expected {
+        return Err(Refusal::WrongGeneration {
+            expected,
+            got: event.generation,
+        });
+    }
+    step(&mut state, event, body)?;
+    state.progress.last_seq = event.seq;
+    Ok(state)
+}
+
+fn accepted(event: &Event, a: super::event::Accepted) -> State {
+    State {
+        record: Record {
+            invocation_id: event.invocation_id.clone(),
+            agent: a.agent,
+            protocol: a.protocol,
+            route: None,
+            method: a.method,
+            target: a.target,
+            command: a.command,
+            phase: Phase::Validation,
+            outcome: Outcome::NotAttempted,
+            retry: Retry::FetchResult,
+            code: None,
+            generation: event.generation,
+            attempts: 0,
+            created_at: event.ts.clone(),
+            evidence: Evidence {
+                hop: event.hop.clone(),
+                ..Evidence::default()
+            },
+            result: None,
+            envelope: None,
+        },
+        progress: Progress {
+            phase_reached: Some(Phase::Validation),
+            last_seq: event.seq,
+            ..Progress::default()
+        },
+    }
+}
+
+fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
+    let kind = body.kind();
+    if event.hop != "postern" || matches!(kind, EventKind::DispatchStarted) {
+        state.record.evidence.hop = event.hop.clone();
+    }
+    let p = &mut state.progress;
+    let r = &mut state.record;
+    match body {
+        Body::ActionAccepted(_) => return Err(Refusal::AlreadyAccepted),
+        Body::PreflightValidated(pf) => {
+            before_dispatch(p, kind)?;
+            r.route = Some(pf.route);
+            r.evidence.fingerprint = Some(pf.fingerprint);
+            r.evidence.credential = pf.credential;
+            r.evidence.idempotency = pf.idempotency;
+            p.idempotent = pf.idempotent;
+            r.evidence.idempotent = Some(pf.idempotent);
+            p.safe_until_ms = pf.safe_until_ms;
+            reach(p, Phase::CredentialInjection);
+        }
+        Body::CredentialAuthorized(cred) => {
+            before_dispatch(p, kind)?;
+            r.evidence.credential = Some(cred);
+            reach(p, Phase::ConnectionSetup);
+        }
+        Body::ApprovalRequested(_) | Body::ApprovalGranted(_) | Body::ApprovalDenied(_) => {
+            before_dispatch(p, kind)?;
+            reach(p, Phase::CredentialInjection);
+        }
+        Body::ConnectAttempt(c) => {
+            before_dispatch(p, kind)?;
+            reach(p, Phase::ConnectionSetup);
+            r.attempts += 1;
+            r.evidence.attempt = Some(c.n);
+            r.evidence.attempts.push(AttemptEvidence {
+                n: c.n,
+                stage: c.stage,
+                outcome: if c.ok {
+                    AttemptOutcome::Ok
+                } else {
+                    AttemptOutcome::NotAttempted
+                },
+                code: c.code,
+            });
+        }
+        Body::DispatchStarted(d) => {
+            before_dispatch(p, kind)?;
+            if is_resolved(r.outcome) {
+                return Err(Refusal::AlreadyResolved);
+            }
+            p.dispatched_ever = true;
+            p.dispatched_this_generation = true;
+            reach(p, Phase::RemoteExecution);
+            r.phase = Phase::RemoteExecution;
+            r.outcome = Outcome::Unknown;
+            r.evidence.dispatch_started = true;
+            r.evidence.dispatch_seq = Some(event.seq);
+            if let Some(id) = d.connection_id {
+                r.evidence.extra.insert("connection_id".into(), id.into());
+            }
+        }
+        Body::RequestSent(_) => {
+            during_dispatch(p, kind)?;
+            r.evidence.request_complete = true;
+        }
+        Body::RemoteResponseStarted(_) => {
+            during_dispatch(p, kind)?;
+            r.evidence.response_headers_received = true;
+        }
+        Body::RemoteResponseComplete(c) => {
+            during_dispatch(p, kind)?;
+            r.evidence.response_complete = true;
+            r.evidence.completion = Some(c.completion);
+            r.evidence.response_digest = Some(c.digest);
+        }
+        Body::ResultCommitted(rc) => {
+            if !p.dispatched_this_generation {
+                return Err(Refusal::NotDispatched(kind));
+            }
+            if is_resolved(r.outcome) {
+                return Err(Refusal::AlreadyResolved);
+            }
+            if !is_resolved(rc.outcome) {
+                return Err(Refusal::UnresolvedResult);
+            }
+            if !event.source.can_resolve_unknown() {
+                return Err(Refusal::SourceCannotResolve(event.source));
+            }
+            r.outcome = rc.outcome;
+            r.retry = rc.retry;
+            r.phase = Phase::RemoteExecution;
+            r.code = None;
+            r.envelope = None;
+            r.evidence.response_digest = Some(rc.digest.clone());
+            r.evidence.exit_status = rc.exit_status;
+            r.evidence.result_id = Some(event.invocation_id.clone());
+            if rc.completion.is_some() {
+                r.evidence.completion = rc.completion;
+            }
+            for (k, v) in rc.evidence {
+                r.evidence.extra.insert(k, v);
+            }
+            r.result = Some(ResultSummary {
+                status: rc.status,
+                exit_status: rc.exit_status,
+                exit_signal: rc.exit_signal,
+                digest: rc.digest,
+                bytes: rc.bytes,
+                complete: rc.complete,
+            });
+            p.result_stored = true;
+        }
+        Body::ResultDelivered(_) => {
+            if !is_resolved(r.outcome) || p.closed {
+                return Err(Refusal::NotResolved(Code::ResultDeliveryFailed));
+            }
+            p.delivered = true;
+            p.closed = true;
+        }
+        Body::Failed(f) => {
+            r.evidence.extra.extend(f.evidence);
+            return fail(state, event, f.code, f.field);
+        }
+        Body::Reconciled(rec) => {
+            if !event.source.can_resolve_unknown() {
+                return Err(Refusal::SourceCannotResolve(event.source));
+            }
+            if r.outcome != Outcome::Unknown {
+                return Err(Refusal::NotUnknown);
+            }
+            if !is_resolved(rec.outcome) {
+                return Err(Refusal::UnresolvedResult);
+            }
+            r.outcome = rec.outcome;
+            r.retry = match rec.outcome {
+                Outcome::Rejected => Retry::AfterCorrection,
+                _ => Retry::Never,
+            };
+            if let Some(env) = r.envelope.as_mut() {
+                env.error.outcome = r.outcome;
+                env.error.retry = r.retry;
+            }
+            r.evidence.extra.insert(
+                "reconciled".into(),
+                serde_json::json!({"source": event.source, "note": rec.note, "seq": event.seq}),
+            );
+            p.closed = true;
+        }
+        Body::RetryLeased(lease) => {
+            if !p.closed || is_resolved(r.outcome) || lease.generation != r.generation + 1 {
+                return Err(Refusal::LeaseRefused);
+            }
+            r.generation = lease.generation;
+            // The earlier failure stays in the events; the record shows the live attempt.
+            r.retry = Retry::FetchResult;
+            r.code = None;
+            r.envelope = None;
+            r.evidence.attempts.clear();
+            p.closed = false;
+            p.dispatched_this_generation = false;
+        }
+    }
+    Ok(())
+}
+
+fn reach(p: &mut Progress, phase: Phase) {
+    if p.phase_reached.is_none_or(|reached| reached < phase) {
+        p.phase_reached = Some(phase);
+    }
+}
+
+fn before_dispatch(p: &Progress, kind: EventKind) -> Result<(), Refusal> {
+    if p.closed {
+        return Err(Refusal::Closed(kind));
+    }
+    if p.dispatched_this_generation {
+        return Err(Refusal::AfterDispatch(kind));
+    }
+    Ok(())
+}
+
+fn during_dispatch(p: &Progress, kind: EventKind) -> Result<(), Refusal> {
+    if !p.dispatched_this_generation {
+        return Err(Refusal::NotDispatched(kind));
+    }
+    Ok(())
+}
+
+/// Records a failure: `contract` computes what it means.
+fn fail(state: &mut State, event: &Event, code: Code, field: Option<String>) -> Result<(), Refusal> {
+    let p = &mut state.progress;
+    let r = &mut state.record;
+    let live_result = code == Code::ResultDeliveryFailed || code == Code::ResultStoreFailed;
+    if p.closed && !(live_result && p.result_stored && !p.delivered) {
+        return Err(Refusal::Closed(EventKind::Failed));
+    }
+    if code.is_pre_dispatch() && p.dispatched_this_generation {
+        return Err(Refusal::NotAttemptedAfterDispatch(code));
+    }
+    if code == Code::ResultDeliveryFailed && !is_resolved(r.outcome) {
+        return Err(Refusal::NotResolved(code));
+    }
+    let keeps_outcome = matches!(code.row().outcome, OutcomeRule::Own | OutcomeRule::CommittedIfProvable);
+    if is_resolved(r.outcome) && !keeps_outcome {
+        return Err(Refusal::AlreadyResolved);
+    }
+    let ctx = FailureContext {
+        phase_reached: p.phase_reached.unwrap_or(Phase::Validation),
+        current_outcome: r.outcome,
+        dispatched: p.dispatched_ever,
+        result_stored: p.result_stored,
+        operation: OperationFacts {
+            idempotent: p.idempotent,
+            idempotency_key: p.safe_until_ms.map(|ms| KeyWindow { safe_until_ms: ms }),
+        },
+        now_ms: event_ms(event),
+    };
+    let resolution: Resolution = resolve_failure(code, &ctx);
+    if r.outcome == Outcome::Unknown && is_resolved(resolution.outcome) && !event.source.can_resolve_unknown() {
+        return Err(Refusal::SourceCannotResolve(event.source));
+    }
+    r.code = Some(code);
+    r.phase = resolution.phase;
+    r.outcome = resolution.outcome;
+    r.retry = resolution.retry;
+    r.evidence.generation = Some(r.generation);
+    r.envelope = Some(Envelope::new(
+        &r.invocation_id,
+        resolution,
+        field,
+        r.evidence.clone(),
+    ));
+    // A cancelled caller leaves the exchange running in its own task.
+    p.closed = code != Code::CallerCancelled;
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "projection/tests.rs"]
+mod tests;

@@ -1,0 +1,359 @@
+//! Property tests over random event sequences: the transition rules hold whatever
+//! order transports (or bugs) report observations in.
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::contract::{Completion, Stage};
+use crate::journal::event::*;
+
+#[derive(Debug, Clone)]
+enum Move {
+    Accept,
+    Preflight(bool),
+    Connect(bool),
+    Dispatch,
+    Sent,
+    Started,
+    Complete,
+    Commit(Outcome, Source),
+    Delivered,
+    Fail(Code, Source),
+    Reconcile(Outcome, Source),
+    Lease(u32),
+    WrongGeneration,
+}
+
+fn outcome() -> impl Strategy<Value = Outcome> {
+    prop::sample::select(Outcome::ALL.to_vec())
+}
+
+fn source() -> impl Strategy<Value = Source> {
+    prop::sample::select(Source::ALL.to_vec())
+}
+
+fn code() -> impl Strategy<Value = Code> {
+    prop::sample::select(Code::ALL.to_vec())
+}
+
+fn a_move() -> impl Strategy<Value = Move> {
+    prop_oneof![
+        1 => Just(Move::Accept),
+        2 => any::<bool>().prop_map(Move::Preflight),
+        2 => any::<bool>().prop_map(Move::Connect),
+        3 => Just(Move::Dispatch),
+        2 => Just(Move::Sent),
+        2 => Just(Move::Started),
+        2 => Just(Move::Complete),
+        3 => (outcome(), source()).prop_map(|(o, s)| Move::Commit(o, s)),
+        2 => Just(Move::Delivered),
+        4 => (code(), source()).prop_map(|(c, s)| Move::Fail(c, s)),
+        2 => (outcome(), source()).prop_map(|(o, s)| Move::Reconcile(o, s)),
+        2 => (0u32..3).prop_map(Move::Lease),
+        1 => Just(Move::WrongGeneration),
+    ]
+}
+
+fn body_of(m: &Move, generation: u32) -> (Body, Source, u32) {
+    let observed = Source::TransportObserved;
+    let b = match m {
+        Move::Accept => Body::ActionAccepted(Accepted {
+            agent: "a".into(),
+            protocol: Protocol::Https,
+            method: Some("POST".into()),
+            target: "https://x.test/".into(),
+            command: None,
+        }),
+        Move::Preflight(idempotent) => Body::PreflightValidated(Preflight {
+            route: "r".into(),
+            fingerprint: "sha256:f".into(),
+            idempotent: *idempotent,
+            credential: None,
+            idempotency: None,
+            safe_until_ms: None,
+        }),
+        Move::Connect(ok) => Body::ConnectAttempt(ConnectAttempt {
+            n: 1,
+            stage: Stage::TcpConnect,
+            ok: *ok,
+            code: None,
+            address: None,
+            diagnostic: None,
+        }),
+        Move::Dispatch => Body::DispatchStarted(Dispatch::default()),
+        Move::Sent => Body::RequestSent(super::super::event::RequestSent { bytes: 1 }),
+        Move::Started => Body::RemoteResponseStarted(ResponseStarted { status: Some(200) }),
+        Move::Complete => Body::RemoteResponseComplete(ResponseComplete {
+            completion: Completion::ContentLength,
+            bytes: 1,
+            digest: "sha256:d".into(),
+        }),
+        Move::Commit(o, s) => {
+            return (
+                Body::ResultCommitted(ResultCommitted {
+                    outcome: *o,
+                    retry: Retry::Never,
+                    status: Some(200),
+                    exit_status: None,
+                    exit_signal: None,
+                    digest: "sha256:d".into(),
+                    bytes: 1,
+                    complete: true,
+                    completion: None,
+                    evidence: serde_json::Map::new(),
+                }),
+                *s,
+                generation,
+            );
+        }
+        Move::Delivered => Body::ResultDelivered(Delivered::default()),
+        Move::Fail(c, s) => return (Body::Failed(Failure::of(*c)), *s, generation),
+        Move::Reconcile(o, s) => {
+            return (
+                Body::Reconciled(Reconciliation {
+                    outcome: *o,
+                    note: "n".into(),
+                    unsafe_retry: None,
+                }),
+                *s,
+                generation,
+            );
+        }
+        Move::Lease(delta) => {
+            let g = generation + delta;
+            return (
+                Body::RetryLeased(Lease {
+                    generation: g,
+                    unsafe_override: false,
+                }),
+                observed,
+                g,
+            );
+        }
+        Move::WrongGeneration => {
+            return (Body::RequestSent(super::super::event::RequestSent { bytes: 1 }), observed, generation + 7);
+        }
+    };
+    (b, observed, generation)
+}
+
+fn event(seq: u64, body: &Body, source: Source, generation: u32) -> Event {
+    let (kind, data) = split_body(body);
+    Event {
+        seq,
+        invocation_id: "act_p".into(),
+        attempt: 0,
+        generation,
+        ts: "2026-01-01T00:00:00.000Z".into(),
+        kind,
+        source,
+        hop: "origin".into(),
+        data,
+        prev_hash: GENESIS_HASH.into(),
+        hash: String::new(),
+    }
+}
+
+fn check_transition(before: &Option<State>, after: &State, ev: &Event) -> Result<(), TestCaseError> {
+    let r = &after.record;
+    prop_assert!(
+        !(after.progress.dispatched_ever && r.outcome == Outcome::NotAttempted),
+        "not_attempted after DISPATCH_STARTED"
+    );
+    prop_assert_eq!(r.code.is_some(), r.envelope.is_some());
+    if let Some(env) = &r.envelope {
+        prop_assert_eq!(env.error.outcome, r.outcome);
+        prop_assert_eq!(env.error.retry, r.retry);
+    }
+    if let Some(prev) = before {
+        let was = prev.record.outcome;
+        if is_resolved(was) {
+            prop_assert_eq!(r.outcome, was, "a resolved outcome changed");
+        }
+        if was == Outcome::Unknown && is_resolved(r.outcome) {
+            prop_assert!(ev.source.can_resolve_unknown(), "unknown resolved by {:?}", ev.source);
+        }
+        if prev.progress.dispatched_ever {
+            prop_assert!(after.progress.dispatched_ever);
+        }
+        prop_assert!(r.generation >= prev.record.generation);
+        prop_assert!(r.attempts >= prev.record.attempts);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn transition_rules_hold_for_any_sequence(moves in prop::collection::vec(a_move(), 1..40)) {
+        let mut state: Option<State> = None;
+        let mut seq = 0;
+        for m in &moves {
+            let generation = state.as_ref().map_or(1, |s| s.record.generation);
+            let (body, source, g) = body_of(m, generation);
+            seq += 1;
+            let ev = event(seq, &body, source, g);
+            match apply(state.clone(), &ev) {
+                Ok(next) => {
+                    check_transition(&state, &next, &ev)?;
+                    if let Body::Failed(f) = &body {
+                        let same_gen_dispatch = state.as_ref().is_some_and(|s| s.progress.dispatched_this_generation);
+                        prop_assert!(!(f.code.is_pre_dispatch() && same_gen_dispatch));
+                    }
+                    state = Some(next);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    #[test]
+    fn a_dispatched_invocation_never_reads_not_attempted(
+        codes in prop::collection::vec(code(), 1..6),
+        idempotent in any::<bool>(),
+    ) {
+        let mut seq = 0;
+        let mut next = |m: Move, st: &Option<State>| {
+            seq += 1;
+            let g = st.as_ref().map_or(1, |s| s.record.generation);
+            let (b, s, g) = body_of(&m, g);
+            event(seq, &b, s, g)
+        };
+        let mut st = None;
+        for m in [Move::Accept, Move::Preflight(idempotent), Move::Dispatch] {
+            let e = next(m, &st);
+            st = apply(st.clone(), &e).ok();
+        }
+        prop_assert!(st.is_some());
+        for c in codes {
+            let e = next(Move::Fail(c, Source::TransportObserved), &st);
+            if let Ok(s) = apply(st.clone(), &e) {
+                prop_assert_ne!(s.record.outcome, Outcome::NotAttempted);
+                st = Some(s);
+                let lease = next(Move::Lease(1), &st);
+                if let Ok(s) = apply(st.clone(), &lease) {
+                    st = Some(s);
+                }
+            }
+        }
+    }
+}
+
+fn run(moves: &[Move]) -> Result<State, Refusal> {
+    let mut state: Option<State> = None;
+    for (i, m) in moves.iter().enumerate() {
+        let g = state.as_ref().map_or(1, |s| s.record.generation);
+        let (body, source, g) = body_of(m, g);
+        state = Some(apply(state, &event(i as u64 + 1, &body, source, g))?);
+    }
+    state.ok_or(Refusal::UnknownInvocation)
+}
+
+#[test]
+fn a_clean_exchange_resolves_committed_without_a_code() {
+    let s = run(&[
+        Move::Accept,
+        Move::Preflight(false),
+        Move::Connect(true),
+        Move::Dispatch,
+        Move::Sent,
+        Move::Started,
+        Move::Complete,
+        Move::Commit(Outcome::Committed, Source::RemoteResponse),
+        Move::Delivered,
+    ]);
+    let s = s.ok();
+    assert!(s.as_ref().is_some_and(|s| s.record.outcome == Outcome::Committed
+        && s.record.phase == Phase::RemoteExecution
+        && s.record.code.is_none()
+        && s.record.envelope.is_none()
+        && s.progress.closed
+        && s.record.attempts == 1));
+}
+
+#[test]
+fn refusals_name_the_impossible_move() {
+    use Move::*;
+    let pre = [Accept, Preflight(false), Dispatch];
+    let with = |m: Move| {
+        let mut v = pre.to_vec();
+        v.push(m);
+        run(&v).err()
+    };
+    assert_eq!(
+        with(Fail(Code::ConnectionRefused, Source::TransportObserved)),
+        Some(Refusal::NotAttemptedAfterDispatch(Code::ConnectionRefused))
+    );
+    assert_eq!(
+        with(Commit(Outcome::Committed, Source::TransportObserved)),
+        Some(Refusal::SourceCannotResolve(Source::TransportObserved))
+    );
+    assert_eq!(with(Commit(Outcome::Unknown, Source::RemoteResponse)), Some(Refusal::UnresolvedResult));
+    assert_eq!(with(Dispatch), Some(Refusal::AfterDispatch(EventKind::DispatchStarted)));
+    assert_eq!(with(Accept), Some(Refusal::AlreadyAccepted));
+    assert_eq!(run(&[Dispatch]).err(), Some(Refusal::UnknownInvocation));
+    assert_eq!(run(&[Accept, Sent]).err(), Some(Refusal::NotDispatched(EventKind::RequestSent)));
+    assert_eq!(
+        run(&[Accept, Preflight(false), Dispatch, Fail(Code::RemoteTimeout, Source::TransportObserved), Reconcile(Outcome::Committed, Source::Recovery)]).err(),
+        Some(Refusal::SourceCannotResolve(Source::Recovery))
+    );
+}
+
+#[test]
+fn reconciliation_resolves_an_unknown_with_its_source() {
+    use Move::*;
+    let s = run(&[
+        Accept,
+        Preflight(false),
+        Dispatch,
+        Fail(Code::RemoteOutcomeUnknown, Source::TransportObserved),
+        Reconcile(Outcome::Rejected, Source::OperatorAttested),
+    ])
+    .ok();
+    let r = s.map(|s| s.record);
+    assert!(r.as_ref().is_some_and(|r| r.outcome == Outcome::Rejected && r.retry == Retry::AfterCorrection));
+    assert!(r.is_some_and(|r| r.evidence.extra["reconciled"]["source"] == "operator_attested"));
+}
+
+#[test]
+fn a_cancelled_caller_leaves_the_exchange_to_resolve() {
+    use Move::*;
+    let s = run(&[
+        Accept,
+        Preflight(false),
+        Dispatch,
+        Sent,
+        Fail(Code::CallerCancelled, Source::TransportObserved),
+        Started,
+        Complete,
+        Commit(Outcome::Committed, Source::RemoteResponse),
+        Fail(Code::ResultDeliveryFailed, Source::TransportObserved),
+    ])
+    .ok();
+    let r = s.map(|s| s.record);
+    assert!(r.as_ref().is_some_and(|r| r.outcome == Outcome::Committed
+        && r.code == Some(Code::ResultDeliveryFailed)
+        && r.phase == Phase::ResultDelivery
+        && r.retry == Retry::FetchResult));
+}
+
+#[test]
+fn a_retry_lease_keeps_unknown_and_counts_generations() {
+    use Move::*;
+    let s = run(&[
+        Accept,
+        Preflight(true),
+        Dispatch,
+        Fail(Code::RemoteTimeout, Source::TransportObserved),
+        Lease(1),
+        Connect(false),
+        Fail(Code::ConnectionRefused, Source::TransportObserved),
+    ])
+    .ok();
+    let r = s.map(|s| s.record);
+    assert!(r.as_ref().is_some_and(|r| r.generation == 2
+        && r.outcome == Outcome::Unknown
+        && r.code == Some(Code::ConnectionRefused)
+        && r.retry == Retry::Backoff));
+}

@@ -1,0 +1,69 @@
+//! The narrow storage trait the journal writes through.
+//!
+//! After any `StoreError::Poisoned` the store accepts no further writes; the
+//! process must exit and recover from what is durable.
+
+use super::event::Event;
+use super::projection::State;
+use super::result::StoredResult;
+
+/// A storage failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error("the journal is locked by another process")]
+    Locked,
+    #[error("a previous sync failed; the journal accepts no writes")]
+    Poisoned,
+    #[error("storage I/O failed: {0}")]
+    Io(String),
+    #[error("stored {what} is corrupt: {detail}")]
+    Corrupt { what: &'static str, detail: String },
+}
+
+/// Everything one group commit writes, atomically.
+#[derive(Debug, Default)]
+pub struct WriteSet {
+    pub events: Vec<Event>,
+    pub states: Vec<State>,
+    /// Invocations with a live exchange (recovery looks at these).
+    pub opened: Vec<String>,
+    pub closed: Vec<String>,
+    pub results: Vec<StoredResult>,
+    pub expired_results: Vec<(i64, String)>,
+}
+
+impl WriteSet {
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.results.is_empty() && self.expired_results.is_empty()
+    }
+}
+
+/// One raw stored event, for the audit walk (which must see unparsable bytes too).
+pub struct RawEvent {
+    pub key_seq: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// The journal's storage. Implementations must make `write` atomic.
+pub trait EventStore: Send + Sync + 'static {
+    /// Writes a set atomically; it reaches the OS before this returns.
+    fn write(&self, set: WriteSet) -> Result<(), StoreError>;
+    /// Makes every earlier `write` durable (fdatasync).
+    fn sync(&self) -> Result<(), StoreError>;
+    /// The event with the highest seq.
+    fn head(&self) -> Result<Option<Event>, StoreError>;
+    /// Raw events with seq >= `from`, at most `limit`, in seq order.
+    fn raw_events(&self, from: u64, limit: usize) -> Result<Vec<RawEvent>, StoreError>;
+    /// The events of one invocation, in seq order.
+    fn events_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError>;
+    /// The projected state of one invocation.
+    fn state(&self, invocation_id: &str) -> Result<Option<State>, StoreError>;
+    /// States newest first, strictly older than `before` when given.
+    fn states_before(&self, before: Option<&str>, limit: usize) -> Result<Vec<State>, StoreError>;
+    /// Invocations whose exchange may still have been running.
+    fn open_invocations(&self) -> Result<Vec<String>, StoreError>;
+    /// The stored result of one invocation.
+    fn result(&self, invocation_id: &str) -> Result<Option<StoredResult>, StoreError>;
+    /// Results whose retention ended at or before `now_ms`.
+    fn expired_results(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, String)>, StoreError>;
+}

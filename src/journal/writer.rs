@@ -1,0 +1,313 @@
+//! Group commit: one thread owns seq, the hash chain and every write.
+//!
+//! Requests queued while a sync runs form the next group; all of a group's
+//! events go into one atomic write and share one fdatasync. A caller is acked
+//! only after the write (and, for sync events, the sync) returned.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::event::{Draft, Event, EventKind, GENESIS_HASH, split_body};
+use super::failpoints::Failpoints;
+use super::health::Health;
+use super::metrics::JournalMetrics;
+use super::projection::{Refusal, State, apply};
+use super::result::StoredResult;
+use super::store::{EventStore, StoreError, WriteSet};
+use super::{Durability, JournalError};
+
+/// What one append produced.
+#[derive(Debug, Clone)]
+pub struct Appended {
+    pub seqs: Vec<u64>,
+    pub state: State,
+}
+
+pub(super) enum Request {
+    Append {
+        invocation_id: String,
+        drafts: Vec<Draft>,
+        result: Option<StoredResult>,
+        reply: oneshot::Sender<Result<Appended, JournalError>>,
+    },
+    Expire {
+        results: Vec<(i64, String)>,
+    },
+    Flush {
+        reply: oneshot::Sender<Result<(), JournalError>>,
+    },
+}
+
+const MAX_GROUP: usize = 1024;
+const BUFFERED_SYNC_EVERY: Duration = Duration::from_secs(1);
+
+pub(super) struct Writer {
+    pub store: Arc<dyn EventStore>,
+    pub durability: Durability,
+    pub health: Arc<Health>,
+    pub metrics: JournalMetrics,
+    pub failpoints: Failpoints,
+    pub clock: fn() -> time::OffsetDateTime,
+    head_seq: u64,
+    head_hash: String,
+    live: HashMap<String, State>,
+    last_sync: Instant,
+}
+
+struct Staged {
+    events: Vec<Event>,
+    state: State,
+    was_open: bool,
+    /// The invocation was not closed before this request.
+    was_live: bool,
+    needs_sync: bool,
+}
+
+impl Writer {
+    pub fn new(
+        store: Arc<dyn EventStore>,
+        durability: Durability,
+        health: Arc<Health>,
+        metrics: JournalMetrics,
+        clock: fn() -> time::OffsetDateTime,
+    ) -> Result<Self, StoreError> {
+        let (head_seq, head_hash) = match store.head()? {
+            Some(e) => (e.seq, e.hash),
+            None => (0, GENESIS_HASH.to_owned()),
+        };
+        Ok(Self {
+            store,
+            durability,
+            health,
+            metrics,
+            failpoints: Failpoints::from_env(),
+            clock,
+            head_seq,
+            head_hash,
+            live: HashMap::new(),
+            last_sync: Instant::now(),
+        })
+    }
+
+    /// Serves requests until every sender is gone.
+    pub fn run(mut self, mut rx: mpsc::Receiver<Request>) {
+        while let Some(first) = rx.blocking_recv() {
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP {
+                match rx.try_recv() {
+                    Ok(r) => group.push(r),
+                    Err(_) => break,
+                }
+            }
+            self.commit_group(group);
+        }
+        let _ = self.sync_now();
+    }
+
+    fn commit_group(&mut self, group: Vec<Request>) {
+        let mut set = WriteSet::default();
+        let mut overlay: HashMap<String, State> = HashMap::new();
+        let mut acks = Vec::new();
+        let mut flushes = Vec::new();
+        let mut needs_sync = false;
+        let start = (self.head_seq, self.head_hash.clone());
+        for request in group {
+            match request {
+                Request::Append {
+                    invocation_id,
+                    drafts,
+                    result,
+                    reply,
+                } => match self.stage(&invocation_id, drafts, &overlay) {
+                    Ok(staged) => {
+                        needs_sync |= staged.needs_sync;
+                        let seqs = staged.events.iter().map(|e| e.seq).collect();
+                        let closed = staged.state.progress.closed;
+                        if closed && staged.was_open {
+                            set.closed.push(invocation_id.clone());
+                        } else if !closed && !staged.was_open {
+                            set.opened.push(invocation_id.clone());
+                        }
+                        set.events.extend(staged.events);
+                        set.states.push(staged.state.clone());
+                        if let Some(r) = result {
+                            set.results.push(r);
+                        }
+                        overlay.insert(invocation_id, staged.state.clone());
+                        let newly_closed = closed && staged.was_live;
+                        acks.push((reply, staged.state, seqs, newly_closed));
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                },
+                Request::Expire { results } => set.expired_results.extend(results),
+                Request::Flush { reply } => {
+                    needs_sync = true;
+                    flushes.push(reply);
+                }
+            }
+        }
+        let outcome = self.persist(set, needs_sync);
+        if outcome.is_err() {
+            (self.head_seq, self.head_hash) = start;
+        }
+        for (reply, state, seqs, newly_closed) in acks {
+            let result = match &outcome {
+                Ok(()) => {
+                    self.settle(&state, newly_closed);
+                    Ok(Appended { seqs, state })
+                }
+                Err(e) => Err(e.clone()),
+            };
+            let _ = reply.send(result);
+        }
+        for reply in flushes {
+            let _ = reply.send(outcome.clone());
+        }
+    }
+
+    /// Writes a group; syncs it if any event needs it; fires failpoints.
+    fn persist(&mut self, set: WriteSet, needs_sync: bool) -> Result<(), JournalError> {
+        if set.is_empty() && !needs_sync {
+            return Ok(());
+        }
+        if self.health.is_fatal() {
+            return Err(JournalError::Unavailable);
+        }
+        let kinds: Vec<EventKind> = set.events.iter().map(|e| e.kind).collect();
+        let count = set.events.len();
+        if let Err(e) = self.store.write(set) {
+            return Err(self.storage_fault(e));
+        }
+        let due = self.durability == Durability::Buffered
+            && self.last_sync.elapsed() >= BUFFERED_SYNC_EVERY;
+        if (needs_sync && self.durability == Durability::Fsync) || due {
+            self.sync_now().map_err(|e| self.storage_fault(e))?;
+        }
+        self.metrics.appended(count);
+        for kind in kinds {
+            self.failpoints.after_durable_write(kind);
+        }
+        Ok(())
+    }
+
+    fn sync_now(&mut self) -> Result<(), StoreError> {
+        let started = Instant::now();
+        self.store.sync()?;
+        self.metrics.synced(started.elapsed());
+        self.last_sync = Instant::now();
+        Ok(())
+    }
+
+    /// A failed write or sync: fjall is poisoned, postern must restart.
+    fn storage_fault(&self, e: StoreError) -> JournalError {
+        tracing::error!(error = %e, "journal storage fault; postern stops accepting work");
+        self.health.set_fatal(e.to_string());
+        JournalError::Unavailable
+    }
+
+    fn settle(&mut self, state: &State, newly_closed: bool) {
+        let id = &state.record.invocation_id;
+        if newly_closed {
+            self.metrics.settled(&state.record);
+        }
+        if state.progress.closed {
+            self.live.remove(id);
+        } else {
+            self.live.insert(id.clone(), state.clone());
+        }
+    }
+
+    fn current(&self, id: &str, overlay: &HashMap<String, State>) -> Result<Option<(State, bool)>, JournalError> {
+        if let Some(s) = overlay.get(id) {
+            return Ok(Some((s.clone(), !s.progress.closed)));
+        }
+        if let Some(s) = self.live.get(id) {
+            return Ok(Some((s.clone(), true)));
+        }
+        let stored = self.store.state(id).map_err(|e| self.storage_fault(e))?;
+        Ok(stored.map(|s| {
+            let open = !s.progress.closed;
+            (s, open)
+        }))
+    }
+
+    /// Chains and projects a request's drafts; refuses the whole request on any refusal.
+    fn stage(&mut self, id: &str, drafts: Vec<Draft>, overlay: &HashMap<String, State>) -> Result<Staged, JournalError> {
+        let (mut state, was_open, was_live) = match self.current(id, overlay)? {
+            Some((s, open)) => (Some(s), open, open),
+            None => (None, false, true),
+        };
+        let mut seq = self.head_seq;
+        let mut prev = self.head_hash.clone();
+        let mut events = Vec::with_capacity(drafts.len());
+        let mut needs_sync = false;
+        let ts = rfc3339((self.clock)());
+        for draft in drafts {
+            seq += 1;
+            let (kind, data) = split_body(&draft.body);
+            let generation = match (&draft.body, &state) {
+                (super::event::Body::RetryLeased(l), _) => l.generation,
+                (_, Some(s)) => s.record.generation,
+                (_, None) => 1,
+            };
+            let mut event = Event {
+                seq,
+                invocation_id: id.to_owned(),
+                attempt: draft.attempt,
+                generation,
+                ts: ts.clone(),
+                kind,
+                source: draft.source,
+                hop: draft.hop,
+                data,
+                prev_hash: prev,
+                hash: String::new(),
+            };
+            event.hash = event.compute_hash();
+            let dispatched_before = state.as_ref().is_some_and(|s| s.progress.dispatched_ever);
+            let next = apply(state.take(), &event).map_err(JournalError::Refused)?;
+            needs_sync |= needs_sync_rule(kind, dispatched_before);
+            prev = event.hash.clone();
+            events.push(event);
+            state = Some(next);
+        }
+        let state = state.ok_or(JournalError::Refused(Refusal::UnknownInvocation))?;
+        self.head_seq = seq;
+        self.head_hash = prev;
+        Ok(Staged {
+            events,
+            state,
+            was_open,
+            was_live,
+            needs_sync,
+        })
+    }
+}
+
+/// SPEC §2: which writes wait for a sync. Everything else rides the next one.
+pub fn needs_sync_rule(kind: EventKind, dispatched: bool) -> bool {
+    match kind {
+        EventKind::DispatchStarted
+        | EventKind::ResultCommitted
+        | EventKind::RetryLeased
+        | EventKind::Reconciled
+        | EventKind::ApprovalGranted
+        | EventKind::ApprovalDenied => true,
+        EventKind::Failed => dispatched,
+        _ => false,
+    }
+}
+
+/// RFC 3339 UTC with milliseconds.
+pub fn rfc3339(t: time::OffsetDateTime) -> String {
+    let t = t.to_offset(time::UtcOffset::UTC);
+    let format = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    t.format(&format).unwrap_or_default()
+}

@@ -1,0 +1,14 @@
+//! postern: a credential-injecting forward proxy for AI agents.
+//!
+//! A request meets the modules in this order: `http`/`ssh` fronts → `policy`
+//! (agent, route, fingerprint) → `vault` (credential) → dispatch, where
+//! `DISPATCH_STARTED` is made durable in the `journal` before the first byte →
+//! upstream. Transports only report observations; the journal's projection asks
+//! `contract` what they mean (phase, outcome, retry, evidence). Operators read the
+//! journal through `admin` and the `cli`.
+
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod contract;
+pub mod journal;
