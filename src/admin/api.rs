@@ -15,7 +15,9 @@ use tokio::net::TcpListener;
 
 use crate::config::SecretValue;
 use crate::contract::{Outcome, Phase};
-use crate::journal::{Body, Draft, Journal, JournalError, Payload, Reconciliation, Record, Source, unb64};
+use crate::journal::{
+    Body, Draft, Journal, JournalError, Payload, Reconciliation, Record, Source, unb64,
+};
 
 /// What the admin API serves from.
 pub struct AdminState {
@@ -58,13 +60,18 @@ fn json_reply(status: StatusCode, body: &Value) -> Reply {
     let text = serde_json::to_vec(body).unwrap_or_default();
     let mut r = Response::new(Full::new(Bytes::from(text)));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
     r
 }
 
 fn error(status: StatusCode, code: &str, message: &str) -> Reply {
-    json_reply(status, &json!({"error": {"code": code, "message": message}}))
+    json_reply(
+        status,
+        &json!({"error": {"code": code, "message": message}}),
+    )
 }
 
 fn storage_error() -> Reply {
@@ -76,7 +83,9 @@ fn storage_error() -> Reply {
 }
 
 fn authorized(state: &AdminState, req: &Request<Incoming>) -> bool {
-    let Some(token) = &state.token else { return true };
+    let Some(token) = &state.token else {
+        return true;
+    };
     req.headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -105,7 +114,9 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
             let mut r = Response::new(Full::new(Bytes::from(text)));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
-                header::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+                header::HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
             );
             r
         }
@@ -114,7 +125,11 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
         (&Method::GET, ["v1", "invocations", id, "events"]) => events(state, id),
         (&Method::GET, ["v1", "invocations", id, "result"]) => result(state, id),
         (&Method::GET, ["v1", "invocations", id, "result", "body"]) => {
-            let range = req.headers().get(header::RANGE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let range = req
+                .headers()
+                .get(header::RANGE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
             result_body(state, id, range.as_deref())
         }
         (&Method::POST, ["v1", "invocations", id, "reconcile"]) => {
@@ -133,7 +148,11 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
             "NOT_IMPLEMENTED",
             "Approvals and retries are not available in this build yet.",
         ),
-        _ => error(StatusCode::NOT_FOUND, "NOT_FOUND", "No such admin endpoint."),
+        _ => error(
+            StatusCode::NOT_FOUND,
+            "NOT_FOUND",
+            "No such admin endpoint.",
+        ),
     }
 }
 
@@ -164,7 +183,7 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
-fn parse_list_query(query: &str) -> Result<ListQuery, Reply> {
+fn parse_list_query(query: &str) -> Result<ListQuery, Box<Reply>> {
     let mut q = ListQuery {
         limit: 50,
         ..ListQuery::default()
@@ -172,14 +191,29 @@ fn parse_list_query(query: &str) -> Result<ListQuery, Reply> {
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let v = percent_decode(v);
-        let bad = |what: &str| error(StatusCode::BAD_REQUEST, "BAD_QUERY", what);
+        let bad = |what: &str| Box::new(error(StatusCode::BAD_REQUEST, "BAD_QUERY", what));
         match k {
             "agent" => q.agent = Some(v),
-            "outcome" => q.outcome = Some(Outcome::parse(&v).ok_or_else(|| bad("outcome is not a known outcome"))?),
-            "phase" => q.phase = Some(Phase::parse(&v).ok_or_else(|| bad("phase is not a known phase"))?),
-            "limit" => q.limit = v.parse().ok().filter(|n| (1..=1000).contains(n)).ok_or_else(|| bad("limit must be 1..1000"))?,
+            "outcome" => {
+                q.outcome =
+                    Some(Outcome::parse(&v).ok_or_else(|| bad("outcome is not a known outcome"))?)
+            }
+            "phase" => {
+                q.phase = Some(Phase::parse(&v).ok_or_else(|| bad("phase is not a known phase"))?)
+            }
+            "limit" => {
+                q.limit = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| bad("limit must be 1..1000"))?
+            }
             "cursor" => q.cursor = Some(v),
-            _ => return Err(bad("unknown query parameter (agent, outcome, phase, limit, cursor)")),
+            _ => {
+                return Err(bad(
+                    "unknown query parameter (agent, outcome, phase, limit, cursor)",
+                ));
+            }
         }
     }
     Ok(q)
@@ -194,7 +228,7 @@ fn matches(q: &ListQuery, r: &Record) -> bool {
 fn list(state: &AdminState, query: &str) -> Reply {
     let q = match parse_list_query(query) {
         Ok(q) => q,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let mut found: Vec<Record> = Vec::new();
     let mut cursor = q.cursor.clone();
@@ -269,17 +303,27 @@ fn result_body(state: &AdminState, id: &str, range: Option<&str>) -> Reply {
         Payload::Ssh(s) => unb64(&s.stdout_base64),
     };
     let Some(body) = body else {
-        return error(StatusCode::NOT_FOUND, "BODY_NOT_STORED", "Only the digest of this body was kept.");
+        return error(
+            StatusCode::NOT_FOUND,
+            "BODY_NOT_STORED",
+            "Only the digest of this body was kept.",
+        );
     };
     let total = body.len() as u64;
     let Some(spec) = range else {
         let mut r = Response::new(Full::new(Bytes::from(body)));
-        r.headers_mut().insert(header::ACCEPT_RANGES, header::HeaderValue::from_static("bytes"));
+        r.headers_mut().insert(
+            header::ACCEPT_RANGES,
+            header::HeaderValue::from_static("bytes"),
+        );
         return r;
     };
     match parse_range(spec, total) {
         Some((start, end)) => {
-            let slice = body.get(start as usize..=end as usize).unwrap_or_default().to_vec();
+            let slice = body
+                .get(start as usize..=end as usize)
+                .unwrap_or_default()
+                .to_vec();
             let mut r = Response::new(Full::new(Bytes::from(slice)));
             *r.status_mut() = StatusCode::PARTIAL_CONTENT;
             if let Ok(v) = header::HeaderValue::from_str(&format!("bytes {start}-{end}/{total}")) {
@@ -288,7 +332,11 @@ fn result_body(state: &AdminState, id: &str, range: Option<&str>) -> Reply {
             r
         }
         None => {
-            let mut r = error(StatusCode::RANGE_NOT_SATISFIABLE, "RANGE_NOT_SATISFIABLE", "The range is outside the body.");
+            let mut r = error(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "RANGE_NOT_SATISFIABLE",
+                "The range is outside the body.",
+            );
             if let Ok(v) = header::HeaderValue::from_str(&format!("bytes */{total}")) {
                 r.headers_mut().insert(header::CONTENT_RANGE, v);
             }
@@ -336,9 +384,17 @@ async fn reconcile(state: &AdminState, id: &str, body: Value) -> Reply {
             );
         }
     };
-    let note = body.get("note").and_then(Value::as_str).unwrap_or("").to_owned();
+    let note = body
+        .get("note")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
     if note.trim().is_empty() {
-        return error(StatusCode::BAD_REQUEST, "BAD_REQUEST_BODY", "note must say how the outcome was established.");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "BAD_REQUEST_BODY",
+            "note must say how the outcome was established.",
+        );
     }
     match state.journal.record(id) {
         Ok(Some(_)) => {}
@@ -354,7 +410,11 @@ async fn reconcile(state: &AdminState, id: &str, body: Value) -> Reply {
     .hop("postern");
     match state.journal.append(id, vec![draft]).await {
         Ok(appended) => json_reply(StatusCode::OK, &json!(appended.state.record)),
-        Err(JournalError::Refused(refusal)) => error(StatusCode::CONFLICT, "RECONCILE_REFUSED", &refusal.to_string()),
+        Err(JournalError::Refused(refusal)) => error(
+            StatusCode::CONFLICT,
+            "RECONCILE_REFUSED",
+            &refusal.to_string(),
+        ),
         Err(JournalError::Unavailable) => storage_error(),
     }
 }

@@ -9,7 +9,12 @@ use serde_json::Value;
 use super::{AdminTarget, CliError};
 
 /// Sends one request and returns status and JSON body.
-pub fn call(target: &AdminTarget, method: Method, path: &str, body: Option<&Value>) -> Result<(StatusCode, Value), CliError> {
+pub fn call(
+    target: &AdminTarget,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<(StatusCode, Value), CliError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -17,7 +22,12 @@ pub fn call(target: &AdminTarget, method: Method, path: &str, body: Option<&Valu
     runtime.block_on(send(target, method, path, body))
 }
 
-async fn send(target: &AdminTarget, method: Method, path: &str, body: Option<&Value>) -> Result<(StatusCode, Value), CliError> {
+async fn send(
+    target: &AdminTarget,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<(StatusCode, Value), CliError> {
     let unreachable = |detail: String| CliError::Unreachable {
         url: target.url.clone(),
         detail,
@@ -25,7 +35,12 @@ async fn send(target: &AdminTarget, method: Method, path: &str, body: Option<&Va
     let authority = target
         .url
         .strip_prefix("http://")
-        .ok_or_else(|| CliError::Failed(format!("admin URL `{}` must start with http://", target.url)))?
+        .ok_or_else(|| {
+            CliError::Failed(format!(
+                "admin URL `{}` must start with http://",
+                target.url
+            ))
+        })?
         .trim_end_matches('/')
         .to_owned();
     let stream = tokio::net::TcpStream::connect(&authority)
@@ -35,7 +50,9 @@ async fn send(target: &AdminTarget, method: Method, path: &str, body: Option<&Va
         .await
         .map_err(|e| unreachable(e.to_string()))?;
     tokio::spawn(conn);
-    let payload = body.map(|b| serde_json::to_vec(b).unwrap_or_default()).unwrap_or_default();
+    let payload = body
+        .map(|b| serde_json::to_vec(b).unwrap_or_default())
+        .unwrap_or_default();
     let mut req = Request::builder()
         .method(method)
         .uri(path)

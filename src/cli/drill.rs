@@ -44,7 +44,12 @@ pub fn run(home: &Home, args: &DrillArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn journal_commit(journal: &Journal, id: &str, draft: Draft, result: StoredResult) -> Result<crate::journal::Appended, crate::journal::JournalError> {
+fn journal_commit(
+    journal: &Journal,
+    id: &str,
+    draft: Draft,
+    result: StoredResult,
+) -> Result<crate::journal::Appended, crate::journal::JournalError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -105,13 +110,25 @@ fn steps(method: &str, id: &str, expires_at_ms: i64) -> Vec<(Draft, Option<Store
             .attempt(1),
             None,
         ),
-        (observed(Body::DispatchStarted(Dispatch::default())).hop("origin").attempt(1), None),
-        (observed(Body::RequestSent(RequestSent { bytes: 120 })).hop("origin").attempt(1), None),
         (
-            observed(Body::RemoteResponseStarted(ResponseStarted { status: Some(200) }))
-                .source(Source::RemoteResponse)
+            observed(Body::DispatchStarted(Dispatch::default()))
                 .hop("origin")
                 .attempt(1),
+            None,
+        ),
+        (
+            observed(Body::RequestSent(RequestSent { bytes: 120 }))
+                .hop("origin")
+                .attempt(1),
+            None,
+        ),
+        (
+            observed(Body::RemoteResponseStarted(ResponseStarted {
+                status: Some(200),
+            }))
+            .source(Source::RemoteResponse)
+            .hop("origin")
+            .attempt(1),
             None,
         ),
         (
@@ -143,6 +160,11 @@ fn steps(method: &str, id: &str, expires_at_ms: i64) -> Vec<(Draft, Option<Store
             .attempt(1),
             Some(result),
         ),
-        (observed(Body::ResultDelivered(Delivered { bytes: body.len() as u64 })), None),
+        (
+            observed(Body::ResultDelivered(Delivered {
+                bytes: body.len() as u64,
+            })),
+            None,
+        ),
     ]
 }

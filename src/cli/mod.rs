@@ -16,7 +16,11 @@ use clap::{Parser, Subcommand};
 pub use home::Home;
 
 #[derive(Parser, Debug)]
-#[command(name = "postern", version, about = "A credential-injecting forward proxy for AI agents with a durable action journal")]
+#[command(
+    name = "postern",
+    version,
+    about = "A credential-injecting forward proxy for AI agents with a durable action journal"
+)]
 pub struct Cli {
     /// TOML config file (default: POSTERN_CONFIG, else the embedded default).
     #[arg(long, global = true, env = "POSTERN_CONFIG")]
@@ -106,12 +110,19 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve => serve::run(cli.config.as_deref(), &home, &env),
         Command::Init => serve::init(cli.config.as_deref(), &home, &env),
-        Command::Actions { command } => operator::actions(&cli_admin(&cli.admin, &cli.config, &env), command),
-        Command::Result { id } => operator::result(&cli_admin(&cli.admin, &cli.config, &env), &id),
-        Command::Decide { id, json } => operator::decide(&cli_admin(&cli.admin, &cli.config, &env), &id, json),
-        Command::Reconcile { id, outcome, note } => {
-            operator::reconcile(&cli_admin(&cli.admin, &cli.config, &env), &id, &outcome, &note)
+        Command::Actions { command } => {
+            operator::actions(&cli_admin(&cli.admin, &cli.config, &env), command)
         }
+        Command::Result { id } => operator::result(&cli_admin(&cli.admin, &cli.config, &env), &id),
+        Command::Decide { id, json } => {
+            operator::decide(&cli_admin(&cli.admin, &cli.config, &env), &id, json)
+        }
+        Command::Reconcile { id, outcome, note } => operator::reconcile(
+            &cli_admin(&cli.admin, &cli.config, &env),
+            &id,
+            &outcome,
+            &note,
+        ),
         Command::Audit {
             command: AuditCommand::Verify { json },
         } => operator::audit_verify(&cli_admin(&cli.admin, &cli.config, &env), &home, json),
@@ -132,7 +143,9 @@ pub fn main() -> ExitCode {
 pub enum CliError {
     #[error("{0}")]
     Config(#[from] crate::config::ConfigErrors),
-    #[error("cannot reach the postern daemon at {url}: {detail} (is `postern serve` running? set --admin or POSTERN_ADMIN)")]
+    #[error(
+        "cannot reach the postern daemon at {url}: {detail} (is `postern serve` running? set --admin or POSTERN_ADMIN)"
+    )]
     Unreachable { url: String, detail: String },
     #[error("{0}")]
     Failed(String),
@@ -153,7 +166,11 @@ pub struct AdminTarget {
     pub token: Option<String>,
 }
 
-fn cli_admin(flag: &Option<String>, config: &Option<PathBuf>, env: &dyn Fn(&str) -> Option<String>) -> AdminTarget {
+fn cli_admin(
+    flag: &Option<String>,
+    config: &Option<PathBuf>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> AdminTarget {
     let url = flag.clone().unwrap_or_else(|| {
         let listen = crate::config::load(config.as_deref(), env)
             .map(|c| c.admin.listen.to_string())

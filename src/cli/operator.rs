@@ -46,7 +46,10 @@ pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode
                 print_json(&body);
                 return Ok(ExitCode::SUCCESS);
             }
-            println!("{:<31} {:<12} {:<14} {:<17} {:<20} {:<32} TARGET", "ID", "AGENT", "OUTCOME", "PHASE", "RETRY", "CODE");
+            println!(
+                "{:<31} {:<12} {:<14} {:<17} {:<20} {:<32} TARGET",
+                "ID", "AGENT", "OUTCOME", "PHASE", "RETRY", "CODE"
+            );
             for r in body["invocations"].as_array().into_iter().flatten() {
                 println!(
                     "{:<31} {:<12} {:<14} {:<17} {:<20} {:<32} {}",
@@ -85,7 +88,10 @@ fn print_show(r: &Value) {
     println!("phase       {}", s(&r["phase"]));
     println!("retry       {}", s(&r["retry"]));
     println!("code        {}", s(&r["code"]));
-    println!("generation  {}   attempts {}", r["generation"], r["attempts"]);
+    println!(
+        "generation  {}   attempts {}",
+        r["generation"], r["attempts"]
+    );
     println!("created_at  {}", s(&r["created_at"]));
     println!("evidence    {}", r["evidence"]);
     if !r["result"].is_null() {
@@ -98,7 +104,14 @@ fn print_show(r: &Value) {
     for e in r["events"].as_array().into_iter().flatten() {
         println!(
             "  #{:<6} {}  {:<24} gen {} att {}  {:<18} {:<8} {}",
-            e["seq"], s(&e["ts"]), s(&e["kind"]), e["generation"], e["attempt"], s(&e["source"]), s(&e["hop"]), e["data"]
+            e["seq"],
+            s(&e["ts"]),
+            s(&e["kind"]),
+            e["generation"],
+            e["attempt"],
+            s(&e["source"]),
+            s(&e["hop"]),
+            e["data"]
         );
     }
 }
@@ -134,14 +147,23 @@ pub fn decide(target: &AdminTarget, id: &str, json: bool) -> Result<ExitCode, Cl
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn reconcile(target: &AdminTarget, id: &str, outcome: &str, note: &str) -> Result<ExitCode, CliError> {
+pub fn reconcile(
+    target: &AdminTarget,
+    id: &str,
+    outcome: &str,
+    note: &str,
+) -> Result<ExitCode, CliError> {
     let body = json!({"outcome": outcome, "note": note});
     let path = format!("/v1/invocations/{}/reconcile", encode(id));
     let (status, reply) = call(target, Method::POST, &path, Some(&body))?;
     if status != StatusCode::OK {
         return Err(api_error(status, &reply));
     }
-    println!("{} reconciled as {} (operator_attested)", id, s(&reply["outcome"]));
+    println!(
+        "{} reconciled as {} (operator_attested)",
+        id,
+        s(&reply["outcome"])
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -155,7 +177,12 @@ pub fn audit_verify(target: &AdminTarget, home: &Home, json: bool) -> Result<Exi
     if json {
         print_json(&report);
     } else if report["ok"].as_bool() == Some(true) {
-        println!("ok: {} events, head seq {} hash {}", report["events"], report["head_seq"], s(&report["head_hash"]));
+        println!(
+            "ok: {} events, head seq {} hash {}",
+            report["events"],
+            report["head_seq"],
+            s(&report["head_hash"])
+        );
     } else {
         println!(
             "BROKEN at seq {}: {} ({} events verified before it)",
@@ -176,8 +203,10 @@ fn offline_verify(home: &Home) -> Result<Value, CliError> {
     if !dir.exists() {
         return Err(CliError::Failed(format!("no journal at {}", dir.display())));
     }
-    let store = crate::journal::FjallStore::open(&dir).map_err(|e| CliError::Failed(format!("cannot open the journal: {e}")))?;
-    let report = crate::journal::verify(&store).map_err(|e| CliError::Failed(format!("cannot read the journal: {e}")))?;
+    let store = crate::journal::FjallStore::open(&dir)
+        .map_err(|e| CliError::Failed(format!("cannot open the journal: {e}")))?;
+    let report = crate::journal::verify(&store)
+        .map_err(|e| CliError::Failed(format!("cannot read the journal: {e}")))?;
     Ok(json!(report))
 }
 

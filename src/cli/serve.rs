@@ -13,11 +13,18 @@ use crate::journal::{Journal, JournalOptions, SpaceGuard, StoreError};
 /// Exit code after a storage fault: restart postern so recovery can run.
 const EXIT_STORAGE_FAULT: u8 = 70;
 
-fn load(config_path: Option<&Path>, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, CliError> {
+fn load(
+    config_path: Option<&Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, CliError> {
     Ok(config::load(config_path, env)?)
 }
 
-pub fn init(config_path: Option<&Path>, home: &Home, env: &dyn Fn(&str) -> Option<String>) -> Result<ExitCode, CliError> {
+pub fn init(
+    config_path: Option<&Path>,
+    home: &Home,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ExitCode, CliError> {
     load(config_path, env)?;
     home.create()
         .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", home.root.display())))?;
@@ -42,7 +49,10 @@ fn open_journal(config: &Config, home: &Home) -> Result<Journal, CliError> {
         tracing::warn!(invocation = %id, code = code.as_str(), "recovered an invocation that was live when postern stopped");
     }
     if !report.recovered.is_empty() {
-        eprintln!("postern: recovery settled {} invocation(s)", report.recovered.len());
+        eprintln!(
+            "postern: recovery settled {} invocation(s)",
+            report.recovered.len()
+        );
     }
     Ok(journal)
 }
@@ -56,7 +66,11 @@ fn init_tracing() {
         .try_init();
 }
 
-pub fn run(config_path: Option<&Path>, home: &Home, env: &dyn Fn(&str) -> Option<String>) -> Result<ExitCode, CliError> {
+pub fn run(
+    config_path: Option<&Path>,
+    home: &Home,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ExitCode, CliError> {
     init_tracing();
     let config = load(config_path, env)?;
     home.create()
@@ -76,10 +90,17 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: &dyn Fn(&str) -> Option
     runtime.block_on(serve_until_stopped(config, journal, home.journal_dir()))
 }
 
-async fn serve_until_stopped(config: Config, journal: Journal, journal_dir: std::path::PathBuf) -> Result<ExitCode, CliError> {
-    let listener = admin::serve_bind(config.admin.listen)
-        .await
-        .map_err(|e| CliError::Failed(format!("cannot listen on {} ([admin] listen): {e}", config.admin.listen)))?;
+async fn serve_until_stopped(
+    config: Config,
+    journal: Journal,
+    journal_dir: std::path::PathBuf,
+) -> Result<ExitCode, CliError> {
+    let listener = admin::serve_bind(config.admin.listen).await.map_err(|e| {
+        CliError::Failed(format!(
+            "cannot listen on {} ([admin] listen): {e}",
+            config.admin.listen
+        ))
+    })?;
     let admin_addr = listener.local_addr().unwrap_or(config.admin.listen);
     let front = FrontMetrics::default();
     let state = Arc::new(AdminState {
@@ -95,7 +116,10 @@ async fn serve_until_stopped(config: Config, journal: Journal, journal_dir: std:
     };
     println!("postern {} serving", env!("CARGO_PKG_VERSION"));
     println!("  admin    http://{admin_addr}");
-    println!("  journal  {} (durability {durability})", journal_dir.display());
+    println!(
+        "  journal  {} (durability {durability})",
+        journal_dir.display()
+    );
     let stop = shutdown_signal();
     let fatal = journal.health().clone();
     tokio::select! {
@@ -128,7 +152,10 @@ async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        if let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        if let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}

@@ -27,7 +27,11 @@ fn the_embedded_default_is_valid_and_loopback() {
 fn the_example_config_is_valid() {
     let text = include_str!("../../config/postern.example.toml");
     let c = parse(text, None, &env);
-    assert!(c.is_ok(), "{}", c.err().map(|e| e.to_string()).unwrap_or_default());
+    assert!(
+        c.is_ok(),
+        "{}",
+        c.err().map(|e| e.to_string()).unwrap_or_default()
+    );
 }
 
 #[test]
@@ -54,7 +58,10 @@ match = { host = "API.example.test" }
     assert_eq!(r.idle_timeout, std::time::Duration::from_secs(60));
     assert_eq!(r.delivery, Delivery::Auto);
     assert!(r.intercept && !r.allow_private);
-    assert_eq!(r.idempotent_methods, ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]);
+    assert_eq!(
+        r.idempotent_methods,
+        ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]
+    );
 }
 
 #[test]
@@ -101,14 +108,22 @@ x = 1
 
 #[test]
 fn unknown_keys_are_refused() {
-    assert_eq!(paths("[proxy]\nlisten = \"127.0.0.1:1\"\nlisten_too = 1\n"), ["proxy"]);
-    let e = parse("[admin]\ntokn = \"x\"\n", None, &env).err().map(|e| e.to_string());
+    assert_eq!(
+        paths("[proxy]\nlisten = \"127.0.0.1:1\"\nlisten_too = 1\n"),
+        ["proxy"]
+    );
+    let e = parse("[admin]\ntokn = \"x\"\n", None, &env)
+        .err()
+        .map(|e| e.to_string());
     assert!(e.is_some_and(|e| e.contains("tokn")));
 }
 
 #[test]
 fn a_non_loopback_listener_needs_agents() {
-    assert_eq!(paths("[proxy]\nlisten = \"0.0.0.0:3128\"\n"), ["proxy.listen"]);
+    assert_eq!(
+        paths("[proxy]\nlisten = \"0.0.0.0:3128\"\n"),
+        ["proxy.listen"]
+    );
     let with_agent = "[proxy]\nlisten = \"0.0.0.0:3128\"\n[[agents]]\nid = \"a\"\ntoken = \"t\"\n";
     assert!(paths(with_agent).is_empty());
 }
@@ -129,7 +144,10 @@ id = "basic"
 secret = "s"
 inject = { basic = { user = "u" } }
 "#;
-    assert_eq!(paths(text), ["credentials[0].inject", "credentials[1].inject"]);
+    assert_eq!(
+        paths(text),
+        ["credentials[0].inject", "credentials[1].inject"]
+    );
 }
 
 #[test]
@@ -139,7 +157,11 @@ fn secrets_never_show_in_debug_output() {
     let dump = format!("{c:?}");
     assert!(c.is_some());
     assert!(!dump.contains("canary-5f3a") && !dump.contains("admin-token"));
-    assert!(c.is_some_and(|c| c.agents.first().is_some_and(|a| a.token.matches("canary-5f3a"))));
+    assert!(c.is_some_and(|c| {
+        c.agents
+            .first()
+            .is_some_and(|a| a.token.matches("canary-5f3a"))
+    }));
 }
 
 #[test]

@@ -18,7 +18,9 @@ pub fn parse_duration(q: &Quantity) -> Result<Duration, String> {
         Quantity::Number(n) => return Ok(Duration::from_secs(*n)),
         Quantity::Text(t) => t.trim(),
     };
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (num, unit) = text.split_at(split);
     let n: u64 = num
         .parse()
@@ -29,7 +31,11 @@ pub fn parse_duration(q: &Quantity) -> Result<Duration, String> {
         "m" => n.saturating_mul(60_000),
         "h" => n.saturating_mul(3_600_000),
         "d" => n.saturating_mul(86_400_000),
-        other => return Err(format!("unknown duration unit `{other}` (use ms, s, m, h, d)")),
+        other => {
+            return Err(format!(
+                "unknown duration unit `{other}` (use ms, s, m, h, d)"
+            ));
+        }
     };
     Ok(Duration::from_millis(ms))
 }
@@ -40,7 +46,9 @@ pub fn parse_size(q: &Quantity) -> Result<u64, String> {
         Quantity::Number(n) => return Ok(*n),
         Quantity::Text(t) => t.trim(),
     };
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (num, unit) = text.split_at(split);
     let n: u64 = num
         .parse()
@@ -55,7 +63,11 @@ pub fn parse_size(q: &Quantity) -> Result<u64, String> {
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
         "TB" => 1_000_000_000_000,
-        other => return Err(format!("unknown size unit `{other}` (use B, KiB, MiB, GiB, TiB)")),
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` (use B, KiB, MiB, GiB, TiB)"
+            ));
+        }
     };
     Ok(n.saturating_mul(factor))
 }
@@ -75,7 +87,10 @@ mod tests {
         assert_eq!(parse_duration(&t("24h")), Ok(Duration::from_secs(86_400)));
         assert_eq!(parse_duration(&t("7d")), Ok(Duration::from_secs(604_800)));
         assert_eq!(parse_duration(&t("250ms")), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration(&Quantity::Number(3)), Ok(Duration::from_secs(3)));
+        assert_eq!(
+            parse_duration(&Quantity::Number(3)),
+            Ok(Duration::from_secs(3))
+        );
         assert!(parse_duration(&t("5 parsecs")).is_err());
         assert!(parse_duration(&t("s")).is_err());
     }

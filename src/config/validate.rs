@@ -86,7 +86,10 @@ impl Checker<'_> {
     fn addr(&mut self, path: &str, v: Option<&str>, default: &str) -> SocketAddr {
         let text = v.unwrap_or(default);
         text.parse().unwrap_or_else(|_| {
-            self.bad(path, format!("`{text}` is not an address such as \"127.0.0.1:3128\""));
+            self.bad(
+                path,
+                format!("`{text}` is not an address such as \"127.0.0.1:3128\""),
+            );
             SocketAddr::from(([127, 0, 0, 1], 0))
         })
     }
@@ -140,7 +143,11 @@ impl Checker<'_> {
         }
     }
 
-    fn unique<'a>(&mut self, section: &str, ids: impl Iterator<Item = &'a str>) -> BTreeSet<String> {
+    fn unique<'a>(
+        &mut self,
+        section: &str,
+        ids: impl Iterator<Item = &'a str>,
+    ) -> BTreeSet<String> {
         let mut seen = BTreeSet::new();
         for (i, id) in ids.enumerate() {
             if id.is_empty() {
@@ -154,7 +161,11 @@ impl Checker<'_> {
 }
 
 /// Parses and validates a config text.
-pub fn parse(text: &str, source: Option<&Path>, env: EnvLookup<'_>) -> Result<Config, ConfigErrors> {
+pub fn parse(
+    text: &str,
+    source: Option<&Path>,
+    env: EnvLookup<'_>,
+) -> Result<Config, ConfigErrors> {
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
         ConfigErrors(vec![Problem {
             path: "(file)".into(),
@@ -171,11 +182,22 @@ pub fn parse(text: &str, source: Option<&Path>, env: EnvLookup<'_>) -> Result<Co
         env,
     };
     const SECTIONS: &[&str] = &[
-        "proxy", "ssh", "admin", "journal", "dns", "agents", "credentials", "routes", "ssh_targets",
+        "proxy",
+        "ssh",
+        "admin",
+        "journal",
+        "dns",
+        "agents",
+        "credentials",
+        "routes",
+        "ssh_targets",
     ];
     for key in table.keys() {
         if !SECTIONS.contains(&key.as_str()) {
-            c.bad(key.clone(), format!("unknown section (expected one of {})", SECTIONS.join(", ")));
+            c.bad(
+                key.clone(),
+                format!("unknown section (expected one of {})", SECTIONS.join(", ")),
+            );
         }
     }
     let proxy: RawProxy = c.section("proxy", table.get("proxy"));
@@ -192,14 +214,21 @@ pub fn parse(text: &str, source: Option<&Path>, env: EnvLookup<'_>) -> Result<Co
         source: source.map(Path::to_path_buf),
         proxy: ProxyConfig {
             listen: c.addr("proxy.listen", proxy.listen.as_deref(), "127.0.0.1:3128"),
-            max_request_bytes: c.size("proxy.max_request_bytes", proxy.max_request_bytes.as_ref(), 16 << 20),
+            max_request_bytes: c.size(
+                "proxy.max_request_bytes",
+                proxy.max_request_bytes.as_ref(),
+                16 << 20,
+            ),
         },
         ssh: SshConfig {
             listen: c.addr("ssh.listen", ssh.listen.as_deref(), "127.0.0.1:2222"),
         },
         admin: AdminConfig {
             listen: c.addr("admin.listen", admin.listen.as_deref(), "127.0.0.1:3129"),
-            token: admin.token.as_deref().and_then(|t| c.secret("admin.token", t)),
+            token: admin
+                .token
+                .as_deref()
+                .and_then(|t| c.secret("admin.token", t)),
         },
         journal: journal_config(&mut c, &journal),
         dns: dns.map(|d| DnsConfig {
@@ -270,16 +299,31 @@ fn journal_config(c: &mut Checker<'_>, j: &RawJournal) -> JournalConfig {
         None | Some("fsync") => Durability::Fsync,
         Some("buffered") => Durability::Buffered,
         Some(other) => {
-            c.bad("journal.durability", format!("`{other}` is not \"fsync\" or \"buffered\""));
+            c.bad(
+                "journal.durability",
+                format!("`{other}` is not \"fsync\" or \"buffered\""),
+            );
             Durability::Fsync
         }
     };
     JournalConfig {
         durability,
-        result_retention: c.duration("journal.result_retention", j.result_retention.as_ref(), Duration::from_secs(7 * 86_400)),
-        max_result_bytes: c.size("journal.max_result_bytes", j.max_result_bytes.as_ref(), 16 << 20),
+        result_retention: c.duration(
+            "journal.result_retention",
+            j.result_retention.as_ref(),
+            Duration::from_secs(7 * 86_400),
+        ),
+        max_result_bytes: c.size(
+            "journal.max_result_bytes",
+            j.max_result_bytes.as_ref(),
+            16 << 20,
+        ),
         buffer_limit: c.size("journal.buffer_limit", j.buffer_limit.as_ref(), 8 << 20),
-        min_free_bytes: c.size("journal.min_free_bytes", j.min_free_bytes.as_ref(), 256 << 20),
+        min_free_bytes: c.size(
+            "journal.min_free_bytes",
+            j.min_free_bytes.as_ref(),
+            256 << 20,
+        ),
         reserve_bytes: c.size("journal.reserve_bytes", j.reserve_bytes.as_ref(), 64 << 20),
     }
 }
@@ -295,7 +339,10 @@ fn credential(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> Option<Crede
         inj.ssh_password == Some(true),
     ];
     if modes.iter().filter(|m| **m).count() != 1 {
-        c.bad(&path, "name exactly one mode: header, basic, query, ssh_key or ssh_password");
+        c.bad(
+            &path,
+            "name exactly one mode: header, basic, query, ssh_key or ssh_password",
+        );
         return None;
     }
     if inj.format.is_some() && inj.header.is_none() {
@@ -307,14 +354,19 @@ fn credential(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> Option<Crede
             c.bad(format!("{path}.format"), "must contain {secret}");
         }
         if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-            c.bad(format!("{path}.header"), format!("`{name}` is not a header name"));
+            c.bad(
+                format!("{path}.header"),
+                format!("`{name}` is not a header name"),
+            );
         }
         Inject::Header {
             name: name.clone(),
             format,
         }
     } else if let Some(b) = &inj.basic {
-        Inject::Basic { user: b.user.clone() }
+        Inject::Basic {
+            user: b.user.clone(),
+        }
     } else if let Some(q) = &inj.query {
         Inject::Query { param: q.clone() }
     } else if inj.ssh_key == Some(true) {
@@ -323,7 +375,10 @@ fn credential(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> Option<Crede
         Inject::SshPassword
     };
     if cr.secret.is_empty() {
-        c.bad(format!("credentials[{i}].secret"), "must name a vault secret");
+        c.bad(
+            format!("credentials[{i}].secret"),
+            "must name a vault secret",
+        );
     }
     Some(Credential {
         id: cr.id.clone(),
@@ -341,7 +396,10 @@ impl Refs<'_> {
     fn check_agents(&self, c: &mut Checker<'_>, path: &str, agents: &[String]) {
         for (j, a) in agents.iter().enumerate() {
             if !self.agents.contains(a) {
-                c.bad(format!("{path}.agents[{j}]"), format!("no agent with id `{a}`"));
+                c.bad(
+                    format!("{path}.agents[{j}]"),
+                    format!("no agent with id `{a}`"),
+                );
             }
         }
     }
@@ -360,7 +418,10 @@ fn methods(c: &mut Checker<'_>, path: &str, list: &[String]) -> Vec<String> {
         .enumerate()
         .map(|(j, m)| {
             if http::Method::from_bytes(m.as_bytes()).is_err() || m.is_empty() {
-                c.bad(format!("{path}[{j}]"), format!("`{m}` is not an HTTP method"));
+                c.bad(
+                    format!("{path}[{j}]"),
+                    format!("`{m}` is not an HTTP method"),
+                );
             }
             m.to_ascii_uppercase()
         })
@@ -373,14 +434,21 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
     refs.check_agents(c, &p, &agents);
     let credentials = match (&r.credential, &r.credentials) {
         (Some(_), Some(_)) => {
-            c.bad(format!("{p}.credentials"), "use either credential or credentials, not both");
+            c.bad(
+                format!("{p}.credentials"),
+                "use either credential or credentials, not both",
+            );
             Vec::new()
         }
         (Some(one), None) => vec![one.clone()],
         (None, Some(list)) => list.clone(),
         (None, None) => Vec::new(),
     };
-    let key = if r.credential.is_some() { "credential" } else { "credentials" };
+    let key = if r.credential.is_some() {
+        "credential"
+    } else {
+        "credentials"
+    };
     for (j, id) in credentials.iter().enumerate() {
         let path = if r.credential.is_some() {
             format!("{p}.{key}")
@@ -394,7 +462,10 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
         None | Some("https") => Scheme::Https,
         Some("http") => Scheme::Http,
         Some(other) => {
-            c.bad(format!("{p}.match.scheme"), format!("`{other}` is not \"https\" or \"http\""));
+            c.bad(
+                format!("{p}.match.scheme"),
+                format!("`{other}` is not \"https\" or \"http\""),
+            );
             Scheme::Https
         }
     };
@@ -413,7 +484,11 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
             Scheme::Https => 443,
             Scheme::Http => 80,
         }),
-        methods: methods(c, &format!("{p}.match.methods"), m.methods.as_deref().unwrap_or(&[])),
+        methods: methods(
+            c,
+            &format!("{p}.match.methods"),
+            m.methods.as_deref().unwrap_or(&[]),
+        ),
         path_prefix,
     };
     let default_idem: Vec<String> = DEFAULT_IDEMPOTENT.iter().map(|s| s.to_string()).collect();
@@ -425,23 +500,40 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
     let idempotency = r.idempotency.as_ref().map(|k| Idempotency {
         header: k.header.clone(),
         scope: k.scope.clone(),
-        retention: c.duration(&format!("{p}.idempotency.retention"), Some(&k.retention), Duration::ZERO),
-        safe_margin: c.duration(&format!("{p}.idempotency.safe_margin"), k.safe_margin.as_ref(), Duration::ZERO),
+        retention: c.duration(
+            &format!("{p}.idempotency.retention"),
+            Some(&k.retention),
+            Duration::ZERO,
+        ),
+        safe_margin: c.duration(
+            &format!("{p}.idempotency.safe_margin"),
+            k.safe_margin.as_ref(),
+            Duration::ZERO,
+        ),
         generate: k.generate,
     });
     if let Some(k) = &idempotency {
         if k.safe_margin >= k.retention {
-            c.bad(format!("{p}.idempotency.safe_margin"), "must be shorter than retention");
+            c.bad(
+                format!("{p}.idempotency.safe_margin"),
+                "must be shorter than retention",
+            );
         }
         if http::HeaderName::from_bytes(k.header.as_bytes()).is_err() {
-            c.bad(format!("{p}.idempotency.header"), format!("`{}` is not a header name", k.header));
+            c.bad(
+                format!("{p}.idempotency.header"),
+                format!("`{}` is not a header name", k.header),
+            );
         }
     }
     let approval = match r.approval.as_deref() {
         None | Some("none") => Approval::None,
         Some("required") => Approval::Required,
         Some(other) => {
-            c.bad(format!("{p}.approval"), format!("`{other}` is not \"none\" or \"required\""));
+            c.bad(
+                format!("{p}.approval"),
+                format!("`{other}` is not \"none\" or \"required\""),
+            );
             Approval::None
         }
     };
@@ -450,7 +542,10 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
         Some("stream") => Delivery::Stream,
         Some("buffer") => Delivery::Buffer,
         Some(other) => {
-            c.bad(format!("{p}.delivery"), format!("`{other}` is not \"auto\", \"stream\" or \"buffer\""));
+            c.bad(
+                format!("{p}.delivery"),
+                format!("`{other}` is not \"auto\", \"stream\" or \"buffer\""),
+            );
             Delivery::Auto
         }
     };
@@ -471,17 +566,23 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
             (_, None) => c.bad(path, format!("`{v}` is not \"committed\" or \"rejected\"")),
         }
     }
-    let resolve = r.resolve.as_deref().map(|s| c.addr(&format!("{p}.resolve"), Some(s), ""));
-    if let Some(via) = &r.via {
-        if !via.starts_with("http://") {
-            c.bad(format!("{p}.via"), "must be an http:// proxy URL");
-        }
+    let resolve = r
+        .resolve
+        .as_deref()
+        .map(|s| c.addr(&format!("{p}.resolve"), Some(s), ""));
+    if let Some(via) = &r.via
+        && !via.starts_with("http://")
+    {
+        c.bad(format!("{p}.via"), "must be an http:// proxy URL");
     }
     let upstream_ca = r.upstream_ca.as_deref().map(|s| c.path(s));
-    if let Some(ca) = &upstream_ca {
-        if !ca.is_file() {
-            c.bad(format!("{p}.upstream_ca"), format!("no file at {}", ca.display()));
-        }
+    if let Some(ca) = &upstream_ca
+        && !ca.is_file()
+    {
+        c.bad(
+            format!("{p}.upstream_ca"),
+            format!("no file at {}", ca.display()),
+        );
     }
     Route {
         id: r.id.clone(),
@@ -491,11 +592,27 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
         idempotent_methods,
         idempotency,
         approval,
-        approval_timeout: c.duration(&format!("{p}.approval_timeout"), r.approval_timeout.as_ref(), Duration::from_secs(300)),
+        approval_timeout: c.duration(
+            &format!("{p}.approval_timeout"),
+            r.approval_timeout.as_ref(),
+            Duration::from_secs(300),
+        ),
         retry_budget: r.retry_budget.unwrap_or(3),
-        connect_timeout: c.duration(&format!("{p}.connect_timeout"), r.connect_timeout.as_ref(), Duration::from_secs(5)),
-        response_timeout: c.duration(&format!("{p}.response_timeout"), r.response_timeout.as_ref(), Duration::from_secs(30)),
-        idle_timeout: c.duration(&format!("{p}.idle_timeout"), r.idle_timeout.as_ref(), Duration::from_secs(60)),
+        connect_timeout: c.duration(
+            &format!("{p}.connect_timeout"),
+            r.connect_timeout.as_ref(),
+            Duration::from_secs(5),
+        ),
+        response_timeout: c.duration(
+            &format!("{p}.response_timeout"),
+            r.response_timeout.as_ref(),
+            Duration::from_secs(30),
+        ),
+        idle_timeout: c.duration(
+            &format!("{p}.idle_timeout"),
+            r.idle_timeout.as_ref(),
+            Duration::from_secs(60),
+        ),
         intercept: r.intercept.unwrap_or(true),
         allow_private: r.allow_private.unwrap_or(false),
         delivery,
@@ -516,7 +633,10 @@ fn ssh_target(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, t: &RawSshTarget) 
     let allow = t.allow.clone().unwrap_or_else(|| vec!["exec".into()]);
     for (j, a) in allow.iter().enumerate() {
         if !matches!(a.as_str(), "exec" | "shell" | "port_forward") {
-            c.bad(format!("{p}.allow[{j}]"), format!("`{a}` is not exec, shell or port_forward"));
+            c.bad(
+                format!("{p}.allow[{j}]"),
+                format!("`{a}` is not exec, shell or port_forward"),
+            );
         }
     }
     SshTarget {
@@ -527,7 +647,10 @@ fn ssh_target(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, t: &RawSshTarget) 
         agents,
         credential: t.credential.clone(),
         known_hosts: t.known_hosts.as_deref().map(|s| c.path(s)),
-        resolve: t.resolve.as_deref().map(|s| c.addr(&format!("{p}.resolve"), Some(s), "")),
+        resolve: t
+            .resolve
+            .as_deref()
+            .map(|s| c.addr(&format!("{p}.resolve"), Some(s), "")),
         allow,
     }
 }

@@ -236,8 +236,11 @@ impl Code {
             ),
             AttemptInProgress => (P::Reached, O::Own, R::Fixed(Retry::FetchResult)),
             JournalUnavailable => (P::Fixed(Phase::Validation), NA, R::Fixed(Retry::Backoff)),
-            VaultLocked | CredentialMissing | InjectionModeUnsupported
-            | CredentialDecryptFailed | ApprovalTimeout => (
+            VaultLocked
+            | CredentialMissing
+            | InjectionModeUnsupported
+            | CredentialDecryptFailed
+            | ApprovalTimeout => (
                 P::Fixed(Phase::CredentialInjection),
                 NA,
                 R::Fixed(Retry::AfterCorrection),
@@ -248,16 +251,22 @@ impl Code {
                 R::Fixed(Retry::Never),
             ),
             DnsError | ConnectionRefused | ConnectTimeout | TlsHandshakeError
-            | SshChannelFailed => (P::Fixed(Phase::ConnectionSetup), NA, R::Fixed(Retry::Backoff)),
+            | SshChannelFailed => (
+                P::Fixed(Phase::ConnectionSetup),
+                NA,
+                R::Fixed(Retry::Backoff),
+            ),
             TlsCertificateError | DestinationProhibited | SshHostKeyMismatch | SshAuthFailed => (
                 P::Fixed(Phase::ConnectionSetup),
                 NA,
                 R::Fixed(Retry::AfterCorrection),
             ),
-            RemoteOutcomeUnknown | RemoteResultIncomplete | RemoteTimeout | CallerCancelled
-            | BrokerRestarted | UpstreamHopError => {
-                (P::Fixed(Phase::RemoteExecution), UNK, R::ComputedUnknown)
-            }
+            RemoteOutcomeUnknown
+            | RemoteResultIncomplete
+            | RemoteTimeout
+            | CallerCancelled
+            | BrokerRestarted
+            | UpstreamHopError => (P::Fixed(Phase::RemoteExecution), UNK, R::ComputedUnknown),
             BrokerRestartedBeforeDispatch => (P::Reached, NA, R::Fixed(Retry::Backoff)),
             RetryBudgetExhausted => (P::Reached, O::Own, R::BudgetExhausted),
             RemoteExecRejected => (
@@ -285,7 +294,10 @@ impl Code {
 
     /// True for codes that can only be reported before the dispatch boundary.
     pub const fn is_pre_dispatch(self) -> bool {
-        matches!(self.row().outcome, OutcomeRule::Fixed(Outcome::NotAttempted))
+        matches!(
+            self.row().outcome,
+            OutcomeRule::Fixed(Outcome::NotAttempted)
+        )
     }
 
     /// The HTTP status of postern's own error response (SPEC §5.5).
@@ -301,11 +313,23 @@ impl Code {
             VaultLocked | JournalUnavailable => 503,
             CredentialMissing | InjectionModeUnsupported | CredentialDecryptFailed => 500,
             ConnectTimeout | RemoteTimeout => 504,
-            DnsError | ConnectionRefused | TlsCertificateError | TlsHandshakeError
-            | DestinationProhibited | SshHostKeyMismatch | SshAuthFailed | SshChannelFailed => 502,
-            RemoteOutcomeUnknown | RemoteResultIncomplete | CallerCancelled | BrokerRestarted
-            | BrokerRestartedBeforeDispatch | UpstreamHopError | RemoteExecRejected
-            | ResultDeliveryFailed | ResultStoreFailed => 502,
+            DnsError
+            | ConnectionRefused
+            | TlsCertificateError
+            | TlsHandshakeError
+            | DestinationProhibited
+            | SshHostKeyMismatch
+            | SshAuthFailed
+            | SshChannelFailed => 502,
+            RemoteOutcomeUnknown
+            | RemoteResultIncomplete
+            | CallerCancelled
+            | BrokerRestarted
+            | BrokerRestartedBeforeDispatch
+            | UpstreamHopError
+            | RemoteExecRejected
+            | ResultDeliveryFailed
+            | ResultStoreFailed => 502,
         }
     }
 
@@ -333,10 +357,14 @@ impl Code {
             TlsHandshakeError | SshAuthFailed => "tls_protocol_error",
             DestinationProhibited => "destination_ip_prohibited",
             RemoteTimeout => "http_response_timeout",
-            RemoteOutcomeUnknown | RemoteResultIncomplete | CallerCancelled | BrokerRestarted
-            | UpstreamHopError | RemoteExecRejected | ResultDeliveryFailed | ResultStoreFailed => {
-                "http_response_incomplete"
-            }
+            RemoteOutcomeUnknown
+            | RemoteResultIncomplete
+            | CallerCancelled
+            | BrokerRestarted
+            | UpstreamHopError
+            | RemoteExecRejected
+            | ResultDeliveryFailed
+            | ResultStoreFailed => "http_response_incomplete",
         }
     }
 

@@ -120,18 +120,62 @@ mod tests {
         let cases = [
             (facts(None, Committed, FetchResult), PLAIN, Fetch),
             (facts(rbe, Unknown, FetchResult), PLAIN, Fetch),
-            (facts(rbe, Unknown, Retry::Reconcile), idem, Verdict::Reconcile),
-            (facts(rbe, NotAttempted, AfterCorrection), idem, StopForCorrection),
-            (facts(rbe, Rejected, AfterCorrection), PLAIN, StopForCorrection),
-            (facts(Some(Code::DnsError), NotAttempted, Backoff), PLAIN, RetryNewAttempt),
-            (facts(Some(Code::RouteDenied), NotAttempted, AfterCorrection), idem, StopForCorrection),
-            (facts(Some(Code::ApprovalDenied), NotAttempted, Never), idem, StopForCorrection),
-            (facts(Some(Code::RemoteTimeout), Unknown, Retry::Reconcile), idem, RetryNewAttempt),
-            (facts(Some(Code::RemoteTimeout), Unknown, SameIdempotencyKey), same_fp, RetrySameKey),
-            (facts(Some(Code::RemoteTimeout), Unknown, SameIdempotencyKey), PLAIN, Verdict::Reconcile),
-            (facts(Some(Code::RemoteTimeout), Unknown, Retry::Reconcile), same_fp, Verdict::Reconcile),
+            (
+                facts(rbe, Unknown, Retry::Reconcile),
+                idem,
+                Verdict::Reconcile,
+            ),
+            (
+                facts(rbe, NotAttempted, AfterCorrection),
+                idem,
+                StopForCorrection,
+            ),
+            (
+                facts(rbe, Rejected, AfterCorrection),
+                PLAIN,
+                StopForCorrection,
+            ),
+            (
+                facts(Some(Code::DnsError), NotAttempted, Backoff),
+                PLAIN,
+                RetryNewAttempt,
+            ),
+            (
+                facts(Some(Code::RouteDenied), NotAttempted, AfterCorrection),
+                idem,
+                StopForCorrection,
+            ),
+            (
+                facts(Some(Code::ApprovalDenied), NotAttempted, Never),
+                idem,
+                StopForCorrection,
+            ),
+            (
+                facts(Some(Code::RemoteTimeout), Unknown, Retry::Reconcile),
+                idem,
+                RetryNewAttempt,
+            ),
+            (
+                facts(Some(Code::RemoteTimeout), Unknown, SameIdempotencyKey),
+                same_fp,
+                RetrySameKey,
+            ),
+            (
+                facts(Some(Code::RemoteTimeout), Unknown, SameIdempotencyKey),
+                PLAIN,
+                Verdict::Reconcile,
+            ),
+            (
+                facts(Some(Code::RemoteTimeout), Unknown, Retry::Reconcile),
+                same_fp,
+                Verdict::Reconcile,
+            ),
             (facts(None, Rejected, Backoff), PLAIN, RetryWhenAllowed),
-            (facts(None, Rejected, AfterCorrection), PLAIN, ReturnRecordedResult),
+            (
+                facts(None, Rejected, AfterCorrection),
+                PLAIN,
+                ReturnRecordedResult,
+            ),
             (facts(None, Committed, Never), idem, ReturnRecordedResult),
         ];
         for (record, op, want) in cases {
@@ -142,7 +186,11 @@ mod tests {
     #[test]
     fn an_unknown_outcome_is_never_returned_as_a_result() {
         for &retry in Retry::ALL {
-            for code in [None, Some(Code::RemoteOutcomeUnknown), Some(Code::RetryBudgetExhausted)] {
+            for code in [
+                None,
+                Some(Code::RemoteOutcomeUnknown),
+                Some(Code::RetryBudgetExhausted),
+            ] {
                 let v = decide(facts(code, Outcome::Unknown, retry), PLAIN);
                 assert_ne!(v, Verdict::ReturnRecordedResult, "{retry} {code:?}");
                 assert_ne!(v, Verdict::RetryNewAttempt, "{retry} {code:?}");

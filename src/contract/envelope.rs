@@ -130,7 +130,12 @@ pub struct CredentialEvidence {
 
 impl Envelope {
     /// Builds the envelope for a resolved failure.
-    pub fn new(invocation_id: &str, resolution: Resolution, field: Option<String>, evidence: Evidence) -> Self {
+    pub fn new(
+        invocation_id: &str,
+        resolution: Resolution,
+        field: Option<String>,
+        evidence: Evidence,
+    ) -> Self {
         Self {
             invocation_id: invocation_id.to_owned(),
             error: ErrorBody {
@@ -271,14 +276,22 @@ mod tests {
             "postern; error=http_response_incomplete; details=\"Connection closed before a complete response was recorded.\""
         );
         assert_eq!(
-            postern_outcome(Outcome::Committed, Phase::RemoteExecution, Retry::Never, None),
+            postern_outcome(
+                Outcome::Committed,
+                Phase::RemoteExecution,
+                Retry::Never,
+                None
+            ),
             "outcome=committed, phase=remote_execution, retry=never"
         );
     }
 
     #[test]
     fn details_are_escaped() {
-        assert_eq!(proxy_status(Code::DnsError, "a \"b\" \\ é\n"), "postern; error=dns_error; details=\"a \\\"b\\\" \\\\ ??\"");
+        assert_eq!(
+            proxy_status(Code::DnsError, "a \"b\" \\ é\n"),
+            "postern; error=dns_error; details=\"a \\\"b\\\" \\\\ ??\""
+        );
     }
 
     #[test]
@@ -300,24 +313,44 @@ mod tests {
             (Code::RetryBudgetExhausted, 409, "proxy_internal_response"),
             (Code::VaultLocked, 503, "proxy_internal_error"),
             (Code::CredentialMissing, 500, "proxy_configuration_error"),
-            (Code::InjectionModeUnsupported, 500, "proxy_configuration_error"),
-            (Code::CredentialDecryptFailed, 500, "proxy_configuration_error"),
+            (
+                Code::InjectionModeUnsupported,
+                500,
+                "proxy_configuration_error",
+            ),
+            (
+                Code::CredentialDecryptFailed,
+                500,
+                "proxy_configuration_error",
+            ),
             (Code::DnsError, 502, "dns_error"),
             (Code::ConnectionRefused, 502, "connection_refused"),
             (Code::ConnectTimeout, 504, "connection_timeout"),
             (Code::TlsCertificateError, 502, "tls_certificate_error"),
             (Code::TlsHandshakeError, 502, "tls_protocol_error"),
-            (Code::DestinationProhibited, 502, "destination_ip_prohibited"),
+            (
+                Code::DestinationProhibited,
+                502,
+                "destination_ip_prohibited",
+            ),
             (Code::RemoteTimeout, 504, "http_response_timeout"),
             (Code::RemoteOutcomeUnknown, 502, "http_response_incomplete"),
-            (Code::RemoteResultIncomplete, 502, "http_response_incomplete"),
+            (
+                Code::RemoteResultIncomplete,
+                502,
+                "http_response_incomplete",
+            ),
             (Code::CallerCancelled, 502, "http_response_incomplete"),
             (Code::BrokerRestarted, 502, "http_response_incomplete"),
             (Code::UpstreamHopError, 502, "http_response_incomplete"),
             (Code::JournalUnavailable, 503, "proxy_internal_error"),
         ];
         for (code, status, kind) in pinned {
-            assert_eq!((code.http_status(), code.proxy_status_error()), (status, kind), "{code}");
+            assert_eq!(
+                (code.http_status(), code.proxy_status_error()),
+                (status, kind),
+                "{code}"
+            );
         }
         for &code in Code::ALL {
             assert!(!code.message().is_empty());
@@ -333,13 +366,22 @@ mod tests {
             assert_eq!(Code::parse(code.as_str()), Some(code));
         }
         for &p in Phase::ALL {
-            assert_eq!(serde_json::to_string(&p).unwrap_or_default(), format!("\"{p}\""));
+            assert_eq!(
+                serde_json::to_string(&p).unwrap_or_default(),
+                format!("\"{p}\"")
+            );
         }
         for &o in Outcome::ALL {
-            assert_eq!(serde_json::to_string(&o).unwrap_or_default(), format!("\"{o}\""));
+            assert_eq!(
+                serde_json::to_string(&o).unwrap_or_default(),
+                format!("\"{o}\"")
+            );
         }
         for &r in Retry::ALL {
-            assert_eq!(serde_json::to_string(&r).unwrap_or_default(), format!("\"{r}\""));
+            assert_eq!(
+                serde_json::to_string(&r).unwrap_or_default(),
+                format!("\"{r}\"")
+            );
         }
     }
 }

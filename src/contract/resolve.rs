@@ -134,7 +134,12 @@ mod tests {
         use Phase::*;
         use Retry::*;
         let table = [
-            (AgentUnauthenticated, Validation, NotAttempted, AfterCorrection),
+            (
+                AgentUnauthenticated,
+                Validation,
+                NotAttempted,
+                AfterCorrection,
+            ),
             (InvalidTarget, Validation, NotAttempted, AfterCorrection),
             (RouteDenied, Validation, NotAttempted, AfterCorrection),
             (UnsupportedAction, Validation, NotAttempted, AfterCorrection),
@@ -142,31 +147,105 @@ mod tests {
             (UnknownCredential, Validation, NotAttempted, AfterCorrection),
             (ForbiddenHeader, Validation, NotAttempted, AfterCorrection),
             (MalformedRequest, Validation, NotAttempted, AfterCorrection),
-            (IdempotencyMismatch, Validation, NotAttempted, AfterCorrection),
-            (FingerprintChanged, Validation, NotAttempted, AfterCorrection),
-            (AttemptInProgress, ConnectionSetup, NotAttempted, FetchResult),
+            (
+                IdempotencyMismatch,
+                Validation,
+                NotAttempted,
+                AfterCorrection,
+            ),
+            (
+                FingerprintChanged,
+                Validation,
+                NotAttempted,
+                AfterCorrection,
+            ),
+            (
+                AttemptInProgress,
+                ConnectionSetup,
+                NotAttempted,
+                FetchResult,
+            ),
             (JournalUnavailable, Validation, NotAttempted, Backoff),
-            (VaultLocked, CredentialInjection, NotAttempted, AfterCorrection),
-            (CredentialMissing, CredentialInjection, NotAttempted, AfterCorrection),
-            (InjectionModeUnsupported, CredentialInjection, NotAttempted, AfterCorrection),
-            (CredentialDecryptFailed, CredentialInjection, NotAttempted, AfterCorrection),
+            (
+                VaultLocked,
+                CredentialInjection,
+                NotAttempted,
+                AfterCorrection,
+            ),
+            (
+                CredentialMissing,
+                CredentialInjection,
+                NotAttempted,
+                AfterCorrection,
+            ),
+            (
+                InjectionModeUnsupported,
+                CredentialInjection,
+                NotAttempted,
+                AfterCorrection,
+            ),
+            (
+                CredentialDecryptFailed,
+                CredentialInjection,
+                NotAttempted,
+                AfterCorrection,
+            ),
             (ApprovalDenied, CredentialInjection, NotAttempted, Never),
-            (ApprovalTimeout, CredentialInjection, NotAttempted, AfterCorrection),
+            (
+                ApprovalTimeout,
+                CredentialInjection,
+                NotAttempted,
+                AfterCorrection,
+            ),
             (DnsError, ConnectionSetup, NotAttempted, Backoff),
             (ConnectionRefused, ConnectionSetup, NotAttempted, Backoff),
             (ConnectTimeout, ConnectionSetup, NotAttempted, Backoff),
-            (TlsCertificateError, ConnectionSetup, NotAttempted, AfterCorrection),
+            (
+                TlsCertificateError,
+                ConnectionSetup,
+                NotAttempted,
+                AfterCorrection,
+            ),
             (TlsHandshakeError, ConnectionSetup, NotAttempted, Backoff),
-            (DestinationProhibited, ConnectionSetup, NotAttempted, AfterCorrection),
-            (SshHostKeyMismatch, ConnectionSetup, NotAttempted, AfterCorrection),
-            (SshAuthFailed, ConnectionSetup, NotAttempted, AfterCorrection),
+            (
+                DestinationProhibited,
+                ConnectionSetup,
+                NotAttempted,
+                AfterCorrection,
+            ),
+            (
+                SshHostKeyMismatch,
+                ConnectionSetup,
+                NotAttempted,
+                AfterCorrection,
+            ),
+            (
+                SshAuthFailed,
+                ConnectionSetup,
+                NotAttempted,
+                AfterCorrection,
+            ),
             (SshChannelFailed, ConnectionSetup, NotAttempted, Backoff),
-            (BrokerRestartedBeforeDispatch, ConnectionSetup, NotAttempted, Backoff),
-            (RetryBudgetExhausted, ConnectionSetup, NotAttempted, AfterCorrection),
+            (
+                BrokerRestartedBeforeDispatch,
+                ConnectionSetup,
+                NotAttempted,
+                Backoff,
+            ),
+            (
+                RetryBudgetExhausted,
+                ConnectionSetup,
+                NotAttempted,
+                AfterCorrection,
+            ),
         ];
         for (code, phase, outcome, retry) in table {
             let r = resolve_failure(code, &ctx(false));
-            assert_eq!((r.phase, r.outcome, r.retry), (phase, outcome, retry), "{code}");
+            assert_eq!(
+                (r.phase, r.outcome, r.retry),
+                (phase, outcome, retry),
+                "{code}"
+            );
         }
     }
 
@@ -217,7 +296,11 @@ mod tests {
         let r = resolve_failure(Code::RemoteExecRejected, &ctx(true));
         assert_eq!(
             (r.phase, r.outcome, r.retry),
-            (Phase::RemoteExecution, Outcome::Rejected, Retry::AfterCorrection)
+            (
+                Phase::RemoteExecution,
+                Outcome::Rejected,
+                Retry::AfterCorrection
+            )
         );
     }
 

@@ -24,7 +24,10 @@ pub struct ResponseFacts {
 }
 
 /// Classifies a final response; `None` for 1xx, which never resolves anything.
-pub fn classify_status(facts: ResponseFacts, overrides: &StatusOverrides) -> Option<StatusResolution> {
+pub fn classify_status(
+    facts: ResponseFacts,
+    overrides: &StatusOverrides,
+) -> Option<StatusResolution> {
     let status = facts.status;
     if !(200..=599).contains(&status) {
         return None;
@@ -75,7 +78,11 @@ mod tests {
             if s == 429 {
                 continue;
             }
-            assert_eq!(classify(s, true, true), Some((Rejected, AfterCorrection)), "{s}");
+            assert_eq!(
+                classify(s, true, true),
+                Some((Rejected, AfterCorrection)),
+                "{s}"
+            );
         }
     }
 
@@ -84,8 +91,14 @@ mod tests {
         use Outcome::*;
         use Retry::*;
         assert_eq!(classify(429, true, true), Some((Rejected, Backoff)));
-        assert_eq!(classify(429, true, false), Some((Rejected, AfterCorrection)));
-        assert_eq!(classify(429, false, true), Some((Rejected, AfterCorrection)));
+        assert_eq!(
+            classify(429, true, false),
+            Some((Rejected, AfterCorrection))
+        );
+        assert_eq!(
+            classify(429, false, true),
+            Some((Rejected, AfterCorrection))
+        );
         assert_eq!(classify(503, true, true), Some((Rejected, Backoff)));
         assert_eq!(classify(503, true, false), Some((Committed, Never)));
         assert_eq!(classify(503, false, true), Some((Committed, Never)));

@@ -38,7 +38,12 @@ pub fn verify(store: &dyn EventStore) -> Result<AuditReport, StoreError> {
         for raw in page {
             let fail = |reason: &str| broken(count, raw.key_seq, reason, &prev);
             if raw.key_seq != expected_seq {
-                return Ok(broken(count, expected_seq, "missing event (seq gap)", &prev));
+                return Ok(broken(
+                    count,
+                    expected_seq,
+                    "missing event (seq gap)",
+                    &prev,
+                ));
             }
             let Ok(event) = serde_json::from_slice::<Event>(&raw.bytes) else {
                 return Ok(fail("event bytes do not parse"));

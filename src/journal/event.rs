@@ -3,10 +3,13 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::contract::{Code, Completion, CredentialEvidence, IdempotencyEvidence, Outcome, Retry, Stage};
+use crate::contract::{
+    Code, Completion, CredentialEvidence, IdempotencyEvidence, Outcome, Retry, Stage,
+};
 
 /// The hash before the first event.
-pub const GENESIS_HASH: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+pub const GENESIS_HASH: &str =
+    "sha256:0000000000000000000000000000000000000000000000000000000000000000";
 
 /// Event kinds (SPEC §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -98,7 +101,10 @@ impl Source {
 
     /// Sources that may turn an `unknown` into a resolved outcome.
     pub fn can_resolve_unknown(self) -> bool {
-        matches!(self, Self::RemoteResponse | Self::RemoteQuery | Self::OperatorAttested)
+        matches!(
+            self,
+            Self::RemoteResponse | Self::RemoteQuery | Self::OperatorAttested
+        )
     }
 }
 

@@ -14,7 +14,9 @@ pub struct Failpoints {
 impl Failpoints {
     #[cfg(feature = "failpoints")]
     pub fn from_env() -> Self {
-        let target = std::env::var("POSTERN_CRASH_AFTER").ok().and_then(|v| parse(&v));
+        let target = std::env::var("POSTERN_CRASH_AFTER")
+            .ok()
+            .and_then(|v| parse(&v));
         Self { target, seen: 0 }
     }
 
@@ -25,13 +27,13 @@ impl Failpoints {
 
     #[cfg(feature = "failpoints")]
     pub fn after_durable_write(&mut self, kind: EventKind) {
-        if let Some((k, n)) = self.target {
-            if k == kind {
-                self.seen += 1;
-                if self.seen >= n {
-                    eprintln!("postern: failpoint: crashing after {} #{n}", kind.as_str());
-                    std::process::abort();
-                }
+        if let Some((k, n)) = self.target
+            && k == kind
+        {
+            self.seen += 1;
+            if self.seen >= n {
+                eprintln!("postern: failpoint: crashing after {} #{n}", kind.as_str());
+                std::process::abort();
             }
         }
     }
@@ -56,7 +58,10 @@ mod tests {
 
     #[test]
     fn specs_parse() {
-        assert_eq!(parse("DISPATCH_STARTED"), Some((EventKind::DispatchStarted, 1)));
+        assert_eq!(
+            parse("DISPATCH_STARTED"),
+            Some((EventKind::DispatchStarted, 1))
+        );
         assert_eq!(parse("FAILED:3"), Some((EventKind::Failed, 3)));
         assert_eq!(parse("NOPE"), None);
         assert_eq!(parse("FAILED:x"), None);

@@ -125,7 +125,9 @@ impl EventStore for FjallStore {
             None => Ok(None),
             Some(guard) => {
                 let (_, v) = guard.into_inner()?;
-                serde_json::from_slice(&v).map(Some).map_err(|e| corrupt("event", e))
+                serde_json::from_slice(&v)
+                    .map(Some)
+                    .map_err(|e| corrupt("event", e))
             }
         }
     }
@@ -163,7 +165,9 @@ impl EventStore for FjallStore {
     fn state(&self, invocation_id: &str) -> Result<Option<State>, StoreError> {
         match self.states.get(invocation_id.as_bytes())? {
             None => Ok(None),
-            Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| corrupt("state", e)),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| corrupt("state", e)),
         }
     }
 
@@ -192,7 +196,9 @@ impl EventStore for FjallStore {
     fn result(&self, invocation_id: &str) -> Result<Option<StoredResult>, StoreError> {
         match self.results.get(invocation_id.as_bytes())? {
             None => Ok(None),
-            Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| corrupt("result", e)),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| corrupt("result", e)),
         }
     }
 

@@ -116,7 +116,10 @@ impl Journal {
     }
 
     /// Starts a journal over any store.
-    pub fn with_store(store: Arc<dyn EventStore>, options: JournalOptions) -> Result<(Self, RecoveryReport), StoreError> {
+    pub fn with_store(
+        store: Arc<dyn EventStore>,
+        options: JournalOptions,
+    ) -> Result<(Self, RecoveryReport), StoreError> {
         let health = Arc::new(Health::default());
         let metrics = JournalMetrics::default();
         let writer = Writer::new(
@@ -160,16 +163,30 @@ impl Journal {
     }
 
     /// Appends drafts for one invocation atomically; acked once durable per the sync rule.
-    pub async fn append(&self, invocation_id: &str, drafts: Vec<Draft>) -> Result<Appended, JournalError> {
+    pub async fn append(
+        &self,
+        invocation_id: &str,
+        drafts: Vec<Draft>,
+    ) -> Result<Appended, JournalError> {
         self.submit(invocation_id, drafts, None).await
     }
 
     /// Appends the resolving event together with the retrievable result.
-    pub async fn commit_result(&self, invocation_id: &str, drafts: Vec<Draft>, result: StoredResult) -> Result<Appended, JournalError> {
+    pub async fn commit_result(
+        &self,
+        invocation_id: &str,
+        drafts: Vec<Draft>,
+        result: StoredResult,
+    ) -> Result<Appended, JournalError> {
         self.submit(invocation_id, drafts, Some(result)).await
     }
 
-    async fn submit(&self, invocation_id: &str, drafts: Vec<Draft>, result: Option<StoredResult>) -> Result<Appended, JournalError> {
+    async fn submit(
+        &self,
+        invocation_id: &str,
+        drafts: Vec<Draft>,
+        result: Option<StoredResult>,
+    ) -> Result<Appended, JournalError> {
         let (reply, rx) = oneshot::channel();
         let request = Request::Append {
             invocation_id: invocation_id.to_owned(),
@@ -177,12 +194,19 @@ impl Journal {
             result,
             reply,
         };
-        self.tx.send(request).await.map_err(|_| JournalError::Unavailable)?;
+        self.tx
+            .send(request)
+            .await
+            .map_err(|_| JournalError::Unavailable)?;
         rx.await.map_err(|_| JournalError::Unavailable)?
     }
 
     /// The blocking form of `append`, for code outside the runtime.
-    pub fn append_blocking(&self, invocation_id: &str, drafts: Vec<Draft>) -> Result<Appended, JournalError> {
+    pub fn append_blocking(
+        &self,
+        invocation_id: &str,
+        drafts: Vec<Draft>,
+    ) -> Result<Appended, JournalError> {
         let (reply, rx) = oneshot::channel();
         let request = Request::Append {
             invocation_id: invocation_id.to_owned(),
@@ -190,14 +214,19 @@ impl Journal {
             result: None,
             reply,
         };
-        self.tx.blocking_send(request).map_err(|_| JournalError::Unavailable)?;
+        self.tx
+            .blocking_send(request)
+            .map_err(|_| JournalError::Unavailable)?;
         rx.blocking_recv().map_err(|_| JournalError::Unavailable)?
     }
 
     /// Makes everything appended so far durable.
     pub async fn flush(&self) -> Result<(), JournalError> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Request::Flush { reply }).await.map_err(|_| JournalError::Unavailable)?;
+        self.tx
+            .send(Request::Flush { reply })
+            .await
+            .map_err(|_| JournalError::Unavailable)?;
         rx.await.map_err(|_| JournalError::Unavailable)?
     }
 
@@ -223,7 +252,11 @@ impl Journal {
     }
 
     /// Records newest first, strictly older than `before`.
-    pub fn records_before(&self, before: Option<&str>, limit: usize) -> Result<Vec<Record>, StoreError> {
+    pub fn records_before(
+        &self,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
         Ok(self
             .store
             .states_before(before, limit)?
@@ -246,7 +279,10 @@ impl Journal {
         let n = due.len();
         if n > 0 {
             let request = Request::Expire { results: due };
-            self.tx.send(request).await.map_err(|_| JournalError::Unavailable)?;
+            self.tx
+                .send(request)
+                .await
+                .map_err(|_| JournalError::Unavailable)?;
             self.flush().await?;
         }
         Ok(n)
@@ -263,7 +299,9 @@ impl Journal {
             let draft = Draft::observed(Body::Failed(Failure::of(code))).source(Source::Recovery);
             match self.append_blocking(&id, vec![draft]) {
                 Ok(_) => report.recovered.push((id, code)),
-                Err(e) => tracing::error!(invocation = %id, error = %e, "recovery could not settle an invocation"),
+                Err(e) => {
+                    tracing::error!(invocation = %id, error = %e, "recovery could not settle an invocation")
+                }
             }
         }
         Ok(report)
@@ -285,3 +323,6 @@ fn recovery_code(progress: &Progress, record: &Record) -> Code {
 pub fn unix_ms(t: time::OffsetDateTime) -> i64 {
     (t.unix_timestamp_nanos() / 1_000_000) as i64
 }
+
+#[cfg(test)]
+mod tests;

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::event::{Body, Event, EventKind, Protocol, Source};
 use crate::contract::{
-    AttemptEvidence, AttemptOutcome, Code, Envelope, Evidence, FailureContext, KeyWindow, OperationFacts, Outcome, OutcomeRule, Phase, Resolution,
-    Retry, is_resolved, resolve_failure,
+    AttemptEvidence, AttemptOutcome, Code, Envelope, Evidence, FailureContext, KeyWindow,
+    OperationFacts, Outcome, OutcomeRule, Phase, Resolution, Retry, is_resolved, resolve_failure,
 };
 
 /// A record, exactly the shape of SPEC §5.5.
@@ -356,7 +356,12 @@ fn during_dispatch(p: &Progress, kind: EventKind) -> Result<(), Refusal> {
 }
 
 /// Records a failure: `contract` computes what it means.
-fn fail(state: &mut State, event: &Event, code: Code, field: Option<String>) -> Result<(), Refusal> {
+fn fail(
+    state: &mut State,
+    event: &Event,
+    code: Code,
+    field: Option<String>,
+) -> Result<(), Refusal> {
     let p = &mut state.progress;
     let r = &mut state.record;
     let live_result = code == Code::ResultDeliveryFailed || code == Code::ResultStoreFailed;
@@ -369,7 +374,10 @@ fn fail(state: &mut State, event: &Event, code: Code, field: Option<String>) -> 
     if code == Code::ResultDeliveryFailed && !is_resolved(r.outcome) {
         return Err(Refusal::NotResolved(code));
     }
-    let keeps_outcome = matches!(code.row().outcome, OutcomeRule::Own | OutcomeRule::CommittedIfProvable);
+    let keeps_outcome = matches!(
+        code.row().outcome,
+        OutcomeRule::Own | OutcomeRule::CommittedIfProvable
+    );
     if is_resolved(r.outcome) && !keeps_outcome {
         return Err(Refusal::AlreadyResolved);
     }
@@ -385,7 +393,10 @@ fn fail(state: &mut State, event: &Event, code: Code, field: Option<String>) -> 
         now_ms: event_ms(event),
     };
     let resolution: Resolution = resolve_failure(code, &ctx);
-    if r.outcome == Outcome::Unknown && is_resolved(resolution.outcome) && !event.source.can_resolve_unknown() {
+    if r.outcome == Outcome::Unknown
+        && is_resolved(resolution.outcome)
+        && !event.source.can_resolve_unknown()
+    {
         return Err(Refusal::SourceCannotResolve(event.source));
     }
     r.code = Some(code);

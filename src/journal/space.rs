@@ -36,14 +36,18 @@ impl SpaceGuard {
         let free = available(&self.dir);
         if free < self.min_free_bytes {
             if !health.refusing_dispatch() {
-                tracing::warn!(free, min = self.min_free_bytes, "journal disk low; refusing new dispatches");
+                tracing::warn!(
+                    free,
+                    min = self.min_free_bytes,
+                    "journal disk low; refusing new dispatches"
+                );
             }
             let _ = std::fs::remove_file(self.reserve_path());
             health.set_refusing_dispatch(true);
-        } else if free >= self.min_free_bytes.saturating_add(self.reserve_bytes) {
-            if self.ensure_reserve().is_ok() {
-                health.set_refusing_dispatch(false);
-            }
+        } else if free >= self.min_free_bytes.saturating_add(self.reserve_bytes)
+            && self.ensure_reserve().is_ok()
+        {
+            health.set_refusing_dispatch(false);
         }
     }
 

@@ -222,7 +222,11 @@ impl Writer {
         }
     }
 
-    fn current(&self, id: &str, overlay: &HashMap<String, State>) -> Result<Option<(State, bool)>, JournalError> {
+    fn current(
+        &self,
+        id: &str,
+        overlay: &HashMap<String, State>,
+    ) -> Result<Option<(State, bool)>, JournalError> {
         if let Some(s) = overlay.get(id) {
             return Ok(Some((s.clone(), !s.progress.closed)));
         }
@@ -237,7 +241,12 @@ impl Writer {
     }
 
     /// Chains and projects a request's drafts; refuses the whole request on any refusal.
-    fn stage(&mut self, id: &str, drafts: Vec<Draft>, overlay: &HashMap<String, State>) -> Result<Staged, JournalError> {
+    fn stage(
+        &mut self,
+        id: &str,
+        drafts: Vec<Draft>,
+        overlay: &HashMap<String, State>,
+    ) -> Result<Staged, JournalError> {
         let (mut state, was_open, was_live) = match self.current(id, overlay)? {
             Some((s, open)) => (Some(s), open, open),
             None => (None, false, true),

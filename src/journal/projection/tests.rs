@@ -131,7 +131,11 @@ fn body_of(m: &Move, generation: u32) -> (Body, Source, u32) {
             );
         }
         Move::WrongGeneration => {
-            return (Body::RequestSent(super::super::event::RequestSent { bytes: 1 }), observed, generation + 7);
+            return (
+                Body::RequestSent(super::super::event::RequestSent { bytes: 1 }),
+                observed,
+                generation + 7,
+            );
         }
     };
     (b, observed, generation)
@@ -154,7 +158,11 @@ fn event(seq: u64, body: &Body, source: Source, generation: u32) -> Event {
     }
 }
 
-fn check_transition(before: &Option<State>, after: &State, ev: &Event) -> Result<(), TestCaseError> {
+fn check_transition(
+    before: &Option<State>,
+    after: &State,
+    ev: &Event,
+) -> Result<(), TestCaseError> {
     let r = &after.record;
     prop_assert!(
         !(after.progress.dispatched_ever && r.outcome == Outcome::NotAttempted),
@@ -171,7 +179,11 @@ fn check_transition(before: &Option<State>, after: &State, ev: &Event) -> Result
             prop_assert_eq!(r.outcome, was, "a resolved outcome changed");
         }
         if was == Outcome::Unknown && is_resolved(r.outcome) {
-            prop_assert!(ev.source.can_resolve_unknown(), "unknown resolved by {:?}", ev.source);
+            prop_assert!(
+                ev.source.can_resolve_unknown(),
+                "unknown resolved by {:?}",
+                ev.source
+            );
         }
         if prev.progress.dispatched_ever {
             prop_assert!(after.progress.dispatched_ever);
@@ -194,16 +206,13 @@ proptest! {
             let (body, source, g) = body_of(m, generation);
             seq += 1;
             let ev = event(seq, &body, source, g);
-            match apply(state.clone(), &ev) {
-                Ok(next) => {
+            if let Ok(next) = apply(state.clone(), &ev) {
                     check_transition(&state, &next, &ev)?;
                     if let Body::Failed(f) = &body {
                         let same_gen_dispatch = state.as_ref().is_some_and(|s| s.progress.dispatched_this_generation);
                         prop_assert!(!(f.code.is_pre_dispatch() && same_gen_dispatch));
                     }
                     state = Some(next);
-                }
-                Err(_) => {}
             }
         }
     }
@@ -264,12 +273,15 @@ fn a_clean_exchange_resolves_committed_without_a_code() {
         Move::Delivered,
     ]);
     let s = s.ok();
-    assert!(s.as_ref().is_some_and(|s| s.record.outcome == Outcome::Committed
-        && s.record.phase == Phase::RemoteExecution
-        && s.record.code.is_none()
-        && s.record.envelope.is_none()
-        && s.progress.closed
-        && s.record.attempts == 1));
+    assert!(
+        s.as_ref()
+            .is_some_and(|s| s.record.outcome == Outcome::Committed
+                && s.record.phase == Phase::RemoteExecution
+                && s.record.code.is_none()
+                && s.record.envelope.is_none()
+                && s.progress.closed
+                && s.record.attempts == 1)
+    );
 }
 
 #[test]
@@ -289,13 +301,29 @@ fn refusals_name_the_impossible_move() {
         with(Commit(Outcome::Committed, Source::TransportObserved)),
         Some(Refusal::SourceCannotResolve(Source::TransportObserved))
     );
-    assert_eq!(with(Commit(Outcome::Unknown, Source::RemoteResponse)), Some(Refusal::UnresolvedResult));
-    assert_eq!(with(Dispatch), Some(Refusal::AfterDispatch(EventKind::DispatchStarted)));
+    assert_eq!(
+        with(Commit(Outcome::Unknown, Source::RemoteResponse)),
+        Some(Refusal::UnresolvedResult)
+    );
+    assert_eq!(
+        with(Dispatch),
+        Some(Refusal::AfterDispatch(EventKind::DispatchStarted))
+    );
     assert_eq!(with(Accept), Some(Refusal::AlreadyAccepted));
     assert_eq!(run(&[Dispatch]).err(), Some(Refusal::UnknownInvocation));
-    assert_eq!(run(&[Accept, Sent]).err(), Some(Refusal::NotDispatched(EventKind::RequestSent)));
     assert_eq!(
-        run(&[Accept, Preflight(false), Dispatch, Fail(Code::RemoteTimeout, Source::TransportObserved), Reconcile(Outcome::Committed, Source::Recovery)]).err(),
+        run(&[Accept, Sent]).err(),
+        Some(Refusal::NotDispatched(EventKind::RequestSent))
+    );
+    assert_eq!(
+        run(&[
+            Accept,
+            Preflight(false),
+            Dispatch,
+            Fail(Code::RemoteTimeout, Source::TransportObserved),
+            Reconcile(Outcome::Committed, Source::Recovery)
+        ])
+        .err(),
         Some(Refusal::SourceCannotResolve(Source::Recovery))
     );
 }
@@ -312,7 +340,10 @@ fn reconciliation_resolves_an_unknown_with_its_source() {
     ])
     .ok();
     let r = s.map(|s| s.record);
-    assert!(r.as_ref().is_some_and(|r| r.outcome == Outcome::Rejected && r.retry == Retry::AfterCorrection));
+    assert!(
+        r.as_ref()
+            .is_some_and(|r| r.outcome == Outcome::Rejected && r.retry == Retry::AfterCorrection)
+    );
     assert!(r.is_some_and(|r| r.evidence.extra["reconciled"]["source"] == "operator_attested"));
 }
 

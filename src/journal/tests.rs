@@ -1,0 +1,396 @@
+//! The journal over a real fjall store in a temp dir.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::*;
+use crate::contract::{Completion, Outcome, Phase, Retry};
+
+fn open(dir: &Path) -> Journal {
+    let j = Journal::open(dir, JournalOptions::default());
+    assert!(j.is_ok(), "{:?}", j.as_ref().err());
+    match j {
+        Ok((j, _)) => j,
+        Err(_) => unreachable!(),
+    }
+}
+
+fn accepted(method: &str) -> Draft {
+    Draft::observed(Body::ActionAccepted(Accepted {
+        agent: "ci".into(),
+        protocol: Protocol::Https,
+        method: Some(method.into()),
+        target: "https://api.test/x".into(),
+        command: None,
+    }))
+}
+
+fn preflight(idempotent: bool) -> Draft {
+    Draft::observed(Body::PreflightValidated(Preflight {
+        route: "r".into(),
+        fingerprint: "sha256:f".into(),
+        idempotent,
+        credential: None,
+        idempotency: None,
+        safe_until_ms: None,
+    }))
+}
+
+fn dispatch() -> Draft {
+    Draft::observed(Body::DispatchStarted(Dispatch::default())).hop("origin")
+}
+
+fn committed(id: &str, expires_at_ms: i64) -> (Draft, StoredResult) {
+    let draft = Draft::observed(Body::ResultCommitted(ResultCommitted {
+        outcome: Outcome::Committed,
+        retry: Retry::Never,
+        status: Some(201),
+        exit_status: None,
+        exit_signal: None,
+        digest: sha256_tagged(b"hi"),
+        bytes: 2,
+        complete: true,
+        completion: Some(Completion::ContentLength),
+        evidence: serde_json::Map::new(),
+    }))
+    .source(Source::RemoteResponse)
+    .hop("origin");
+    let result = StoredResult {
+        invocation_id: id.into(),
+        outcome: Outcome::Committed,
+        payload: Payload::Http(HttpResult {
+            status: 201,
+            headers: vec![],
+            body_base64: Some(b64(b"hi")),
+            body_stored: true,
+            digest: sha256_tagged(b"hi"),
+            bytes: 2,
+        }),
+        complete: true,
+        expires_at_ms,
+    };
+    (draft, result)
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("runtime: {e}"),
+    }
+}
+
+#[test]
+fn concurrent_appends_share_syncs_and_keep_one_unbroken_chain() {
+    let dir = tempfile::tempdir().ok();
+    let Some(dir) = dir else { return };
+    let journal = open(dir.path());
+    let rt = rt();
+    let n = 200;
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for _ in 0..n {
+            let j = journal.clone();
+            tasks.push(tokio::spawn(async move {
+                let id = new_invocation_id();
+                j.append(&id, vec![accepted("POST"), preflight(false)])
+                    .await?;
+                j.append(&id, vec![dispatch()]).await
+            }));
+        }
+        for t in tasks {
+            let r = t.await.map_err(|e| e.to_string());
+            assert!(matches!(r, Ok(Ok(_))), "{r:?}");
+        }
+    });
+    let syncs = journal.metrics().syncs.get();
+    assert!(syncs >= 1 && syncs < n, "{n} dispatches used {syncs} syncs");
+    assert_eq!(journal.metrics().events.get(), 3 * n);
+    let report = journal.verify().ok();
+    assert!(
+        report.as_ref().is_some_and(|r| r.ok && r.events == 3 * n),
+        "{report:?}"
+    );
+}
+
+#[test]
+fn a_refused_append_writes_nothing_and_leaves_the_chain_whole() {
+    let Some(dir) = tempfile::tempdir().ok() else {
+        return;
+    };
+    let journal = open(dir.path());
+    let id = new_invocation_id();
+    let ok = journal.append_blocking(&id, vec![accepted("POST"), preflight(false), dispatch()]);
+    assert!(ok.is_ok());
+    let refused = journal.append_blocking(
+        &id,
+        vec![Draft::observed(Body::Failed(Failure::of(Code::DnsError)))],
+    );
+    assert_eq!(
+        refused.err(),
+        Some(JournalError::Refused(Refusal::NotAttemptedAfterDispatch(
+            Code::DnsError
+        )))
+    );
+    let next = journal.append_blocking(
+        &id,
+        vec![Draft::observed(Body::Failed(Failure::of(
+            Code::RemoteTimeout,
+        )))],
+    );
+    assert!(next.as_ref().is_ok_and(|a| a.seqs == vec![4]), "{next:?}");
+    assert!(journal.verify().is_ok_and(|r| r.ok && r.events == 4));
+    let record = journal.record(&id).ok().flatten();
+    assert!(record.is_some_and(|r| r.outcome == Outcome::Unknown
+        && r.code == Some(Code::RemoteTimeout)
+        && r.retry == Retry::Reconcile));
+}
+
+#[test]
+fn the_result_is_committed_with_its_resolving_event() {
+    let Some(dir) = tempfile::tempdir().ok() else {
+        return;
+    };
+    let journal = open(dir.path());
+    let id = new_invocation_id();
+    let rt = rt();
+    let (draft, result) = committed(&id, journal.result_expiry_ms());
+    let done = rt.block_on(async {
+        journal
+            .append(&id, vec![accepted("POST"), preflight(false), dispatch()])
+            .await?;
+        journal
+            .commit_result(&id, vec![draft], result.clone())
+            .await
+    });
+    assert!(done.is_ok());
+    assert_eq!(journal.result(&id).ok().flatten(), Some(result));
+    let r = journal.record(&id).ok().flatten();
+    assert!(r.is_some_and(|r| {
+        r.outcome == Outcome::Committed
+            && r.code.is_none()
+            && r.result
+                .is_some_and(|s| s.status == Some(201) && s.bytes == 2)
+    }));
+}
+
+#[test]
+fn expired_results_are_removed_and_the_record_stays() {
+    let Some(dir) = tempfile::tempdir().ok() else {
+        return;
+    };
+    let journal = open(dir.path());
+    let id = new_invocation_id();
+    let rt = rt();
+    let (draft, result) = committed(&id, 1);
+    let removed = rt.block_on(async {
+        journal
+            .append(&id, vec![accepted("POST"), preflight(false), dispatch()])
+            .await?;
+        journal.commit_result(&id, vec![draft], result).await?;
+        journal.expire_results().await
+    });
+    assert_eq!(removed, Ok(1));
+    assert_eq!(journal.result(&id).ok().flatten(), None);
+    assert!(journal.record(&id).ok().flatten().is_some());
+}
+
+#[test]
+fn recovery_settles_every_live_invocation_by_what_is_durable() {
+    let Some(dir) = tempfile::tempdir().ok() else {
+        return;
+    };
+    let (before, dispatched, resolved, idempotent) = (
+        new_invocation_id(),
+        new_invocation_id(),
+        new_invocation_id(),
+        new_invocation_id(),
+    );
+    {
+        let journal = open(dir.path());
+        let rt = rt();
+        let (draft, result) = committed(&resolved, journal.result_expiry_ms());
+        let r = rt.block_on(async {
+            journal
+                .append(&before, vec![accepted("POST"), preflight(false)])
+                .await?;
+            journal
+                .append(
+                    &dispatched,
+                    vec![accepted("POST"), preflight(false), dispatch()],
+                )
+                .await?;
+            journal
+                .append(
+                    &idempotent,
+                    vec![accepted("GET"), preflight(true), dispatch()],
+                )
+                .await?;
+            journal
+                .append(
+                    &resolved,
+                    vec![accepted("POST"), preflight(false), dispatch()],
+                )
+                .await?;
+            journal.commit_result(&resolved, vec![draft], result).await
+        });
+        assert!(r.is_ok());
+    }
+    let (journal, report) = match Journal::open(dir.path(), JournalOptions::default()) {
+        Ok(x) => x,
+        Err(e) => panic!("reopen: {e}"),
+    };
+    assert_eq!(report.recovered.len(), 4);
+    let get = |id: &str| journal.record(id).ok().flatten();
+    let b = get(&before);
+    assert!(
+        b.is_some_and(|r| r.code == Some(Code::BrokerRestartedBeforeDispatch)
+            && r.outcome == Outcome::NotAttempted
+            && r.phase == Phase::CredentialInjection
+            && r.retry == Retry::Backoff)
+    );
+    let d = get(&dispatched);
+    assert!(d.is_some_and(|r| r.code == Some(Code::BrokerRestarted)
+        && r.outcome == Outcome::Unknown
+        && r.retry == Retry::Reconcile));
+    let i = get(&idempotent);
+    assert!(i.is_some_and(|r| r.code == Some(Code::BrokerRestarted) && r.retry == Retry::Backoff));
+    let c = get(&resolved);
+    assert!(c.is_some_and(|r| r.code == Some(Code::ResultDeliveryFailed)
+        && r.outcome == Outcome::Committed
+        && r.retry == Retry::FetchResult));
+    let events = journal.events(&dispatched).unwrap_or_default();
+    assert!(
+        events
+            .last()
+            .is_some_and(|e| e.source == Source::Recovery && e.kind == EventKind::Failed)
+    );
+    // A second restart finds nothing live.
+    drop(journal);
+    let again =
+        Journal::open(dir.path(), JournalOptions::default()).map(|(_, r)| r.recovered.len());
+    assert_eq!(again.ok(), Some(0));
+}
+
+#[test]
+fn the_sync_rule_matches_the_spec() {
+    use EventKind::*;
+    let waits = [
+        DispatchStarted,
+        ResultCommitted,
+        RetryLeased,
+        Reconciled,
+        ApprovalGranted,
+        ApprovalDenied,
+    ];
+    for &k in EventKind::ALL {
+        let expect = waits.contains(&k);
+        assert_eq!(needs_sync_rule(k, false), expect, "{k:?} before dispatch");
+        assert_eq!(
+            needs_sync_rule(k, true),
+            expect || k == Failed,
+            "{k:?} after dispatch"
+        );
+    }
+}
+
+/// A real fjall store whose sync can be made to fail, as a dying disk would.
+struct FailingSync {
+    inner: FjallStore,
+    fail: AtomicBool,
+}
+
+impl EventStore for FailingSync {
+    fn write(&self, set: WriteSet) -> Result<(), StoreError> {
+        self.inner.write(set)
+    }
+    fn sync(&self) -> Result<(), StoreError> {
+        if self.fail.load(Ordering::SeqCst) {
+            Err(StoreError::Io("fdatasync: EIO".into()))
+        } else {
+            self.inner.sync()
+        }
+    }
+    fn head(&self) -> Result<Option<Event>, StoreError> {
+        self.inner.head()
+    }
+    fn raw_events(&self, from: u64, limit: usize) -> Result<Vec<RawEvent>, StoreError> {
+        self.inner.raw_events(from, limit)
+    }
+    fn events_of(&self, id: &str) -> Result<Vec<Event>, StoreError> {
+        self.inner.events_of(id)
+    }
+    fn state(&self, id: &str) -> Result<Option<State>, StoreError> {
+        self.inner.state(id)
+    }
+    fn states_before(&self, before: Option<&str>, limit: usize) -> Result<Vec<State>, StoreError> {
+        self.inner.states_before(before, limit)
+    }
+    fn open_invocations(&self) -> Result<Vec<String>, StoreError> {
+        self.inner.open_invocations()
+    }
+    fn result(&self, id: &str) -> Result<Option<StoredResult>, StoreError> {
+        self.inner.result(id)
+    }
+    fn expired_results(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, String)>, StoreError> {
+        self.inner.expired_results(now_ms, limit)
+    }
+}
+
+#[test]
+fn a_failed_sync_stops_the_journal_and_refuses_dispatch() {
+    let Some(dir) = tempfile::tempdir().ok() else {
+        return;
+    };
+    let Ok(inner) = FjallStore::open(dir.path()) else {
+        return;
+    };
+    let store = Arc::new(FailingSync {
+        inner,
+        fail: AtomicBool::new(false),
+    });
+    let Ok((journal, _)) = Journal::with_store(store.clone(), JournalOptions::default()) else {
+        return;
+    };
+    let id = new_invocation_id();
+    assert!(
+        journal
+            .append_blocking(&id, vec![accepted("POST"), preflight(false)])
+            .is_ok()
+    );
+    assert_eq!(journal.admit(), Ok(()));
+    store.fail.store(true, Ordering::SeqCst);
+    let r = journal.append_blocking(&id, vec![dispatch()]);
+    assert_eq!(r.err(), Some(JournalError::Unavailable));
+    assert!(journal.health().is_fatal());
+    assert_eq!(journal.admit(), Err(Code::JournalUnavailable));
+    let later = journal.append_blocking(&new_invocation_id(), vec![accepted("GET")]);
+    assert_eq!(later.err(), Some(JournalError::Unavailable));
+}
+
+#[test]
+fn low_free_space_releases_the_reserve_and_refuses_new_dispatches() {
+    let Some(dir) = tempfile::tempdir().ok() else {
+        return;
+    };
+    let health = Health::default();
+    let guard = SpaceGuard {
+        dir: dir.path().to_path_buf(),
+        reserve_bytes: 4096,
+        min_free_bytes: 1,
+        interval: std::time::Duration::from_secs(60),
+    };
+    guard.check(&health);
+    assert!(!health.refusing_dispatch());
+    assert!(dir.path().join("reserve.bin").exists());
+    let starved = SpaceGuard {
+        min_free_bytes: u64::MAX / 2,
+        ..guard
+    };
+    starved.check(&health);
+    assert!(health.refusing_dispatch());
+    assert!(!dir.path().join("reserve.bin").exists());
+}

@@ -1,0 +1,106 @@
+//! The hash chain: a tampered or missing event is reported with its seq.
+
+use fjall::{Database, KeyspaceCreateOptions};
+use serde_json::Value;
+
+use crate::support::{Daemon, Home, TEST_CONFIG, get_json, journal_dir, stdout};
+
+/// Rewrites one stored event the way an attacker with disk access would.
+fn tamper(home: &Home, seq: u64, edit: impl FnOnce(&mut Value)) {
+    let db = Database::builder(journal_dir(&home.root()))
+        .open()
+        .expect("open journal");
+    let events = db
+        .keyspace("events", KeyspaceCreateOptions::default)
+        .expect("events");
+    let raw = events
+        .get(seq.to_be_bytes())
+        .expect("read")
+        .expect("event exists");
+    let mut event: Value = serde_json::from_slice(&raw).expect("event json");
+    edit(&mut event);
+    events
+        .insert(seq.to_be_bytes(), serde_json::to_vec(&event).unwrap())
+        .expect("write");
+    db.persist(fjall::PersistMode::SyncAll).expect("persist");
+}
+
+fn remove(home: &Home, seq: u64) {
+    let db = Database::builder(journal_dir(&home.root()))
+        .open()
+        .expect("open journal");
+    let events = db
+        .keyspace("events", KeyspaceCreateOptions::default)
+        .expect("events");
+    events.remove(seq.to_be_bytes()).expect("remove");
+    db.persist(fjall::PersistMode::SyncAll).expect("persist");
+}
+
+#[test]
+fn an_untouched_chain_verifies() {
+    let home = Home::new();
+    home.drill("POST", "RESULT_DELIVERED", None);
+    home.drill("GET", "RESULT_DELIVERED", None);
+    let out = home.cli(&["audit", "verify"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout(&out).starts_with("ok: 18 events"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn a_tampered_event_breaks_the_chain_at_its_seq() {
+    let home = Home::new();
+    home.drill("POST", "RESULT_DELIVERED", None);
+    home.drill("POST", "RESULT_DELIVERED", None);
+    tamper(&home, 4, |e| {
+        e["data"]["reused_connection"] = Value::Bool(true)
+    });
+    let out = home.cli(&["audit", "verify"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = stdout(&out);
+    assert!(
+        text.contains("BROKEN at seq 4") && text.contains("hash does not match"),
+        "{text}"
+    );
+
+    let daemon = Daemon::start(&home, Some(TEST_CONFIG));
+    let (status, report) = get_json(&daemon.url("/v1/audit/verify"), &[]);
+    assert_eq!(status, 200);
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["break"]["seq"], 4);
+    assert_eq!(report["events"], 3);
+    let via_daemon = daemon.cli(&["audit", "verify", "--json"], &[]);
+    assert_eq!(via_daemon.status.code(), Some(1));
+    let json: Value = serde_json::from_slice(&via_daemon.stdout).unwrap();
+    assert_eq!(json["break"]["seq"], 4);
+}
+
+#[test]
+fn a_rehashed_event_still_breaks_the_link_to_its_successor() {
+    let home = Home::new();
+    home.drill("POST", "RESULT_DELIVERED", None);
+    // Recompute nothing but swap the hash: the next event's prev_hash no longer links.
+    tamper(&home, 2, |e| {
+        e["hash"] = Value::String(format!("sha256:{}", "ab".repeat(32)))
+    });
+    let out = home.cli(&["audit", "verify"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("BROKEN at seq 2"), "{}", stdout(&out));
+}
+
+#[test]
+fn a_deleted_event_is_a_gap() {
+    let home = Home::new();
+    home.drill("POST", "RESULT_DELIVERED", None);
+    remove(&home, 5);
+    let out = home.cli(&["audit", "verify"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("BROKEN at seq 5: missing event"),
+        "{}",
+        stdout(&out)
+    );
+}

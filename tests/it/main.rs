@@ -1,0 +1,8 @@
+//! Integration tests: the real `postern` binary, real `curl`, loopback only.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod admin_api;
+mod audit;
+mod crash;
+mod serve;
+mod support;

@@ -1,0 +1,101 @@
+//! `postern serve` as the README runs it.
+
+use std::process::Command;
+
+use crate::support::{BIN, Daemon, Home, TEST_CONFIG, get_json, stderr};
+
+#[test]
+fn the_readme_run_command_serves_healthz_with_the_embedded_default() {
+    let home = Home::new();
+    // No --config and no POSTERN_CONFIG: the embedded default (admin on 127.0.0.1:3129).
+    let daemon = Daemon::start(&home, None);
+    assert_eq!(daemon.admin, "http://127.0.0.1:3129");
+    let (status, body) = get_json(&daemon.url("/healthz"), &[]);
+    assert_eq!(status, 200);
+    assert_eq!(body["status"], "ok");
+    assert!(home.root().join("journal").is_dir());
+    assert_eq!(daemon.terminate(), Some(0));
+}
+
+#[test]
+fn sigterm_flushes_and_exits_cleanly_and_state_survives() {
+    let home = Home::new();
+    let (id, _) = home.drill("POST", "RESULT_DELIVERED", None);
+    let daemon = Daemon::start(&home, Some(TEST_CONFIG));
+    assert_eq!(daemon.terminate(), Some(0));
+    let again = Daemon::start(&home, Some(TEST_CONFIG));
+    let (status, r) = get_json(&again.url(&format!("/v1/invocations/{id}")), &[]);
+    assert_eq!((status, r["outcome"].as_str()), (200, Some("committed")));
+}
+
+#[test]
+fn a_second_daemon_on_the_same_home_is_refused() {
+    let home = Home::new();
+    let _first = Daemon::start(&home, Some(TEST_CONFIG));
+    let cfg = home.config(TEST_CONFIG);
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(cfg)
+        .env("POSTERN_HOME", home.root())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("another postern process"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_bad_config_is_refused_with_every_problem_and_its_path() {
+    let home = Home::new();
+    let cfg = home.config(
+        r#"
+[proxy]
+listen = "0.0.0.0:3128"
+[journal]
+durability = "eventually"
+[[routes]]
+id = "gh"
+credential = "missing"
+match = { host = "api.github.com", method = "GET" }
+"#,
+    );
+    let out = home.cli(&["serve", "--config", cfg.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    for path in ["proxy.listen", "journal.durability", "routes[0]"] {
+        assert!(
+            err.contains(&format!("  {path}: ")),
+            "{path} missing from:\n{err}"
+        );
+    }
+    assert!(err.contains("unknown field `method`"), "{err}");
+}
+
+#[test]
+fn init_creates_the_state_directory_idempotently() {
+    let home = Home::new();
+    for _ in 0..2 {
+        let out = home.cli(&["init"], &[]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    assert!(home.root().join("journal").is_dir() && home.root().join("certs").is_dir());
+}
+
+#[test]
+fn low_disk_space_degrades_healthz() {
+    let home = Home::new();
+    let starved = TEST_CONFIG.replace(
+        "min_free_bytes = \"1MiB\"",
+        "min_free_bytes = \"1000000TiB\"",
+    );
+    let daemon = Daemon::start(&home, Some(&starved));
+    let (status, body) = get_json(&daemon.url("/healthz"), &[]);
+    assert_eq!(
+        (status, body["journal"].as_str()),
+        (503, Some("refusing_dispatch"))
+    );
+    assert!(!home.root().join("journal/reserve.bin").exists());
+}

@@ -1,0 +1,234 @@
+//! Fixtures: a daemon in a temp home, the CLI, and curl.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_postern");
+
+/// A state directory and config file of one test.
+pub struct Home {
+    pub dir: tempfile::TempDir,
+}
+
+impl Home {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    pub fn root(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    pub fn config(&self, text: &str) -> PathBuf {
+        let path = self.dir.path().join("postern.toml");
+        std::fs::write(&path, text).expect("write config");
+        path
+    }
+
+    /// Runs the CLI with this home and no daemon.
+    pub fn cli(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .env("POSTERN_HOME", self.root())
+            .env_remove("POSTERN_CONFIG")
+            .env_remove("POSTERN_ADMIN")
+            .env_remove("POSTERN_ADMIN_TOKEN")
+            .env("POSTERN_ADMIN", "http://127.0.0.1:9");
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run postern")
+    }
+
+    /// `postern drill` (a synthetic invocation), optionally crashing after a kind.
+    pub fn drill(
+        &self,
+        method: &str,
+        through: &str,
+        crash_after: Option<&str>,
+    ) -> (String, Output) {
+        let mut envs = vec![];
+        if let Some(kind) = crash_after {
+            envs.push(("POSTERN_CRASH_AFTER", kind));
+        }
+        let out = self.cli(&["drill", "--method", method, "--through", through], &envs);
+        let id = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_owned();
+        assert!(id.starts_with("act_"), "drill printed no id: {out:?}");
+        (id, out)
+    }
+}
+
+/// A running `postern serve`; killed on drop.
+pub struct Daemon {
+    pub child: Child,
+    pub admin: String,
+    pub home: PathBuf,
+    pub stdout: Vec<String>,
+    pub stderr_path: PathBuf,
+}
+
+pub const TEST_CONFIG: &str = r#"
+[proxy]
+listen = "127.0.0.1:0"
+[ssh]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[journal]
+min_free_bytes = "1MiB"
+reserve_bytes = "1MiB"
+"#;
+
+impl Daemon {
+    pub fn start(home: &Home, config: Option<&str>) -> Self {
+        Self::start_with(home, config, &[])
+    }
+
+    pub fn start_with(home: &Home, config: Option<&str>, envs: &[(&str, &str)]) -> Self {
+        let stderr_path = home
+            .dir
+            .path()
+            .join(format!("serve-{}.stderr", std::process::id()));
+        let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve")
+            .env("POSTERN_HOME", home.root())
+            .env_remove("POSTERN_CONFIG")
+            .env_remove("POSTERN_CRASH_AFTER")
+            .stdout(Stdio::piped())
+            .stderr(stderr);
+        if let Some(text) = config {
+            cmd.arg("--config").arg(home.config(text));
+        }
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut lines = Vec::new();
+        let admin = loop {
+            match rx.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) => {
+                    let found = line
+                        .trim()
+                        .strip_prefix("admin")
+                        .map(|s| s.trim().to_owned());
+                    lines.push(line);
+                    if let Some(url) = found {
+                        break url;
+                    }
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    let err = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+                    panic!("serve did not start: {lines:?}\n{err}");
+                }
+            }
+        };
+        Self {
+            child,
+            admin,
+            home: home.root(),
+            stdout: lines,
+            stderr_path,
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// Runs the CLI against this daemon.
+    pub fn cli(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .env("POSTERN_HOME", &self.home)
+            .env("POSTERN_ADMIN", &self.admin)
+            .env_remove("POSTERN_CONFIG")
+            .env_remove("POSTERN_ADMIN_TOKEN");
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run postern")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.admin)
+    }
+
+    /// Sends SIGTERM and waits for the exit code.
+    pub fn terminate(mut self) -> Option<i32> {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        for _ in 0..100 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP request with curl: status, body text, headers text.
+pub fn curl(args: &[&str]) -> (u16, String, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let headers = dir.path().join("h");
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "-D"])
+        .arg(&headers)
+        .args(["-o", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .expect("curl must be installed (.ci/run installs it)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    let head = std::fs::read_to_string(&headers).unwrap_or_default();
+    (code.trim().parse().unwrap_or(0), body.to_owned(), head)
+}
+
+/// GET a JSON document.
+pub fn get_json(url: &str, extra: &[&str]) -> (u16, Value) {
+    let mut args = extra.to_vec();
+    args.push(url);
+    let (code, body, _) = curl(&args);
+    (code, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn journal_dir(home: &Path) -> PathBuf {
+    home.join("journal")
+}
