@@ -384,6 +384,24 @@ impl Event {
 
     /// SHA-256 over the canonical bytes of everything but `hash`.
     pub fn compute_hash(&self) -> String {
+        sha256_tagged(&self.canonical_bytes())
+    }
+
+    /// Sets `hash` and returns the stored JSON, serializing the event only once.
+    pub fn seal(&mut self) -> Vec<u8> {
+        let mut bytes = self.canonical_bytes();
+        self.hash = sha256_tagged(&bytes);
+        // The canonical form is a JSON object: append the hash as its last field.
+        if bytes.last() == Some(&b'}') {
+            bytes.pop();
+            bytes.extend_from_slice(b",\"hash\":\"");
+            bytes.extend_from_slice(self.hash.as_bytes());
+            bytes.extend_from_slice(b"\"}");
+        }
+        bytes
+    }
+
+    fn canonical_bytes(&self) -> Vec<u8> {
         let canonical = Canonical {
             seq: self.seq,
             invocation_id: &self.invocation_id,
@@ -396,8 +414,7 @@ impl Event {
             data: &self.data,
             prev_hash: &self.prev_hash,
         };
-        let bytes = serde_json::to_vec(&canonical).unwrap_or_default();
-        sha256_tagged(&bytes)
+        serde_json::to_vec(&canonical).unwrap_or_default()
     }
 }
 
@@ -412,11 +429,13 @@ pub fn split_body(body: &Body) -> (EventKind, serde_json::Value) {
 
 /// `sha256:<hex>` of some bytes.
 pub fn sha256_tagged(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(bytes);
     let mut out = String::with_capacity(7 + 64);
     out.push_str("sha256:");
     for b in digest.iter() {
-        out.push_str(&format!("{b:02x}"));
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0x0f)]));
     }
     out
 }

@@ -80,8 +80,8 @@ impl FjallStore {
 impl EventStore for FjallStore {
     fn write(&self, set: WriteSet) -> Result<(), StoreError> {
         let mut batch = self.db.batch();
-        for event in &set.events {
-            batch.insert(&self.events, seq_key(event.seq), to_json("event", event)?);
+        for (event, bytes) in set.events {
+            batch.insert(&self.events, seq_key(event.seq), bytes);
             batch.insert(
                 &self.by_invocation,
                 invocation_key(&event.invocation_id, event.seq),
@@ -90,7 +90,7 @@ impl EventStore for FjallStore {
         }
         for state in &set.states {
             let id = state.record.invocation_id.as_bytes();
-            batch.insert(&self.states, id, to_json("state", state)?);
+            batch.insert(&self.states, id, to_json("state", state.as_ref())?);
         }
         for id in &set.opened {
             batch.insert(&self.open, id.as_bytes(), []);

@@ -33,7 +33,7 @@ pub use event::{
 pub use fjall_store::FjallStore;
 pub use health::Health;
 pub use metrics::JournalMetrics;
-pub use projection::{Progress, Record, Refusal, ResultSummary, State, apply};
+pub use projection::{Progress, Record, Refusal, ResultSummary, State, apply, apply_body};
 pub use result::{HttpResult, Payload, SshResult, StoredResult, b64, unb64};
 pub use space::SpaceGuard;
 pub use store::{EventStore, RawEvent, StoreError, WriteSet};

@@ -114,6 +114,14 @@ pub fn event_ms(event: &Event) -> i64 {
 /// Folds one event into the state; refuses impossible moves.
 pub fn apply(state: Option<State>, event: &Event) -> Result<State, Refusal> {
     let body = event.body().ok_or(Refusal::BadData(event.kind))?;
+    apply_body(state, event, body)
+}
+
+/// `apply` with the event's data already typed (the writer has it from the draft).
+pub fn apply_body(state: Option<State>, event: &Event, body: Body) -> Result<State, Refusal> {
+    if body.kind() != event.kind {
+        return Err(Refusal::BadData(event.kind));
+    }
     let Some(mut state) = state else {
         return match body {
             Body::ActionAccepted(a) => Ok(accepted(event, a)),

@@ -23,8 +23,9 @@ pub enum StoreError {
 /// Everything one group commit writes, atomically.
 #[derive(Debug, Default)]
 pub struct WriteSet {
-    pub events: Vec<Event>,
-    pub states: Vec<State>,
+    /// Events with their stored JSON (from `Event::seal`).
+    pub events: Vec<(Event, Vec<u8>)>,
+    pub states: Vec<std::sync::Arc<State>>,
     /// Invocations with a live exchange (recovery looks at these).
     pub opened: Vec<String>,
     pub closed: Vec<String>,

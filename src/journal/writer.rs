@@ -14,7 +14,7 @@ use super::event::{Draft, Event, EventKind, GENESIS_HASH, split_body};
 use super::failpoints::Failpoints;
 use super::health::Health;
 use super::metrics::JournalMetrics;
-use super::projection::{Refusal, State, apply};
+use super::projection::{Refusal, State, apply_body};
 use super::result::StoredResult;
 use super::store::{EventStore, StoreError, WriteSet};
 use super::{Durability, JournalError};
@@ -23,7 +23,7 @@ use super::{Durability, JournalError};
 #[derive(Debug, Clone)]
 pub struct Appended {
     pub seqs: Vec<u64>,
-    pub state: State,
+    pub state: Arc<State>,
 }
 
 pub(super) enum Request {
@@ -53,13 +53,13 @@ pub(super) struct Writer {
     pub clock: fn() -> time::OffsetDateTime,
     head_seq: u64,
     head_hash: String,
-    live: HashMap<String, State>,
+    live: HashMap<String, Arc<State>>,
     last_sync: Instant,
 }
 
 struct Staged {
-    events: Vec<Event>,
-    state: State,
+    events: Vec<(Event, Vec<u8>)>,
+    state: Arc<State>,
     was_open: bool,
     /// The invocation was not closed before this request.
     was_live: bool,
@@ -109,7 +109,7 @@ impl Writer {
 
     fn commit_group(&mut self, group: Vec<Request>) {
         let mut set = WriteSet::default();
-        let mut overlay: HashMap<String, State> = HashMap::new();
+        let mut overlay: HashMap<String, Arc<State>> = HashMap::new();
         let mut acks = Vec::new();
         let mut flushes = Vec::new();
         let mut needs_sync = false;
@@ -124,7 +124,7 @@ impl Writer {
                 } => match self.stage(&invocation_id, drafts, &overlay) {
                     Ok(staged) => {
                         needs_sync |= staged.needs_sync;
-                        let seqs = staged.events.iter().map(|e| e.seq).collect();
+                        let seqs = staged.events.iter().map(|(e, _)| e.seq).collect();
                         let closed = staged.state.progress.closed;
                         if closed && staged.was_open {
                             set.closed.push(invocation_id.clone());
@@ -178,7 +178,7 @@ impl Writer {
         if self.health.is_fatal() {
             return Err(JournalError::Unavailable);
         }
-        let kinds: Vec<EventKind> = set.events.iter().map(|e| e.kind).collect();
+        let kinds: Vec<EventKind> = set.events.iter().map(|(e, _)| e.kind).collect();
         let count = set.events.len();
         if let Err(e) = self.store.write(set) {
             return Err(self.storage_fault(e));
@@ -210,7 +210,7 @@ impl Writer {
         JournalError::Unavailable
     }
 
-    fn settle(&mut self, state: &State, newly_closed: bool) {
+    fn settle(&mut self, state: &Arc<State>, newly_closed: bool) {
         let id = &state.record.invocation_id;
         if newly_closed {
             self.metrics.settled(&state.record);
@@ -225,8 +225,8 @@ impl Writer {
     fn current(
         &self,
         id: &str,
-        overlay: &HashMap<String, State>,
-    ) -> Result<Option<(State, bool)>, JournalError> {
+        overlay: &HashMap<String, Arc<State>>,
+    ) -> Result<Option<(Arc<State>, bool)>, JournalError> {
         if let Some(s) = overlay.get(id) {
             return Ok(Some((s.clone(), !s.progress.closed)));
         }
@@ -236,7 +236,7 @@ impl Writer {
         let stored = self.store.state(id).map_err(|e| self.storage_fault(e))?;
         Ok(stored.map(|s| {
             let open = !s.progress.closed;
-            (s, open)
+            (Arc::new(s), open)
         }))
     }
 
@@ -245,7 +245,7 @@ impl Writer {
         &mut self,
         id: &str,
         drafts: Vec<Draft>,
-        overlay: &HashMap<String, State>,
+        overlay: &HashMap<String, Arc<State>>,
     ) -> Result<Staged, JournalError> {
         let (mut state, was_open, was_live) = match self.current(id, overlay)? {
             Some((s, open)) => (Some(s), open, open),
@@ -277,13 +277,14 @@ impl Writer {
                 prev_hash: prev,
                 hash: String::new(),
             };
-            event.hash = event.compute_hash();
+            let bytes = event.seal();
             let dispatched_before = state.as_ref().is_some_and(|s| s.progress.dispatched_ever);
-            let next = apply(state.take(), &event).map_err(JournalError::Refused)?;
+            let next = apply_body(state.take().map(Arc::unwrap_or_clone), &event, draft.body)
+                .map_err(JournalError::Refused)?;
             needs_sync |= needs_sync_rule(kind, dispatched_before);
             prev = event.hash.clone();
-            events.push(event);
-            state = Some(next);
+            events.push((event, bytes));
+            state = Some(Arc::new(next));
         }
         let state = state.ok_or(JournalError::Refused(Refusal::UnknownInvocation))?;
         self.head_seq = seq;
