@@ -11,4 +11,6 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod contract;
+pub mod http;
 pub mod journal;
+pub mod policy;

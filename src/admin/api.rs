@@ -1,7 +1,6 @@
 //! Admin routes. Every error is `{"error":{"code","message"}}` with a fitting status.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -49,11 +48,6 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
                 .await;
         });
     }
-}
-
-/// Binds the admin listener.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
 }
 
 fn json_reply(status: StatusCode, body: &Value) -> Reply {

@@ -3,4 +3,4 @@
 mod api;
 pub mod metrics;
 
-pub use api::{AdminState, bind as serve_bind, parse_range, serve};
+pub use api::{AdminState, parse_range, serve};

@@ -4,6 +4,7 @@
 mod client;
 #[cfg(feature = "failpoints")]
 mod drill;
+mod env;
 mod home;
 mod operator;
 mod serve;
@@ -36,8 +37,10 @@ pub struct Cli {
 pub enum Command {
     /// Run postern: journal, recovery and the admin API.
     Serve,
-    /// Create the state directory (idempotent).
+    /// Create the state directory and CA (idempotent).
     Init,
+    /// Print the environment exports agents need.
+    Env,
     /// List or inspect invocations.
     Actions {
         #[command(subcommand)]
@@ -110,6 +113,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve => serve::run(cli.config.as_deref(), &home, &env),
         Command::Init => serve::init(cli.config.as_deref(), &home, &env),
+        Command::Env => env::run(cli.config.as_deref(), &home, &env),
         Command::Actions { command } => {
             operator::actions(&cli_admin(&cli.admin, &cli.config, &env), command)
         }

@@ -8,27 +8,38 @@ use std::time::Duration;
 use super::{CliError, Home};
 use crate::admin::{self, AdminState, metrics::FrontMetrics};
 use crate::config::{self, Config};
-use crate::journal::{Journal, JournalOptions, SpaceGuard, StoreError};
+use crate::http::mitm::{Authority, CaPaths};
+use crate::http::{self as proxy_http, Proxy};
+use crate::journal::{Durability, Journal, JournalOptions, SpaceGuard, StoreError};
 
 /// Exit code after a storage fault: restart postern so recovery can run.
 const EXIT_STORAGE_FAULT: u8 = 70;
 
-fn load(
-    config_path: Option<&Path>,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Config, CliError> {
+type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+fn load(config_path: Option<&Path>, env: Env<'_>) -> Result<Config, CliError> {
     Ok(config::load(config_path, env)?)
 }
 
-pub fn init(
-    config_path: Option<&Path>,
-    home: &Home,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<ExitCode, CliError> {
-    load(config_path, env)?;
+fn create_home(home: &Home) -> Result<(), CliError> {
     home.create()
-        .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", home.root.display())))?;
+        .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", home.root.display())))
+}
+
+fn load_ca(home: &Home) -> Result<Authority, CliError> {
+    Authority::load_or_create(&CaPaths::in_dir(&home.certs_dir()))
+        .map_err(|e| CliError::Failed(format!("cannot load or create the CA: {e}")))
+}
+
+pub fn init(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
+    load(config_path, env)?;
+    create_home(home)?;
+    load_ca(home)?;
     println!("postern: state directory ready at {}", home.root.display());
+    println!(
+        "postern: CA certificate at {}",
+        home.certs_dir().join("ca.pem").display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -66,15 +77,11 @@ fn init_tracing() {
         .try_init();
 }
 
-pub fn run(
-    config_path: Option<&Path>,
-    home: &Home,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<ExitCode, CliError> {
+pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
     init_tracing();
     let config = load(config_path, env)?;
-    home.create()
-        .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", home.root.display())))?;
+    create_home(home)?;
+    let authority = Arc::new(load_ca(home)?);
     let journal = open_journal(&config, home)?;
     SpaceGuard {
         dir: home.journal_dir(),
@@ -87,43 +94,64 @@ pub fn run(
         .enable_all()
         .build()
         .map_err(|e| CliError::Failed(format!("cannot start the runtime: {e}")))?;
-    runtime.block_on(serve_until_stopped(config, journal, home.journal_dir()))
+    runtime.block_on(serve_until_stopped(
+        Arc::new(config),
+        journal,
+        authority,
+        home.clone(),
+    ))
+}
+
+async fn bind(addr: std::net::SocketAddr, key: &str) -> Result<tokio::net::TcpListener, CliError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::Failed(format!("cannot listen on {addr} ({key}): {e}")))
 }
 
 async fn serve_until_stopped(
-    config: Config,
+    config: Arc<Config>,
     journal: Journal,
-    journal_dir: std::path::PathBuf,
+    authority: Arc<Authority>,
+    home: Home,
 ) -> Result<ExitCode, CliError> {
-    let listener = admin::serve_bind(config.admin.listen).await.map_err(|e| {
-        CliError::Failed(format!(
-            "cannot listen on {} ([admin] listen): {e}",
-            config.admin.listen
-        ))
-    })?;
-    let admin_addr = listener.local_addr().unwrap_or(config.admin.listen);
+    let proxy_listener = bind(config.proxy.listen, "[proxy] listen").await?;
+    let admin_listener = bind(config.admin.listen, "[admin] listen").await?;
+    let proxy_addr = proxy_listener.local_addr().unwrap_or(config.proxy.listen);
+    let admin_addr = admin_listener.local_addr().unwrap_or(config.admin.listen);
     let front = FrontMetrics::default();
     let state = Arc::new(AdminState {
         registry: admin::metrics::registry(journal.metrics(), &front),
         journal: journal.clone(),
         token: config.admin.token.clone(),
     });
-    tokio::spawn(admin::serve(listener, state));
+    let proxy = Arc::new(Proxy {
+        config: config.clone(),
+        journal: journal.clone(),
+        authority,
+        tls: Default::default(),
+        metrics: front,
+    });
+    tokio::spawn(admin::serve(admin_listener, state));
+    tokio::spawn(proxy_http::serve(proxy_listener, proxy));
     tokio::spawn(expire_results(journal.clone()));
     let durability = match config.journal.durability {
-        crate::journal::Durability::Fsync => "fsync",
-        crate::journal::Durability::Buffered => "buffered",
+        Durability::Fsync => "fsync",
+        Durability::Buffered => "buffered",
     };
     println!("postern {} serving", env!("CARGO_PKG_VERSION"));
+    println!("  proxy    http://{proxy_addr}");
     println!("  admin    http://{admin_addr}");
     println!(
         "  journal  {} (durability {durability})",
-        journal_dir.display()
+        home.journal_dir().display()
     );
-    let stop = shutdown_signal();
+    println!("agent environment:");
+    for line in super::env::lines(&home, proxy_addr) {
+        println!("  {line}");
+    }
     let fatal = journal.health().clone();
     tokio::select! {
-        () = stop => {
+        () = shutdown_signal() => {
             let flushed = journal.flush().await;
             eprintln!("postern: stopping; journal flushed");
             Ok(if flushed.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_STORAGE_FAULT) })

@@ -429,8 +429,12 @@ pub fn split_body(body: &Body) -> (EventKind, serde_json::Value) {
 
 /// `sha256:<hex>` of some bytes.
 pub fn sha256_tagged(bytes: &[u8]) -> String {
+    sha256_tagged_digest(&Sha256::digest(bytes))
+}
+
+/// `sha256:<hex>` of a finished digest.
+pub fn sha256_tagged_digest(digest: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::digest(bytes);
     let mut out = String::with_capacity(7 + 64);
     out.push_str("sha256:");
     for b in digest.iter() {

@@ -29,6 +29,7 @@ pub use event::{
     Accepted, ApprovalAnswer, ApprovalRequest, Body, ConnectAttempt, Delivered, Dispatch, Draft,
     Event, EventKind, Failure, GENESIS_HASH, Lease, Preflight, Protocol, Reconciliation,
     RequestSent, ResponseComplete, ResponseStarted, ResultCommitted, Source, sha256_tagged,
+    sha256_tagged_digest,
 };
 pub use fjall_store::FjallStore;
 pub use health::Health;

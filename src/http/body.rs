@@ -1,0 +1,129 @@
+//! Body wrappers that observe the two delivery boundaries hyper has no callback for.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::sync::oneshot;
+
+/// How delivery to the agent ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryEnd {
+    /// The last byte was handed to the agent's connection.
+    Delivered,
+    /// The agent's connection went away first.
+    Dropped,
+}
+
+/// A complete, stored body on its way to the agent; reports when it is all out.
+pub struct DeliveryBody {
+    data: Option<Bytes>,
+    len: u64,
+    done: Option<oneshot::Sender<DeliveryEnd>>,
+}
+
+impl DeliveryBody {
+    pub fn new(data: Bytes) -> (Self, oneshot::Receiver<DeliveryEnd>) {
+        let (tx, rx) = oneshot::channel();
+        let len = data.len() as u64;
+        (
+            Self {
+                data: Some(data).filter(|d| !d.is_empty()),
+                len,
+                done: Some(tx),
+            },
+            rx,
+        )
+    }
+}
+
+impl Body for DeliveryBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(data) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(done) = self.done.take() {
+            let _ = done.send(DeliveryEnd::Delivered);
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // Never claim the end early: hyper must poll once more so we see it.
+        self.done.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.len)
+    }
+}
+
+impl Drop for DeliveryBody {
+    /// hyper drops a body with a known length once it wrote the last byte, without
+    /// polling for its end: a body whose data was all taken counts as delivered.
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            let end = if self.data.is_none() {
+                DeliveryEnd::Delivered
+            } else {
+                DeliveryEnd::Dropped
+            };
+            let _ = done.send(end);
+        }
+    }
+}
+
+/// The agent's request body toward the origin; reports when hyper took the last frame.
+pub struct RequestBody {
+    data: Option<Bytes>,
+    len: u64,
+    sent: Option<oneshot::Sender<()>>,
+}
+
+impl RequestBody {
+    pub fn new(data: Bytes) -> (Self, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        let len = data.len() as u64;
+        (
+            Self {
+                data: Some(data).filter(|d| !d.is_empty()),
+                len,
+                sent: Some(tx),
+            },
+            rx,
+        )
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(data) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(sent) = self.sent.take() {
+            let _ = sent.send(());
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.sent.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.len)
+    }
+}

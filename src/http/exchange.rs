@@ -1,0 +1,822 @@
+//! One HTTP exchange, phase by phase: accept → validate → preflight → connect →
+//! dispatch boundary → await response → commit → deliver. Each phase reports what
+//! it observed to the journal; the envelope comes from the journal's projection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+
+use super::Proxy;
+use super::body::{DeliveryBody, DeliveryEnd, RequestBody};
+use super::respond::{
+    self, POSTERN_CREDENTIAL, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody,
+};
+use super::tap::Tap;
+use super::upstream::{Dialed, dial};
+use crate::config::{Inject, Route, Scheme};
+use crate::contract::{
+    Code, Completion, Envelope, Evidence, FailureContext, OperationFacts, Outcome, Phase,
+    ResponseFacts, classify_status, postern_outcome, resolve_failure,
+};
+use crate::journal::{
+    Accepted, Appended, Body, Delivered, Dispatch, Draft, Failure, HttpResult, JournalError,
+    Payload, Preflight, Protocol, RequestSent, ResponseComplete, ResponseStarted, ResultCommitted,
+    Source, StoredResult, b64, new_invocation_id, sha256_tagged_digest,
+};
+use crate::policy::{Target, fingerprint, match_route};
+
+/// A request as the front received it, with the agent already identified.
+pub struct Inbound {
+    pub agent: String,
+    pub target: Target,
+    pub request: Request<Incoming>,
+}
+
+/// Runs the exchange in its own task so a departing agent cannot cut it short.
+pub async fn handle(proxy: Arc<Proxy>, inbound: Inbound) -> Response<ProxyBody> {
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let mut ex = Exchange::new(proxy, &inbound);
+        ex.run(inbound.request, tx).await;
+    });
+    match rx.await {
+        Ok(resp) => resp,
+        Err(_) => {
+            let mut r = Response::new(respond::full(&b""[..]));
+            *r.status_mut() = StatusCode::BAD_GATEWAY;
+            r
+        }
+    }
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and postern's own, never forwarded.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in listed {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(*name);
+    }
+    let postern: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("postern-"))
+        .cloned()
+        .collect();
+    for name in postern {
+        headers.remove(name);
+    }
+}
+
+/// Why the request stopped before dispatch, as the front observed it.
+struct Refuse {
+    code: Code,
+    field: Option<&'static str>,
+}
+
+fn refuse(code: Code, field: &'static str) -> Refuse {
+    Refuse {
+        code,
+        field: Some(field),
+    }
+}
+
+struct Exchange {
+    proxy: Arc<Proxy>,
+    id: String,
+    agent: String,
+    target: Target,
+    method: String,
+    /// Drafts not yet appended: they travel with the next append.
+    pending: Vec<Draft>,
+    dispatched: bool,
+}
+
+impl Exchange {
+    fn new(proxy: Arc<Proxy>, inbound: &Inbound) -> Self {
+        let target = inbound.target.clone();
+        let method = inbound.request.method().as_str().to_owned();
+        let protocol = match target.scheme {
+            Scheme::Https => Protocol::Https,
+            Scheme::Http => Protocol::Http,
+        };
+        let accepted = Draft::observed(Body::ActionAccepted(Accepted {
+            agent: inbound.agent.clone(),
+            protocol,
+            method: Some(method.clone()),
+            target: target.url(),
+            command: None,
+        }));
+        Self {
+            proxy,
+            id: new_invocation_id(),
+            agent: inbound.agent.clone(),
+            target,
+            method,
+            pending: vec![accepted],
+            dispatched: false,
+        }
+    }
+
+    async fn record(&mut self, mut drafts: Vec<Draft>) -> Result<Appended, JournalError> {
+        let mut all = std::mem::take(&mut self.pending);
+        all.append(&mut drafts);
+        self.proxy.journal.append(&self.id, all).await
+    }
+
+    /// Records a failure and answers with the envelope the projection computed.
+    async fn fail(&mut self, drafts: Vec<Draft>, failure: Failure) -> Response<ProxyBody> {
+        let code = failure.code;
+        let mut drafts = drafts;
+        drafts.push(Draft::observed(Body::Failed(failure)));
+        match self.record(drafts).await {
+            Ok(a) => match &a.state.record.envelope {
+                Some(env) => respond::envelope(env),
+                None => self.fallback(code),
+            },
+            Err(_) => self.fallback(if self.dispatched {
+                code
+            } else {
+                Code::JournalUnavailable
+            }),
+        }
+    }
+
+    /// An envelope computed without the journal (it could not record).
+    fn fallback(&self, code: Code) -> Response<ProxyBody> {
+        let ctx = FailureContext {
+            phase_reached: if self.dispatched {
+                Phase::RemoteExecution
+            } else {
+                Phase::Validation
+            },
+            current_outcome: if self.dispatched {
+                Outcome::Unknown
+            } else {
+                Outcome::NotAttempted
+            },
+            dispatched: self.dispatched,
+            result_stored: false,
+            operation: OperationFacts::default(),
+            now_ms: 0,
+        };
+        let evidence = Evidence {
+            dispatch_started: self.dispatched,
+            hop: "postern".into(),
+            ..Evidence::default()
+        };
+        respond::envelope(&Envelope::new(
+            &self.id,
+            resolve_failure(code, &ctx),
+            None,
+            evidence,
+        ))
+    }
+
+    async fn run(
+        &mut self,
+        request: Request<Incoming>,
+        mut reply: oneshot::Sender<Response<ProxyBody>>,
+    ) {
+        let resp = self.drive(request, &mut reply).await;
+        match resp {
+            Outgoing::Respond(resp) => {
+                let _ = reply.send(resp);
+            }
+            Outgoing::Deliver { resp, done } => {
+                if reply.send(resp).is_err() {
+                    // The agent left after the result was committed.
+                    self.delivery_failed().await;
+                    return;
+                }
+                let end = done.await.unwrap_or(DeliveryEnd::Dropped);
+                match end {
+                    DeliveryEnd::Delivered => {
+                        let _ = self
+                            .record(vec![Draft::observed(Body::ResultDelivered(
+                                Delivered::default(),
+                            ))])
+                            .await;
+                    }
+                    DeliveryEnd::Dropped => self.delivery_failed().await,
+                }
+            }
+            Outgoing::Gone => self.delivery_failed().await,
+        }
+    }
+
+    async fn delivery_failed(&mut self) {
+        let _ = self
+            .record(vec![Draft::observed(Body::Failed(Failure::of(
+                Code::ResultDeliveryFailed,
+            )))])
+            .await;
+    }
+
+    async fn drive(
+        &mut self,
+        request: Request<Incoming>,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
+    ) -> Outgoing {
+        let (parts, body) = request.into_parts();
+        if self.proxy.journal.admit().is_err() {
+            return Outgoing::Respond(
+                self.fail(vec![], Failure::of(Code::JournalUnavailable))
+                    .await,
+            );
+        }
+        let config = self.proxy.config.clone();
+        let route = match self.validate(&parts.headers, &config) {
+            Ok(r) => r,
+            Err(r) => return Outgoing::Respond(self.refused(r).await),
+        };
+        let credential = match select_credential(route, &parts.headers) {
+            Ok(c) => c,
+            Err(r) => return Outgoing::Respond(self.refused(r).await),
+        };
+        let body = match read_body(body, &parts.headers, config.proxy.max_request_bytes).await {
+            Ok(b) => b,
+            Err(r) => return Outgoing::Respond(self.refused(r).await),
+        };
+        let idempotent = route.idempotent_methods.contains(&self.method);
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        let fp = fingerprint(
+            &self.method,
+            &self.target.url(),
+            &[("content-type", content_type)],
+            &body,
+        );
+        let preflight = Draft::observed(Body::PreflightValidated(Preflight {
+            route: route.id.clone(),
+            fingerprint: fp,
+            idempotent,
+            credential: None,
+            idempotency: None,
+            safe_until_ms: None,
+        }));
+        if credential.is_some() {
+            // The vault arrives with the next step; a credentialed route cannot inject yet.
+            return Outgoing::Respond(
+                self.fail(vec![preflight], Failure::of(Code::VaultLocked))
+                    .await,
+            );
+        }
+        if self.record(vec![preflight]).await.is_err() {
+            return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
+        }
+        let dialed = match dial(route, &self.target, &self.proxy.tls).await {
+            Ok(d) => d,
+            Err(f) => {
+                let drafts = attempt_drafts(&f.attempts);
+                return Outgoing::Respond(self.fail(drafts, Failure::of(f.code)).await);
+            }
+        };
+        let upstream_req = match self.upstream_request(&parts, &body, dialed.h2) {
+            Some(r) => r,
+            None => {
+                return Outgoing::Respond(self.refused(refuse(Code::InvalidTarget, "target")).await);
+            }
+        };
+        self.dispatch(route, dialed, upstream_req, body, reply)
+            .await
+    }
+
+    async fn refused(&mut self, r: Refuse) -> Response<ProxyBody> {
+        let mut failure = Failure::of(r.code);
+        failure.field = r.field.map(str::to_owned);
+        self.fail(vec![], failure).await
+    }
+
+    /// Framing and policy, before any DNS lookup or secret access.
+    fn validate<'c>(
+        &self,
+        headers: &HeaderMap,
+        config: &'c crate::config::Config,
+    ) -> Result<&'c Route, Refuse> {
+        if headers.contains_key(header::TRANSFER_ENCODING)
+            && headers.contains_key(header::CONTENT_LENGTH)
+        {
+            return Err(refuse(Code::MalformedRequest, "headers.transfer-encoding"));
+        }
+        let lengths: Vec<&HeaderValue> = headers.get_all(header::CONTENT_LENGTH).iter().collect();
+        if lengths.len() > 1 && lengths.windows(2).any(|w| w[0] != w[1]) {
+            return Err(refuse(Code::MalformedRequest, "headers.content-length"));
+        }
+        let route = match_route(config, &self.agent, &self.target, &self.method)
+            .ok_or(refuse(Code::RouteDenied, "target"))?;
+        for cred_id in &route.credentials {
+            let Some(cred) = config.credentials.iter().find(|c| &c.id == cred_id) else {
+                continue;
+            };
+            let forbidden = match &cred.inject {
+                Inject::Header { name, .. } => Some(name.to_ascii_lowercase()),
+                Inject::Basic { .. } => Some("authorization".to_owned()),
+                Inject::Query { .. } | Inject::SshKey | Inject::SshPassword => None,
+            };
+            if let Some(name) = forbidden
+                && headers.contains_key(name.as_str())
+            {
+                return Err(Refuse {
+                    code: Code::ForbiddenHeader,
+                    field: Some(if name == "authorization" {
+                        "headers.authorization"
+                    } else {
+                        "headers"
+                    }),
+                });
+            }
+            if let Inject::Query { param } = &cred.inject
+                && query_has(&self.target.path_and_query, param)
+            {
+                return Err(refuse(Code::ForbiddenHeader, "target.query"));
+            }
+        }
+        Ok(route)
+    }
+
+    /// The request toward the origin: hop-by-hop headers gone, Host set.
+    fn upstream_request(
+        &self,
+        parts: &http::request::Parts,
+        body: &Bytes,
+        h2: bool,
+    ) -> Option<Request<UpBody>> {
+        let uri = if h2 {
+            self.target.url()
+        } else {
+            self.target.path_and_query.clone()
+        };
+        let mut builder = Request::builder().method(parts.method.clone()).uri(uri);
+        let mut headers = parts.headers.clone();
+        strip_hop_by_hop(&mut headers);
+        headers.remove(header::HOST);
+        if !h2 {
+            headers.insert(
+                header::HOST,
+                HeaderValue::from_str(&self.target.authority()).ok()?,
+            );
+        }
+        if body.is_empty() && matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        }
+        if let Some(h) = builder.headers_mut() {
+            *h = headers;
+        }
+        builder.body(UpBody::Empty).ok()
+    }
+
+    /// `DISPATCH_STARTED` is durable before the first request byte enters the socket.
+    async fn dispatch(
+        &mut self,
+        route: &Route,
+        dialed: Dialed,
+        mut req: Request<UpBody>,
+        body: Bytes,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
+    ) -> Outgoing {
+        let mut drafts = attempt_drafts(&dialed.attempts);
+        drafts.push(Draft::observed(Body::DispatchStarted(Dispatch::default())).hop("origin"));
+        if self.record(drafts).await.is_err() {
+            return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
+        }
+        self.dispatched = true;
+        let (tap, first_write) = Tap::new(dialed.stream);
+        let (body_sent, sent_rx) = if body.is_empty() {
+            (None, first_write)
+        } else {
+            let (b, rx) = RequestBody::new(body.clone());
+            (Some(b), rx)
+        };
+        if let Some(b) = body_sent {
+            *req.body_mut() = UpBody::Full(b);
+        }
+        let sender = match Sender::handshake(tap, dialed.h2).await {
+            Ok(s) => s,
+            Err(diag) => {
+                return Outgoing::Respond(
+                    self.remote_failure(Code::RemoteOutcomeUnknown, diag).await,
+                );
+            }
+        };
+        let waited = self
+            .await_head(sender, req, sent_rx, route.response_timeout, reply)
+            .await;
+        let resp = match waited {
+            Ok(r) => r,
+            Err((code, diag)) => return Outgoing::Respond(self.remote_failure(code, diag).await),
+        };
+        self.receive(route, resp, reply).await
+    }
+
+    async fn remote_failure(&mut self, code: Code, diagnostic: String) -> Response<ProxyBody> {
+        let mut f = Failure::of(code);
+        f.diagnostic = Some(diagnostic);
+        self.fail(vec![], f).await
+    }
+
+    /// Waits for the response head; `response_timeout` runs from the request fully written.
+    async fn await_head(
+        &mut self,
+        mut sender: Sender,
+        req: Request<UpBody>,
+        mut sent_rx: oneshot::Receiver<()>,
+        response_timeout: Duration,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
+    ) -> Result<Response<Incoming>, (Code, String)> {
+        let send = sender.send(req);
+        tokio::pin!(send);
+        let mut written = false;
+        let mut cancelled = false;
+        let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+        let deadline = tokio::time::sleep_until(far);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                r = &mut send => {
+                    return r.map_err(|e| (Code::RemoteOutcomeUnknown, e));
+                }
+                s = &mut sent_rx, if !written => {
+                    written = true;
+                    if s.is_ok() {
+                        let _ = self.record(vec![Draft::observed(Body::RequestSent(RequestSent::default())).hop("origin")]).await;
+                    }
+                    deadline.as_mut().reset(tokio::time::Instant::now() + response_timeout);
+                }
+                () = &mut deadline => {
+                    return Err((Code::RemoteTimeout, format!("no response head within {response_timeout:?}")));
+                }
+                () = reply.closed(), if !cancelled => {
+                    cancelled = true;
+                    let _ = self.record(vec![Draft::observed(Body::Failed(Failure::of(Code::CallerCancelled)))]).await;
+                }
+            }
+        }
+    }
+
+    /// Reads the response to its framing end, commits it, then hands it over.
+    async fn receive(
+        &mut self,
+        route: &Route,
+        resp: Response<Incoming>,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
+    ) -> Outgoing {
+        let status = resp.status();
+        let started = Draft::observed(Body::RemoteResponseStarted(ResponseStarted {
+            status: Some(status.as_u16()),
+        }))
+        .source(Source::RemoteResponse)
+        .hop("origin");
+        let (mut parts, incoming) = resp.into_parts();
+        let completion = framing(&parts.headers, parts.version);
+        let collected = collect(
+            incoming,
+            route.idle_timeout,
+            self.proxy
+                .config
+                .journal
+                .buffer_limit
+                .max(self.proxy.config.journal.max_result_bytes),
+        )
+        .await;
+        let body = match collected {
+            Ok(b) => b,
+            Err(diag) => {
+                let mut f = Failure::of(Code::RemoteResultIncomplete);
+                f.diagnostic = Some(diag);
+                return Outgoing::Respond(self.fail(vec![started], f).await);
+            }
+        };
+        let digest = sha256_tagged_digest(&Sha256::digest(&body));
+        let facts = ResponseFacts {
+            status: status.as_u16(),
+            has_retry_after: parts.headers.contains_key(header::RETRY_AFTER),
+            idempotent: route.idempotent_methods.contains(&self.method),
+        };
+        let Some(resolution) = classify_status(facts, &route.status_outcomes) else {
+            let f = Failure::of(Code::RemoteOutcomeUnknown);
+            return Outgoing::Respond(self.fail(vec![started], f).await);
+        };
+        strip_hop_by_hop(&mut parts.headers);
+        strip_error_proxy_status(&mut parts.headers);
+        let mut evidence = serde_json::Map::new();
+        for name in ["location", "operation-location"] {
+            if status == StatusCode::ACCEPTED
+                && let Some(v) = parts.headers.get(name).and_then(|v| v.to_str().ok())
+            {
+                evidence.insert(name.replace('-', "_"), v.into());
+            }
+        }
+        let stored = self.stored_result(
+            status.as_u16(),
+            &parts.headers,
+            &body,
+            &digest,
+            resolution.outcome,
+        );
+        let complete = Draft::observed(Body::RemoteResponseComplete(ResponseComplete {
+            completion,
+            bytes: body.len() as u64,
+            digest: digest.clone(),
+        }))
+        .source(Source::RemoteResponse)
+        .hop("origin");
+        let committed = Draft::observed(Body::ResultCommitted(ResultCommitted {
+            outcome: resolution.outcome,
+            retry: resolution.retry,
+            status: Some(status.as_u16()),
+            exit_status: None,
+            exit_signal: None,
+            digest,
+            bytes: body.len() as u64,
+            complete: true,
+            completion: Some(completion),
+            evidence,
+        }))
+        .source(Source::RemoteResponse)
+        .hop("origin");
+        let mut drafts = std::mem::take(&mut self.pending);
+        drafts.extend([started, complete, committed]);
+        if self
+            .proxy
+            .journal
+            .commit_result(&self.id, drafts, stored)
+            .await
+            .is_err()
+        {
+            return Outgoing::Respond(self.fallback(Code::ResultStoreFailed));
+        }
+        if reply.is_closed() {
+            return Outgoing::Gone;
+        }
+        let outcome = postern_outcome(
+            resolution.outcome,
+            Phase::RemoteExecution,
+            resolution.retry,
+            None,
+        );
+        let (delivery, done) = DeliveryBody::new(body);
+        parts.version = http::Version::HTTP_11;
+        let mut out = Response::from_parts(parts, delivery.boxed());
+        out.headers_mut().remove(header::CONTENT_LENGTH);
+        if let Ok(v) = HeaderValue::from_str(&self.id) {
+            out.headers_mut().insert(POSTERN_INVOCATION, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&outcome) {
+            out.headers_mut().insert(POSTERN_OUTCOME, v);
+        }
+        Outgoing::Deliver { resp: out, done }
+    }
+
+    fn stored_result(
+        &self,
+        status: u16,
+        headers: &HeaderMap,
+        body: &Bytes,
+        digest: &str,
+        outcome: Outcome,
+    ) -> StoredResult {
+        let keep = body.len() as u64 <= self.proxy.config.journal.max_result_bytes;
+        StoredResult {
+            invocation_id: self.id.clone(),
+            outcome,
+            payload: Payload::Http(HttpResult {
+                status,
+                headers: stored_headers(headers),
+                body_base64: keep.then(|| b64(body)),
+                body_stored: keep,
+                digest: digest.to_owned(),
+                bytes: body.len() as u64,
+            }),
+            complete: true,
+            expires_at_ms: self.proxy.journal.result_expiry_ms(),
+        }
+    }
+}
+
+/// The response headers worth keeping: never cookies or credentials.
+fn stored_headers(headers: &HeaderMap) -> Vec<(String, String)> {
+    const SECRET: &[&str] = &[
+        "set-cookie",
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "www-authenticate",
+    ];
+    headers
+        .iter()
+        .filter(|(k, _)| !SECRET.contains(&k.as_str()))
+        .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect()
+}
+
+fn strip_error_proxy_status(headers: &mut HeaderMap) {
+    let has_error = headers
+        .get_all(PROXY_STATUS)
+        .iter()
+        .any(|v| v.to_str().map_or(true, |s| s.contains("error")));
+    if has_error {
+        headers.remove(PROXY_STATUS);
+    }
+}
+
+fn framing(headers: &HeaderMap, version: http::Version) -> Completion {
+    if version == http::Version::HTTP_2 {
+        Completion::EndStream
+    } else if headers.contains_key(header::TRANSFER_ENCODING) {
+        Completion::LastChunk
+    } else if headers.contains_key(header::CONTENT_LENGTH) {
+        Completion::ContentLength
+    } else {
+        Completion::Close
+    }
+}
+
+fn query_has(path_and_query: &str, param: &str) -> bool {
+    path_and_query
+        .split_once('?')
+        .map(|(_, q)| q.split('&').any(|kv| kv.split('=').next() == Some(param)))
+        .unwrap_or(false)
+}
+
+fn attempt_drafts(attempts: &[crate::journal::ConnectAttempt]) -> Vec<Draft> {
+    attempts
+        .iter()
+        .map(|a| Draft::observed(Body::ConnectAttempt(a.clone())).attempt(a.n))
+        .collect()
+}
+
+/// Which offered credential this request uses (`Postern-Credential`), never echoed back.
+fn select_credential<'r>(route: &'r Route, headers: &HeaderMap) -> Result<Option<&'r str>, Refuse> {
+    let asked = headers.get(POSTERN_CREDENTIAL).map(|v| v.as_bytes());
+    match asked {
+        None => Ok(route.credentials.first().map(String::as_str)),
+        Some(name) => route
+            .credentials
+            .iter()
+            .find(|c| c.as_bytes() == name)
+            .map(|c| Some(c.as_str()))
+            .ok_or(refuse(
+                Code::UnknownCredential,
+                "headers.postern-credential",
+            )),
+    }
+}
+
+async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64) -> Result<Bytes, Refuse> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(refuse(Code::PayloadLimit, "body"));
+    }
+    match Limited::new(body, limit as usize).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(refuse(Code::PayloadLimit, "body"))
+        }
+        Err(_) => Err(refuse(Code::MalformedRequest, "body")),
+    }
+}
+
+/// Reads a body to its end; an idle gap, a short body or bad framing is an error.
+async fn collect(mut body: Incoming, idle: Duration, cap: u64) -> Result<Bytes, String> {
+    let mut buf = BytesMut::new();
+    loop {
+        match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => return Err(format!("no body bytes for {idle:?}")),
+            Ok(None) => return Ok(buf.freeze()),
+            Ok(Some(Err(e))) => return Err(body_error(&e)),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                    if buf.len() as u64 > cap {
+                        return Err(format!("body exceeds {cap} bytes"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn body_error(e: &hyper::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// What the exchange hands back to the front.
+enum Outgoing {
+    Respond(Response<ProxyBody>),
+    Deliver {
+        resp: Response<ProxyBody>,
+        done: oneshot::Receiver<DeliveryEnd>,
+    },
+    /// The agent left; the result is committed and fetchable.
+    Gone,
+}
+
+/// The request body toward the origin.
+pub enum UpBody {
+    Empty,
+    Full(RequestBody),
+}
+
+impl http_body::Body for UpBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            Self::Empty => std::task::Poll::Ready(None),
+            Self::Full(b) => std::pin::Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Empty => true,
+            Self::Full(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            Self::Empty => http_body::SizeHint::with_exact(0),
+            Self::Full(b) => b.size_hint(),
+        }
+    }
+}
+
+/// A fresh HTTP/1.1 or HTTP/2 client connection over the dialed stream.
+enum Sender {
+    H1(hyper::client::conn::http1::SendRequest<UpBody>),
+    H2(hyper::client::conn::http2::SendRequest<UpBody>),
+}
+
+impl Sender {
+    async fn handshake(io: Tap, h2: bool) -> Result<Self, String> {
+        let io = TokioIo::new(io);
+        if h2 {
+            let (s, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            Ok(Self::H2(s))
+        } else {
+            let (s, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            Ok(Self::H1(s))
+        }
+    }
+
+    async fn send(&mut self, req: Request<UpBody>) -> Result<Response<Incoming>, String> {
+        let r = match self {
+            Self::H1(s) => s.send_request(req).await,
+            Self::H2(s) => s.send_request(req).await,
+        };
+        r.map_err(|e| body_error(&e))
+    }
+}

@@ -1,0 +1,280 @@
+//! The agent-facing listener: absolute-form `http://` requests and `CONNECT` with TLS
+//! interception. It identifies the agent and hands each request to an exchange.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::{Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+use super::Proxy;
+use super::exchange::{self, Inbound};
+use super::respond::{self, ProxyBody};
+use crate::config::Scheme;
+use crate::contract::Code;
+use crate::journal::{Accepted, Body, Draft, Failure, Protocol, new_invocation_id};
+use crate::policy::{AgentAuth, Target, authenticate, route_exists_for_connect};
+
+/// Accepts agent connections until the listener fails.
+pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "proxy accept failed");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let proxy = proxy.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let proxy = proxy.clone();
+                async move { Ok::<_, Infallible>(front_request(proxy, req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .preserve_header_case(false)
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades()
+                .await;
+        });
+    }
+}
+
+fn plain(status: StatusCode) -> Response<ProxyBody> {
+    let mut r = Response::new(respond::full(&b""[..]));
+    *r.status_mut() = status;
+    r
+}
+
+/// Journals a refusal that happened before any exchange could start.
+async fn refuse_early(
+    proxy: &Proxy,
+    agent: &str,
+    target: String,
+    method: &str,
+    code: Code,
+    field: &str,
+) -> Response<ProxyBody> {
+    let id = new_invocation_id();
+    let accepted = Draft::observed(Body::ActionAccepted(Accepted {
+        agent: agent.to_owned(),
+        protocol: Protocol::Https,
+        method: Some(method.to_owned()),
+        target,
+        command: None,
+    }));
+    let mut failure = Failure::of(code);
+    failure.field = Some(field.to_owned());
+    match proxy
+        .journal
+        .append(&id, vec![accepted, Draft::observed(Body::Failed(failure))])
+        .await
+    {
+        Ok(a) => match &a.state.record.envelope {
+            Some(env) => respond::envelope(env),
+            None => plain(StatusCode::BAD_GATEWAY),
+        },
+        Err(_) => plain(StatusCode::SERVICE_UNAVAILABLE),
+    }
+}
+
+async fn identify(proxy: &Proxy, req: &Request<Incoming>) -> Result<String, Response<ProxyBody>> {
+    let header = req
+        .headers()
+        .get(header::PROXY_AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    match authenticate(&proxy.config, header) {
+        AgentAuth::Anonymous => Ok("anonymous".into()),
+        AgentAuth::Agent(id) => Ok(id),
+        AgentAuth::Missing => {
+            proxy.metrics.auth_challenges.inc();
+            Err(respond::challenge())
+        }
+        AgentAuth::Wrong { claimed } => {
+            let agent = claimed.unwrap_or_else(|| "unknown".into());
+            let target = req.uri().to_string();
+            Err(refuse_early(
+                proxy,
+                &agent,
+                target,
+                req.method().as_str(),
+                Code::AgentUnauthenticated,
+                "headers.proxy-authorization",
+            )
+            .await)
+        }
+    }
+}
+
+async fn front_request(proxy: Arc<Proxy>, req: Request<Incoming>) -> Response<ProxyBody> {
+    let agent = match identify(&proxy, &req).await {
+        Ok(a) => a,
+        Err(resp) => return resp,
+    };
+    if req.method() == Method::CONNECT {
+        return connect(proxy, agent, req).await;
+    }
+    let uri = req.uri();
+    let target = match (uri.scheme_str(), uri.host()) {
+        (Some("http"), Some(host)) => Target::new(
+            Scheme::Http,
+            host,
+            uri.port_u16(),
+            uri.path_and_query().map_or("/", |p| p.as_str()),
+        ),
+        (Some("https"), Some(_)) => {
+            // Absolute https:// to a plain proxy is not how clients speak TLS through us.
+            let url = uri.to_string();
+            return refuse_early(
+                &proxy,
+                &agent,
+                url,
+                req.method().as_str(),
+                Code::InvalidTarget,
+                "target.scheme",
+            )
+            .await;
+        }
+        _ => {
+            let url = uri.to_string();
+            return refuse_early(
+                &proxy,
+                &agent,
+                url,
+                req.method().as_str(),
+                Code::InvalidTarget,
+                "target",
+            )
+            .await;
+        }
+    };
+    match target {
+        Ok(target) => {
+            exchange::handle(
+                proxy,
+                Inbound {
+                    agent,
+                    target,
+                    request: req,
+                },
+            )
+            .await
+        }
+        Err(e) => {
+            let url = req.uri().to_string();
+            refuse_early(
+                &proxy,
+                &agent,
+                url,
+                req.method().as_str(),
+                Code::InvalidTarget,
+                e.field,
+            )
+            .await
+        }
+    }
+}
+
+/// `CONNECT host:port`: refused unless some route could match, then intercepted.
+async fn connect(
+    proxy: Arc<Proxy>,
+    agent: String,
+    mut req: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let authority = req.uri().authority().cloned();
+    let Some(authority) = authority else {
+        return refuse_early(
+            &proxy,
+            &agent,
+            req.uri().to_string(),
+            "CONNECT",
+            Code::InvalidTarget,
+            "target",
+        )
+        .await;
+    };
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase();
+    let port = authority.port_u16().unwrap_or(443);
+    let url = format!("https://{authority}/");
+    if !route_exists_for_connect(&proxy.config, &agent, &host, port) {
+        return refuse_early(&proxy, &agent, url, "CONNECT", Code::RouteDenied, "target").await;
+    }
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = upgrade.await else { return };
+        intercept(proxy, agent, host, port, TokioIo::new(upgraded)).await;
+    });
+    plain(StatusCode::OK)
+}
+
+/// Terminates the agent's TLS with a minted leaf and serves the requests inside.
+async fn intercept(
+    proxy: Arc<Proxy>,
+    agent: String,
+    host: String,
+    port: u16,
+    io: TokioIo<hyper::upgrade::Upgraded>,
+) {
+    let config = match proxy.authority.server_config(&host) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot mint a certificate");
+            return;
+        }
+    };
+    let tls = match tokio_rustls::TlsAcceptor::from(config).accept(io).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::debug!(error = %e, "agent TLS handshake failed");
+            return;
+        }
+    };
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let proxy = proxy.clone();
+        let agent = agent.clone();
+        let host = host.clone();
+        async move {
+            let path = req
+                .uri()
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_owned();
+            let resp = match Target::new(Scheme::Https, &host, Some(port), &path) {
+                Ok(target) => {
+                    exchange::handle(
+                        proxy,
+                        Inbound {
+                            agent,
+                            target,
+                            request: req,
+                        },
+                    )
+                    .await
+                }
+                Err(e) => {
+                    let url = format!("https://{host}:{port}{path}");
+                    refuse_early(
+                        &proxy,
+                        &agent,
+                        url,
+                        req.method().as_str(),
+                        Code::InvalidTarget,
+                        e.field,
+                    )
+                    .await
+                }
+            };
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(tls), service)
+        .await;
+}

@@ -1,0 +1,34 @@
+//! The HTTP(S) proxy.
+//!
+//! Lifecycle of a request: `front` (absolute-form or `CONNECT` + `mitm` TLS) →
+//! agent identity → `exchange`: validate and route (before DNS or secrets) →
+//! `PREFLIGHT_VALIDATED` → `upstream` connection setup (`CONNECT_ATTEMPT`s) →
+//! `DISPATCH_STARTED` durable → request written (`tap`/`body` observe it) →
+//! response head → body to its framing end → `RESULT_COMMITTED` with the result →
+//! delivery (`RESULT_DELIVERED`). Invariant: no request byte reaches the origin
+//! before `DISPATCH_STARTED` is durable.
+
+mod body;
+mod exchange;
+mod front;
+pub mod mitm;
+pub mod respond;
+mod tap;
+pub mod upstream;
+
+use std::sync::Arc;
+
+use crate::admin::metrics::FrontMetrics;
+use crate::config::Config;
+use crate::journal::Journal;
+
+pub use front::serve;
+
+/// Everything a request needs on its way through postern.
+pub struct Proxy {
+    pub config: Arc<Config>,
+    pub journal: Journal,
+    pub authority: Arc<mitm::Authority>,
+    pub tls: upstream::TlsClients,
+    pub metrics: FrontMetrics,
+}

@@ -1,0 +1,77 @@
+//! Responses postern writes itself: the envelope with `Proxy-Status` and `Postern-Outcome`.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+
+use crate::contract::Envelope;
+
+/// Every response body postern sends toward an agent.
+pub type ProxyBody = BoxBody<Bytes, std::io::Error>;
+
+pub const POSTERN_INVOCATION: &str = "postern-invocation";
+pub const POSTERN_OUTCOME: &str = "postern-outcome";
+pub const POSTERN_DELIVERY: &str = "postern-delivery";
+pub const POSTERN_CREDENTIAL: &str = "postern-credential";
+pub const PROXY_STATUS: &str = "proxy-status";
+
+pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+fn set(resp: &mut Response<ProxyBody>, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        resp.headers_mut().insert(name, v);
+    }
+}
+
+/// postern's own error: status of §5.5, the envelope as JSON, and both headers.
+pub fn envelope(env: &Envelope) -> Response<ProxyBody> {
+    let body = serde_json::to_vec(env).unwrap_or_default();
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = StatusCode::from_u16(env.http_status()).unwrap_or(StatusCode::BAD_GATEWAY);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    set(&mut resp, POSTERN_INVOCATION, &env.invocation_id);
+    set(&mut resp, POSTERN_OUTCOME, &env.postern_outcome());
+    set(&mut resp, PROXY_STATUS, &env.proxy_status());
+    if env.error.code == crate::contract::Code::AgentUnauthenticated {
+        resp.headers_mut().insert(
+            header::PROXY_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"postern\""),
+        );
+    }
+    resp
+}
+
+/// The `407` challenge to a request without credentials (counted, not journaled).
+pub fn challenge() -> Response<ProxyBody> {
+    let body = br#"{"error":{"code":"AGENT_UNAUTHENTICATED","phase":"validation","outcome":"not_attempted","retry":"after_correction","message":"Send Proxy-Authorization: Basic base64(agent:token)."}}"#;
+    let mut resp = Response::new(full(&body[..]));
+    *resp.status_mut() = StatusCode::PROXY_AUTHENTICATION_REQUIRED;
+    resp.headers_mut().insert(
+        header::PROXY_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"postern\""),
+    );
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    set(
+        &mut resp,
+        PROXY_STATUS,
+        "postern; error=http_request_denied; details=\"proxy credentials required\"",
+    );
+    set(
+        &mut resp,
+        POSTERN_OUTCOME,
+        "outcome=not_attempted, phase=validation, retry=after_correction, code=AGENT_UNAUTHENTICATED",
+    );
+    resp
+}
