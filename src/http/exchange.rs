@@ -37,6 +37,8 @@ pub struct Inbound {
     pub agent: String,
     pub target: Target,
     pub request: Request<Incoming>,
+    /// The raw head carried both `Content-Length` and `Transfer-Encoding`.
+    pub framing_conflict: bool,
 }
 
 /// Runs the exchange in its own task so a departing agent cannot cut it short.
@@ -115,6 +117,7 @@ struct Exchange {
     /// Drafts not yet appended: they travel with the next append.
     pending: Vec<Draft>,
     dispatched: bool,
+    framing_conflict: bool,
 }
 
 impl Exchange {
@@ -140,6 +143,7 @@ impl Exchange {
             method,
             pending: vec![accepted],
             dispatched: false,
+            framing_conflict: inbound.framing_conflict,
         }
     }
 
@@ -303,7 +307,9 @@ impl Exchange {
         let upstream_req = match self.upstream_request(&parts, &body, dialed.h2) {
             Some(r) => r,
             None => {
-                return Outgoing::Respond(self.refused(refuse(Code::InvalidTarget, "target")).await);
+                return Outgoing::Respond(
+                    self.refused(refuse(Code::InvalidTarget, "target")).await,
+                );
             }
         };
         self.dispatch(route, dialed, upstream_req, body, reply)
@@ -322,9 +328,9 @@ impl Exchange {
         headers: &HeaderMap,
         config: &'c crate::config::Config,
     ) -> Result<&'c Route, Refuse> {
-        if headers.contains_key(header::TRANSFER_ENCODING)
-            && headers.contains_key(header::CONTENT_LENGTH)
-        {
+        let both = headers.contains_key(header::TRANSFER_ENCODING)
+            && headers.contains_key(header::CONTENT_LENGTH);
+        if both || self.framing_conflict {
             return Err(refuse(Code::MalformedRequest, "headers.transfer-encoding"));
         }
         let lengths: Vec<&HeaderValue> = headers.get_all(header::CONTENT_LENGTH).iter().collect();

@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use http::{Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
@@ -12,6 +13,7 @@ use tokio::net::TcpListener;
 use super::Proxy;
 use super::exchange::{self, Inbound};
 use super::respond::{self, ProxyBody};
+use super::sniff::FramingSniffer;
 use crate::config::Scheme;
 use crate::contract::Code;
 use crate::journal::{Accepted, Body, Draft, Failure, Protocol, new_invocation_id};
@@ -30,12 +32,14 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
         let _ = stream.set_nodelay(true);
         let proxy = proxy.clone();
         tokio::spawn(async move {
+            let stream = FramingSniffer::new(stream);
+            let conflict = stream.conflict.clone();
             let service = hyper::service::service_fn(move |req| {
                 let proxy = proxy.clone();
-                async move { Ok::<_, Infallible>(front_request(proxy, req).await) }
+                let framing_conflict = conflict.load(Ordering::SeqCst);
+                async move { Ok::<_, Infallible>(front_request(proxy, req, framing_conflict).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
-                .preserve_header_case(false)
                 .serve_connection(TokioIo::new(stream), service)
                 .with_upgrades()
                 .await;
@@ -109,7 +113,11 @@ async fn identify(proxy: &Proxy, req: &Request<Incoming>) -> Result<String, Resp
     }
 }
 
-async fn front_request(proxy: Arc<Proxy>, req: Request<Incoming>) -> Response<ProxyBody> {
+async fn front_request(
+    proxy: Arc<Proxy>,
+    req: Request<Incoming>,
+    framing_conflict: bool,
+) -> Response<ProxyBody> {
     let agent = match identify(&proxy, &req).await {
         Ok(a) => a,
         Err(resp) => return resp,
@@ -153,15 +161,15 @@ async fn front_request(proxy: Arc<Proxy>, req: Request<Incoming>) -> Response<Pr
     };
     match target {
         Ok(target) => {
-            exchange::handle(
-                proxy,
-                Inbound {
-                    agent,
-                    target,
-                    request: req,
-                },
-            )
-            .await
+            let framing_conflict =
+                framing_conflict && req.headers().contains_key(header::TRANSFER_ENCODING);
+            let inbound = Inbound {
+                agent,
+                target,
+                request: req,
+                framing_conflict,
+            };
+            exchange::handle(proxy, inbound).await
         }
         Err(e) => {
             let url = req.uri().to_string();
@@ -236,10 +244,14 @@ async fn intercept(
             return;
         }
     };
+    let tls = FramingSniffer::new(tls);
+    let conflict = tls.conflict.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let proxy = proxy.clone();
         let agent = agent.clone();
         let host = host.clone();
+        let framing_conflict = conflict.load(Ordering::SeqCst)
+            && req.headers().contains_key(header::TRANSFER_ENCODING);
         async move {
             let path = req
                 .uri()
@@ -248,15 +260,13 @@ async fn intercept(
                 .to_owned();
             let resp = match Target::new(Scheme::Https, &host, Some(port), &path) {
                 Ok(target) => {
-                    exchange::handle(
-                        proxy,
-                        Inbound {
-                            agent,
-                            target,
-                            request: req,
-                        },
-                    )
-                    .await
+                    let inbound = Inbound {
+                        agent,
+                        target,
+                        request: req,
+                        framing_conflict,
+                    };
+                    exchange::handle(proxy, inbound).await
                 }
                 Err(e) => {
                     let url = format!("https://{host}:{port}{path}");

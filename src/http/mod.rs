@@ -13,6 +13,7 @@ mod exchange;
 mod front;
 pub mod mitm;
 pub mod respond;
+mod sniff;
 mod tap;
 pub mod upstream;
 

@@ -4,5 +4,7 @@
 mod admin_api;
 mod audit;
 mod crash;
+mod http;
+mod origins;
 mod serve;
 mod support;

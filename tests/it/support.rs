@@ -73,6 +73,7 @@ impl Home {
 pub struct Daemon {
     pub child: Child,
     pub admin: String,
+    pub proxy: String,
     pub home: PathBuf,
     pub stdout: Vec<String>,
     pub stderr_path: PathBuf,
@@ -125,6 +126,7 @@ impl Daemon {
             }
         });
         let mut lines = Vec::new();
+        let mut proxy = String::new();
         let admin = loop {
             match rx.recv_timeout(Duration::from_secs(20)) {
                 Ok(line) => {
@@ -132,6 +134,9 @@ impl Daemon {
                         .trim()
                         .strip_prefix("admin")
                         .map(|s| s.trim().to_owned());
+                    if let Some(p) = line.trim().strip_prefix("proxy") {
+                        proxy = p.trim().to_owned();
+                    }
                     lines.push(line);
                     if let Some(url) = found {
                         break url;
@@ -147,6 +152,7 @@ impl Daemon {
         Self {
             child,
             admin,
+            proxy,
             home: home.root(),
             stdout: lines,
             stderr_path,

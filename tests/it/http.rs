@@ -1,0 +1,659 @@
+//! The HTTP proxy against loopback origins built to misbehave, driven by real curl.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::origins;
+use crate::support::{Daemon, Home, curl, get_json};
+
+fn base() -> String {
+    "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n".into()
+}
+
+/// A route to `origin.test:<port>` pinned to loopback, plus extra route keys.
+fn route_to(port: u16, extra: &str) -> String {
+    format!(
+        "{}\n[[routes]]\nid = \"origin\"\nmatch = {{ scheme = \"http\", host = \"origin.test\", port = {port} }}\nresolve = \"127.0.0.1:{port}\"\n{extra}\n",
+        base()
+    )
+}
+
+struct Setup {
+    _home: Home,
+    daemon: Daemon,
+    port: u16,
+}
+
+fn setup(port: u16, extra: &str) -> Setup {
+    let home = Home::new();
+    let daemon = Daemon::start(&home, Some(&route_to(port, extra)));
+    Setup {
+        _home: home,
+        daemon,
+        port,
+    }
+}
+
+impl Setup {
+    fn url(&self, path: &str) -> String {
+        format!("http://origin.test:{}{path}", self.port)
+    }
+
+    /// curl through the proxy: status, body, headers (lower-cased).
+    fn curl(&self, args: &[&str]) -> (u16, String, String) {
+        let mut all = vec!["-x", self.daemon.proxy.as_str()];
+        all.extend_from_slice(args);
+        curl(&all)
+    }
+
+    fn record(&self, id: &str) -> Value {
+        get_json(&self.daemon.url(&format!("/v1/invocations/{id}")), &[]).1
+    }
+
+    fn events(&self, id: &str) -> Vec<String> {
+        let (_, v) = get_json(
+            &self.daemon.url(&format!("/v1/invocations/{id}/events")),
+            &[],
+        );
+        v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// Waits until the record settles into the expected code (the exchange runs in its own task).
+    fn record_eventually(&self, id: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        for _ in 0..100 {
+            let r = self.record(id);
+            if pred(&r) {
+                return r;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.record(id)
+    }
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+fn envelope(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|_| panic!("not an envelope: {body}"))
+}
+
+fn assert_envelope(body: &str, code: &str, phase: &str, outcome: &str, retry: &str) -> Value {
+    let e = envelope(body);
+    assert_eq!(
+        (
+            e["error"]["code"].as_str(),
+            e["error"]["phase"].as_str(),
+            e["error"]["outcome"].as_str(),
+            e["error"]["retry"].as_str()
+        ),
+        (Some(code), Some(phase), Some(outcome), Some(retry)),
+        "{body}"
+    );
+    e
+}
+
+#[test]
+fn a_complete_response_passes_through_with_postern_headers() {
+    let origin = origins::responds(
+        "200 OK",
+        &["content-type: application/json", "x-origin: yes"],
+        "{\"ok\":1}",
+    );
+    let s = setup(origin.port(), "");
+    let (status, body, head) = s.curl(&[&s.url("/things?x=1")]);
+    assert_eq!((status, body.as_str()), (200, "{\"ok\":1}"));
+    assert_eq!(header(&head, "x-origin"), Some("yes"));
+    assert_eq!(
+        header(&head, "postern-outcome"),
+        Some("outcome=committed, phase=remote_execution, retry=never")
+    );
+    assert!(header(&head, "proxy-status").is_none());
+    let id = header(&head, "postern-invocation").unwrap().to_owned();
+    assert!(id.starts_with("act_") && id.len() == 30, "{id}");
+    let r = s.record_eventually(&id, |r| r["evidence"]["response_complete"] == true);
+    assert_eq!(
+        (r["outcome"].as_str(), r["code"].as_str()),
+        (Some("committed"), None)
+    );
+    assert_eq!(r["target"], s.url("/things?x=1"));
+    assert_eq!(r["route"], "origin");
+    assert_eq!(r["result"]["status"], 200);
+    let events = loop {
+        let e = s.events(&id);
+        if e.last().map(String::as_str) == Some("RESULT_DELIVERED") {
+            break e;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        events,
+        [
+            "ACTION_ACCEPTED",
+            "PREFLIGHT_VALIDATED",
+            "CONNECT_ATTEMPT",
+            "DISPATCH_STARTED",
+            "REQUEST_SENT",
+            "REMOTE_RESPONSE_STARTED",
+            "REMOTE_RESPONSE_COMPLETE",
+            "RESULT_COMMITTED",
+            "RESULT_DELIVERED"
+        ]
+    );
+    let req = origin.last_request().to_ascii_lowercase();
+    assert!(req.starts_with("get /things?x=1 http/1.1\r\n"), "{req}");
+    assert!(
+        req.contains(&format!("host: origin.test:{}\r\n", s.port)),
+        "{req}"
+    );
+}
+
+#[test]
+fn dispatch_started_is_durable_before_the_first_request_byte() {
+    let home = Home::new();
+    // The origin needs the admin URL, which exists only once the daemon runs: start
+    // a daemon first with a placeholder route, then the real one on the same home.
+    let probe = Daemon::start(&home, Some(&base()));
+    let admin = probe.admin.clone();
+    drop(probe);
+    let origin = origins::checks_dispatch_first(admin.clone());
+    let config = route_to(origin.port(), "").replace(
+        "[admin]\nlisten = \"127.0.0.1:0\"",
+        &format!(
+            "[admin]\nlisten = \"{}\"",
+            admin.trim_start_matches("http://")
+        ),
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    let (status, body, _) = curl(&[
+        "-x",
+        &daemon.proxy,
+        "-X",
+        "POST",
+        "--data",
+        "x=1",
+        &format!("http://origin.test:{}/pay", origin.port()),
+    ]);
+    assert_eq!((status, body.as_str()), (200, "durable-before-first-byte"));
+}
+
+#[test]
+fn a_close_without_response_is_unknown_reconcile_for_post_and_backoff_for_get() {
+    let origin = origins::closes_without_response();
+    let s = setup(origin.port(), "");
+    let (status, body, head) = s.curl(&["-X", "POST", "--data", "amount=5", &s.url("/pay")]);
+    assert_eq!(status, 502);
+    let e = assert_envelope(
+        &body,
+        "REMOTE_OUTCOME_UNKNOWN",
+        "remote_execution",
+        "unknown",
+        "reconcile",
+    );
+    assert_eq!(e["evidence"]["dispatch_started"], true);
+    assert_eq!(e["evidence"]["response_headers_received"], false);
+    assert!(e["evidence"]["dispatch_seq"].as_u64().is_some());
+    assert!(
+        header(&head, "proxy-status")
+            .unwrap()
+            .starts_with("postern; error=http_response_incomplete")
+    );
+    assert_eq!(
+        header(&head, "postern-outcome"),
+        Some(
+            "outcome=unknown, phase=remote_execution, retry=reconcile, code=REMOTE_OUTCOME_UNKNOWN"
+        )
+    );
+    assert!(
+        !body.contains("diagnostic"),
+        "transport text leaked into the envelope: {body}"
+    );
+    let (status, body, _) = s.curl(&[&s.url("/balance")]);
+    assert_eq!(status, 502);
+    assert_envelope(
+        &body,
+        "REMOTE_OUTCOME_UNKNOWN",
+        "remote_execution",
+        "unknown",
+        "backoff",
+    );
+    assert_eq!(origin.hits(), 2, "postern must not retry after dispatch");
+}
+
+#[test]
+fn a_short_content_length_body_is_incomplete_and_never_delivered_in_part() {
+    let origin = origins::partial_content_length();
+    let s = setup(origin.port(), "");
+    let (status, body, _) = s.curl(&["-X", "POST", "--data", "a", &s.url("/x")]);
+    assert_eq!(status, 502);
+    let e = assert_envelope(
+        &body,
+        "REMOTE_RESULT_INCOMPLETE",
+        "remote_execution",
+        "unknown",
+        "reconcile",
+    );
+    assert_eq!(e["evidence"]["response_headers_received"], true);
+    assert_eq!(e["evidence"]["response_complete"], false);
+    assert!(!body.contains("hello"));
+}
+
+#[test]
+fn broken_chunked_framing_is_incomplete() {
+    for origin in [origins::broken_chunked(), origins::half_a_chunked_body()] {
+        let s = setup(origin.port(), "");
+        let (status, body, _) = s.curl(&[&s.url("/x")]);
+        assert_eq!(status, 502, "{body}");
+        assert_envelope(
+            &body,
+            "REMOTE_RESULT_INCOMPLETE",
+            "remote_execution",
+            "unknown",
+            "backoff",
+        );
+    }
+}
+
+#[test]
+fn a_500_after_a_side_effect_is_committed_and_passed_through() {
+    let origin = origins::responds("500 Internal Server Error", &[], "boom");
+    let s = setup(origin.port(), "");
+    let (status, body, head) = s.curl(&["-X", "POST", "--data", "x", &s.url("/x")]);
+    assert_eq!((status, body.as_str()), (500, "boom"));
+    assert_eq!(
+        header(&head, "postern-outcome"),
+        Some("outcome=committed, phase=remote_execution, retry=never")
+    );
+    assert!(header(&head, "proxy-status").is_none());
+}
+
+#[test]
+fn a_404_is_rejected_after_correction() {
+    let origin = origins::responds("404 Not Found", &[], "nope");
+    let s = setup(origin.port(), "");
+    let (status, _, head) = s.curl(&[&s.url("/missing")]);
+    assert_eq!(status, 404);
+    assert_eq!(
+        header(&head, "postern-outcome"),
+        Some("outcome=rejected, phase=remote_execution, retry=after_correction")
+    );
+}
+
+#[test]
+fn a_429_with_retry_after_backs_off_for_an_idempotent_request() {
+    let origin = origins::responds("429 Too Many Requests", &["retry-after: 2"], "slow down");
+    let s = setup(origin.port(), "");
+    let (status, _, head) = s.curl(&[&s.url("/x")]);
+    assert_eq!(status, 429);
+    assert_eq!(header(&head, "retry-after"), Some("2"));
+    assert_eq!(
+        header(&head, "postern-outcome"),
+        Some("outcome=rejected, phase=remote_execution, retry=backoff")
+    );
+    let id = header(&head, "postern-invocation").unwrap().to_owned();
+    let out = s.daemon.cli(&["decide", &id], &[]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "RETRY_WHEN_ALLOWED"
+    );
+    let (_, _, head) = s.curl(&["-X", "POST", &s.url("/x")]);
+    assert_eq!(
+        header(&head, "postern-outcome"),
+        Some("outcome=rejected, phase=remote_execution, retry=after_correction")
+    );
+}
+
+#[test]
+fn a_202_keeps_its_location_as_evidence() {
+    let origin = origins::responds(
+        "202 Accepted",
+        &["location: /jobs/42", "operation-location: /ops/42"],
+        "",
+    );
+    let s = setup(origin.port(), "");
+    let (status, _, head) = s.curl(&["-X", "POST", "--data", "go", &s.url("/jobs")]);
+    assert_eq!(status, 202);
+    let id = header(&head, "postern-invocation").unwrap().to_owned();
+    let r = s.record(&id);
+    assert_eq!(r["outcome"], "committed");
+    assert_eq!(r["evidence"]["location"], "/jobs/42");
+    assert_eq!(r["evidence"]["operation_location"], "/ops/42");
+}
+
+#[test]
+fn a_slow_upstream_is_a_remote_timeout() {
+    let origin = origins::slow_head(Duration::from_millis(1500), "late");
+    let s = setup(origin.port(), "response_timeout = \"300ms\"");
+    let (status, body, head) = s.curl(&["-X", "POST", "--data", "x", &s.url("/slow")]);
+    assert_eq!(status, 504, "{body}");
+    assert_envelope(
+        &body,
+        "REMOTE_TIMEOUT",
+        "remote_execution",
+        "unknown",
+        "reconcile",
+    );
+    assert!(
+        header(&head, "proxy-status")
+            .unwrap()
+            .contains("error=http_response_timeout")
+    );
+}
+
+#[test]
+fn an_idle_gap_mid_body_is_incomplete() {
+    let origin = origins::stalls_mid_body(Duration::from_millis(1500));
+    let s = setup(origin.port(), "idle_timeout = \"300ms\"");
+    let (status, body, _) = s.curl(&[&s.url("/stall")]);
+    assert_eq!(status, 502);
+    assert_envelope(
+        &body,
+        "REMOTE_RESULT_INCOMPLETE",
+        "remote_execution",
+        "unknown",
+        "backoff",
+    );
+}
+
+#[test]
+fn a_refused_port_is_not_attempted_with_its_attempts_recorded() {
+    let port = origins::refused_port();
+    let s = setup(port, "");
+    let (status, body, head) = s.curl(&["-X", "POST", "--data", "x", &s.url("/x")]);
+    assert_eq!(status, 502);
+    let e = assert_envelope(
+        &body,
+        "CONNECTION_REFUSED",
+        "connection_setup",
+        "not_attempted",
+        "backoff",
+    );
+    assert_eq!(e["evidence"]["dispatch_started"], false);
+    assert_eq!(e["evidence"]["attempts"][0]["stage"], "tcp_connect");
+    assert_eq!(e["evidence"]["attempts"][0]["code"], "CONNECTION_REFUSED");
+    assert!(
+        header(&head, "proxy-status")
+            .unwrap()
+            .contains("error=connection_refused")
+    );
+    let id = e["invocation_id"].as_str().unwrap();
+    let out = s.daemon.cli(&["actions", "show", id, "--json"], &[]);
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let attempt = shown["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "CONNECT_ATTEMPT")
+        .unwrap()
+        .clone();
+    assert!(
+        attempt["data"]["diagnostic"].as_str().is_some(),
+        "operators see the transport's words: {attempt}"
+    );
+}
+
+#[test]
+fn policy_refuses_before_any_connection() {
+    let origin = origins::responds("200 OK", &[], "hi");
+    let home = Home::new();
+    let config = route_to(origin.port(), "").replace(
+        "[proxy]\nlisten = \"127.0.0.1:0\"",
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nmax_request_bytes = \"1KiB\"",
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    let url = format!("http://origin.test:{}/x", origin.port());
+    let (status, body, head) = curl(&[
+        "-x",
+        &daemon.proxy,
+        &format!("http://elsewhere.test:{}/x", origin.port()),
+    ]);
+    assert_eq!(status, 403);
+    assert_envelope(
+        &body,
+        "ROUTE_DENIED",
+        "validation",
+        "not_attempted",
+        "after_correction",
+    );
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("proxy-status: postern; error=http_request_denied")
+    );
+    let big = "a".repeat(4096);
+    let (status, body, _) = curl(&["-x", &daemon.proxy, "-X", "POST", "--data", &big, &url]);
+    assert_eq!(status, 413);
+    let e = assert_envelope(
+        &body,
+        "PAYLOAD_LIMIT",
+        "validation",
+        "not_attempted",
+        "after_correction",
+    );
+    assert_eq!(e["error"]["field"], "body");
+    let (status, body, _) = curl(&[
+        "-x",
+        &daemon.proxy,
+        &format!("http://origin.test:{}/a/../b", origin.port()),
+        "--path-as-is",
+    ]);
+    assert_eq!(status, 400, "{body}");
+    assert_envelope(
+        &body,
+        "INVALID_TARGET",
+        "validation",
+        "not_attempted",
+        "after_correction",
+    );
+    assert_eq!(origin.hits(), 0, "nothing reached the origin");
+}
+
+#[test]
+fn conflicting_framing_is_malformed() {
+    use std::io::{Read, Write};
+    let origin = origins::responds("200 OK", &[], "hi");
+    let s = setup(origin.port(), "");
+    let addr = s.daemon.proxy.trim_start_matches("http://").to_owned();
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    let req = format!(
+        "POST http://origin.test:{}/x HTTP/1.1\r\nhost: origin.test\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        s.port
+    );
+    conn.write_all(req.as_bytes()).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = vec![0u8; 8192];
+    let n = conn.read(&mut buf).unwrap_or(0);
+    let text = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert_eq!(origin.hits(), 0);
+}
+
+#[test]
+fn origin_sent_postern_headers_and_error_proxy_status_are_removed() {
+    let origin = origins::responds(
+        "200 OK",
+        &[
+            "postern-outcome: outcome=committed, phase=remote_execution, retry=never, code=SPOOFED",
+            "postern-invocation: act_SPOOF",
+            "proxy-status: evil; error=http_response_incomplete",
+        ],
+        "ok",
+    );
+    let s = setup(origin.port(), "");
+    let (_, _, head) = s.curl(&[&s.url("/x")]);
+    let head = head.to_ascii_lowercase();
+    assert!(!head.contains("spoof"), "{head}");
+    assert!(!head.contains("proxy-status"), "{head}");
+    assert_eq!(head.matches("postern-invocation:").count(), 1);
+}
+
+#[test]
+fn hop_by_hop_and_proxy_headers_never_reach_the_origin() {
+    let origin = origins::echoes_request();
+    let s = setup(origin.port(), "");
+    let (status, body, _) = s.curl(&[
+        "-H",
+        "Connection: x-secret-hop",
+        "-H",
+        "X-Secret-Hop: 1",
+        "-H",
+        "Proxy-Connection: keep-alive",
+        &s.url("/echo"),
+    ]);
+    assert_eq!(status, 200);
+    let lower = body.to_ascii_lowercase();
+    assert!(
+        !lower.contains("x-secret-hop") && !lower.contains("proxy-connection"),
+        "{body}"
+    );
+}
+
+#[test]
+fn loopback_destinations_are_prohibited_unless_pinned() {
+    let origin = origins::responds("200 OK", &[], "hi");
+    let home = Home::new();
+    let config = format!(
+        "{}\n[[routes]]\nid = \"raw\"\nmatch = {{ scheme = \"http\", host = \"127.0.0.1\", port = {} }}\n",
+        base(),
+        origin.port()
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    let (status, body, head) = curl(&[
+        "-x",
+        &daemon.proxy,
+        &format!("http://127.0.0.1:{}/", origin.port()),
+    ]);
+    assert_eq!(status, 502);
+    assert_envelope(
+        &body,
+        "DESTINATION_PROHIBITED",
+        "connection_setup",
+        "not_attempted",
+        "after_correction",
+    );
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("error=destination_ip_prohibited")
+    );
+    assert_eq!(origin.hits(), 0);
+}
+
+#[test]
+fn an_unresolvable_name_is_a_dns_error() {
+    let home = Home::new();
+    let config = format!(
+        "{}\n[[routes]]\nid = \"nx\"\nmatch = {{ scheme = \"http\", host = \"no-such-host.invalid\" }}\nconnect_timeout = \"2s\"\n",
+        base()
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    let (status, body, head) = curl(&["-x", &daemon.proxy, "http://no-such-host.invalid/"]);
+    assert_eq!(status, 502, "{body}");
+    let e = assert_envelope(
+        &body,
+        "DNS_ERROR",
+        "connection_setup",
+        "not_attempted",
+        "backoff",
+    );
+    assert_eq!(e["evidence"]["attempts"][0]["stage"], "dns");
+    assert!(head.to_ascii_lowercase().contains("error=dns_error"));
+}
+
+#[test]
+fn agents_authenticate_and_bad_tokens_are_journaled() {
+    let origin = origins::responds("200 OK", &[], "hi");
+    let home = Home::new();
+    let config = route_to(origin.port(), "") + "\n[[agents]]\nid = \"ci\"\ntoken = \"tok-123\"\n";
+    let daemon = Daemon::start(&home, Some(&config));
+    let url = format!("http://origin.test:{}/x", origin.port());
+    let (status, body, head) = curl(&["-x", &daemon.proxy, &url]);
+    assert_eq!(status, 407, "{body}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("proxy-authenticate: basic realm=\"postern\"")
+    );
+    let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);
+    assert_eq!(
+        list["invocations"].as_array().unwrap().len(),
+        0,
+        "a bare challenge is not journaled"
+    );
+    let with_bad = daemon.proxy.replace("http://", "http://ci:wrong@");
+    let (status, body, _) = curl(&["-x", &with_bad, &url]);
+    assert_eq!(status, 407);
+    assert_envelope(
+        &body,
+        "AGENT_UNAUTHENTICATED",
+        "validation",
+        "not_attempted",
+        "after_correction",
+    );
+    assert!(!body.contains("wrong"));
+    let with_good = daemon.proxy.replace("http://", "http://ci:tok-123@");
+    let (status, body, _) = curl(&["-x", &with_good, &url]);
+    assert_eq!((status, body.as_str()), (200, "hi"));
+    let (_, list) = get_json(&daemon.url("/v1/invocations?outcome=not_attempted"), &[]);
+    assert_eq!(list["invocations"][0]["code"], "AGENT_UNAUTHENTICATED");
+    assert_eq!(list["invocations"][0]["agent"], "ci");
+    let (_, list) = get_json(
+        &daemon.url("/v1/invocations?agent=ci&outcome=committed"),
+        &[],
+    );
+    assert_eq!(list["invocations"].as_array().unwrap().len(), 1);
+    let (_, metrics, _) = curl(&[&daemon.url("/metrics")]);
+    assert!(
+        metrics.contains("postern_proxy_auth_challenges_total 1"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn a_caller_that_leaves_early_never_causes_a_second_dispatch() {
+    let origin = origins::slow_head(Duration::from_millis(1200), "done");
+    let s = setup(origin.port(), "");
+    let (status, _, _) = s.curl(&[
+        "--max-time",
+        "0.4",
+        "-X",
+        "POST",
+        "--data",
+        "x",
+        &s.url("/slow"),
+    ]);
+    assert_eq!(status, 0, "curl gave up");
+    let (_, list) = get_json(&s.daemon.url("/v1/invocations"), &[]);
+    let id = list["invocations"][0]["invocation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = s.record_eventually(&id, |r| r["code"] == "RESULT_DELIVERY_FAILED");
+    assert_eq!(
+        (r["outcome"].as_str(), r["retry"].as_str()),
+        (Some("committed"), Some("fetch_result")),
+        "{r}"
+    );
+    let (_, ev) = get_json(&s.daemon.url(&format!("/v1/invocations/{id}/events")), &[]);
+    let codes: Vec<&str> = ev["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["data"]["code"].as_str())
+        .collect();
+    assert_eq!(
+        codes,
+        ["CALLER_CANCELLED", "RESULT_DELIVERY_FAILED"],
+        "{ev}"
+    );
+    let (_, result) = get_json(&s.daemon.url(&format!("/v1/invocations/{id}/result")), &[]);
+    assert_eq!(result["body_base64"], "ZG9uZQ==");
+    assert_eq!(origin.hits(), 1);
+}

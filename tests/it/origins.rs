@@ -1,0 +1,225 @@
+//! Loopback origins, each named after the way it misbehaves.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A scripted raw-TCP origin: reads one request per connection, then runs its script.
+pub struct Origin {
+    pub addr: SocketAddr,
+    pub hits: Arc<AtomicUsize>,
+    pub requests: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl Origin {
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    pub fn last_request(&self) -> String {
+        String::from_utf8_lossy(
+            self.requests
+                .lock()
+                .unwrap()
+                .last()
+                .map(Vec::as_slice)
+                .unwrap_or_default(),
+        )
+        .into_owned()
+    }
+
+    pub fn script(f: impl Fn(&mut TcpStream, &[u8]) + Send + Sync + 'static) -> Self {
+        Self::serve(true, f)
+    }
+
+    /// Like `script`, but the script reads the request itself.
+    pub fn raw(f: impl Fn(&mut TcpStream, &[u8]) + Send + Sync + 'static) -> Self {
+        Self::serve(false, f)
+    }
+
+    fn serve(read_first: bool, f: impl Fn(&mut TcpStream, &[u8]) + Send + Sync + 'static) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let (h, r) = (hits.clone(), requests.clone());
+        let f = Arc::new(f);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let (h, r, f) = (h.clone(), r.clone(), f.clone());
+                std::thread::spawn(move || {
+                    let req = if read_first {
+                        read_request(&mut stream)
+                    } else {
+                        b"(raw)".to_vec()
+                    };
+                    if req.is_empty() {
+                        return;
+                    }
+                    h.fetch_add(1, Ordering::SeqCst);
+                    r.lock().unwrap().push(req.clone());
+                    f(&mut stream, &req);
+                });
+            }
+        });
+        Self {
+            addr,
+            hits,
+            requests,
+        }
+    }
+}
+
+/// Reads a request head and its Content-Length body.
+pub fn read_request(stream: &mut TcpStream) -> Vec<u8> {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return buf,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap_or(0))
+        })
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    buf
+}
+
+fn write(stream: &mut TcpStream, bytes: &[u8]) {
+    let _ = stream.write_all(bytes);
+    let _ = stream.flush();
+}
+
+/// A complete, correctly framed response.
+pub fn responds(status: &str, headers: &[&str], body: &str) -> Origin {
+    let mut head = format!(
+        "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n",
+        body.len()
+    );
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    let bytes = format!("{head}\r\n{body}").into_bytes();
+    Origin::script(move |s, _| write(s, &bytes))
+}
+
+/// Reads the request, then closes without a byte of response.
+pub fn closes_without_response() -> Origin {
+    Origin::script(|s, _| {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    })
+}
+
+/// Promises 100 bytes, sends 5, closes.
+pub fn partial_content_length() -> Origin {
+    Origin::script(|s, _| write(s, b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nhello"))
+}
+
+/// A chunked body whose second chunk-size line is garbage.
+pub fn broken_chunked() -> Origin {
+    Origin::script(|s, _| {
+        write(
+            s,
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
+        )
+    })
+}
+
+/// A chunked body cut off before the last chunk.
+pub fn half_a_chunked_body() -> Origin {
+    Origin::script(|s, _| {
+        write(
+            s,
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n",
+        )
+    })
+}
+
+/// Waits before sending anything.
+pub fn slow_head(delay: Duration, body: &'static str) -> Origin {
+    Origin::script(move |s, _| {
+        std::thread::sleep(delay);
+        let r = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        write(s, r.as_bytes());
+    })
+}
+
+/// Sends the head and part of the body, then goes quiet.
+pub fn stalls_mid_body(quiet: Duration) -> Origin {
+    Origin::script(move |s, _| {
+        write(s, b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf");
+        std::thread::sleep(quiet);
+    })
+}
+
+/// Answers with the request it received as the body.
+pub fn echoes_request() -> Origin {
+    Origin::script(|s, req| {
+        let mut r = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncontent-type: text/plain\r\n\r\n",
+            req.len()
+        )
+        .into_bytes();
+        r.extend_from_slice(req);
+        write(s, &r);
+    })
+}
+
+/// A port nothing listens on.
+pub fn refused_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// On the first request byte, asks postern's admin API whether DISPATCH_STARTED is
+/// already recorded for the newest invocation, and answers what it saw.
+pub fn checks_dispatch_first(admin: String) -> Origin {
+    Origin::raw(move |s, _| {
+        let mut first = [0u8; 1];
+        if s.read_exact(&mut first).is_err() {
+            return;
+        }
+        let out = std::process::Command::new("curl")
+            .args(["-s", &format!("{admin}/v1/invocations?limit=1")])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let seen = v["invocations"][0]["evidence"]["dispatch_started"] == true;
+        let _ = read_request(s);
+        let body = if seen {
+            "durable-before-first-byte"
+        } else {
+            "NOT-DURABLE"
+        };
+        let r = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        write(s, r.as_bytes());
+    })
+}
