@@ -67,14 +67,9 @@ impl<T> FramingSniffer<T> {
     }
 }
 
+/// A request line, possibly glued to the end of the previous message's body.
 fn is_request_line(line: &[u8]) -> bool {
-    let mut parts = line.split(|b| *b == b' ');
-    let method = parts.next().unwrap_or_default();
-    let _target = parts.next();
-    let version = parts.next().unwrap_or_default();
-    !method.is_empty()
-        && method.iter().all(u8::is_ascii_uppercase)
-        && version.starts_with(b"HTTP/1.")
+    line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0")
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for FramingSniffer<T> {
