@@ -5,6 +5,8 @@ mod admin_api;
 mod audit;
 mod crash;
 mod http;
+mod https;
 mod origins;
 mod serve;
 mod support;
+mod tls_origin;

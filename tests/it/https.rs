@@ -1,0 +1,198 @@
+//! HTTPS through `CONNECT` with TLS interception, driven by real curl.
+
+use serde_json::Value;
+
+use crate::support::{Daemon, Home, curl, get_json};
+use crate::tls_origin::{TlsOrigin, echo_origin};
+
+fn config(origin: &TlsOrigin, trust: bool) -> String {
+    let ca = if trust {
+        format!("upstream_ca = \"{}\"\n", origin.ca_file.display())
+    } else {
+        String::new()
+    };
+    format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
+         [[agents]]\nid = \"ci\"\ntoken = \"tok\"\n\
+         [[routes]]\nid = \"secure\"\nmatch = {{ host = \"origin.test\", port = {} }}\nresolve = \"{}\"\n{ca}",
+        origin.addr.port(),
+        origin.addr
+    )
+}
+
+struct Setup {
+    home: Home,
+    daemon: Daemon,
+    port: u16,
+}
+
+fn setup(trust: bool) -> (Setup, TlsOrigin) {
+    let origin = echo_origin();
+    let home = Home::new();
+    let daemon = Daemon::start(&home, Some(&config(&origin, trust)));
+    let port = origin.addr.port();
+    (Setup { home, daemon, port }, origin)
+}
+
+impl Setup {
+    fn ca(&self) -> String {
+        self.home.root().join("certs/ca.pem").display().to_string()
+    }
+
+    fn proxy(&self) -> String {
+        self.daemon.proxy.replace("http://", "http://ci:tok@")
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://origin.test:{}{path}", self.port)
+    }
+}
+
+#[test]
+fn curl_through_connect_reaches_the_origin_with_postern_headers() {
+    let (s, _origin) = setup(true);
+    let (status, body, head) = curl(&[
+        "--http1.1",
+        "--cacert",
+        &s.ca(),
+        "-x",
+        &s.proxy(),
+        &s.url("/v1/things?a=b"),
+    ]);
+    assert_eq!(status, 200, "{body}\n{head}");
+    let echo: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(echo["path"], "/v1/things?a=b");
+    assert_eq!(echo["method"], "GET");
+    let lower = head.to_ascii_lowercase();
+    assert!(
+        lower.contains("postern-outcome: outcome=committed, phase=remote_execution, retry=never"),
+        "{head}"
+    );
+    let id = lower
+        .lines()
+        .find_map(|l| l.strip_prefix("postern-invocation: "))
+        .unwrap()
+        .trim()
+        .to_uppercase()
+        .replace("ACT_", "act_");
+    let out = s.daemon.cli(&["actions", "show", &id, "--json"], &[]);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["protocol"], "https");
+    assert_eq!(r["agent"], "ci");
+    assert_eq!(r["target"], s.url("/v1/things?a=b"));
+    let stages: Vec<&str> = r["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "CONNECT_ATTEMPT")
+        .map(|e| e["data"]["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(stages, ["tcp_connect", "tls_handshake"]);
+}
+
+#[test]
+fn h2_works_end_to_end() {
+    let (s, _origin) = setup(true);
+    let (status, body, head) = curl(&[
+        "--http2",
+        "--cacert",
+        &s.ca(),
+        "-x",
+        &s.proxy(),
+        &s.url("/h2"),
+    ]);
+    assert_eq!(status, 200, "{body}");
+    assert!(head.contains("\nHTTP/2 200"), "agent side is h2: {head}");
+    let echo: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(echo["version"], "HTTP/2.0", "origin side is h2");
+    assert_eq!(echo["path"], "/h2");
+}
+
+#[test]
+fn an_untrusted_origin_certificate_is_refused_before_dispatch() {
+    let (s, _origin) = setup(false);
+    let (status, body, head) = curl(&["--cacert", &s.ca(), "-x", &s.proxy(), &s.url("/x")]);
+    assert_eq!(status, 502, "{body}");
+    let e: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(e["error"]["code"], "TLS_CERTIFICATE_ERROR");
+    assert_eq!(e["error"]["phase"], "connection_setup");
+    assert_eq!(e["error"]["outcome"], "not_attempted");
+    assert_eq!(e["error"]["retry"], "after_correction");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("error=tls_certificate_error")
+    );
+}
+
+#[test]
+fn connect_to_an_unrouted_host_is_denied_and_journaled() {
+    let (s, _origin) = setup(true);
+    let (_, _, head) = curl(&[
+        "--cacert",
+        &s.ca(),
+        "-x",
+        &s.proxy(),
+        "https://elsewhere.test/",
+    ]);
+    assert!(
+        head.starts_with("HTTP/1.1 403"),
+        "the CONNECT itself is refused: {head}"
+    );
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("proxy-status: postern; error=http_request_denied"),
+        "{head}"
+    );
+    let (_, list) = get_json(&s.daemon.url("/v1/invocations"), &[]);
+    let r = &list["invocations"][0];
+    assert_eq!(
+        (r["code"].as_str(), r["method"].as_str()),
+        (Some("ROUTE_DENIED"), Some("CONNECT"))
+    );
+    assert_eq!(r["target"], "https://elsewhere.test:443/");
+}
+
+#[test]
+fn connect_without_credentials_is_challenged() {
+    let (s, _origin) = setup(true);
+    let (_, _, head) = curl(&["--cacert", &s.ca(), "-x", &s.daemon.proxy, &s.url("/x")]);
+    assert!(head.starts_with("HTTP/1.1 407"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("proxy-authenticate: basic realm=\"postern\""),
+        "{head}"
+    );
+}
+
+#[test]
+fn the_ca_key_is_private_and_env_points_at_the_bundle() {
+    let (s, _origin) = setup(true);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(s.home.root().join("certs/ca.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let out = s.home.cli(&["env"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    for name in [
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "GIT_SSL_CAINFO",
+        "NODE_EXTRA_CA_CERTS",
+    ] {
+        assert!(
+            text.contains(&format!("export {name}=")),
+            "{name} missing:\n{text}"
+        );
+    }
+    assert!(text.contains("certs/bundle.pem") && text.contains("certs/ca.pem"));
+    let bundle = std::fs::read_to_string(s.home.root().join("certs/bundle.pem")).unwrap();
+    let ca = std::fs::read_to_string(s.home.root().join("certs/ca.pem")).unwrap();
+    assert!(bundle.contains(ca.trim()));
+}

@@ -1,0 +1,118 @@
+//! A loopback HTTPS origin (h1 and h2 by ALPN) with its own CA.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+
+pub struct TlsOrigin {
+    pub addr: SocketAddr,
+    /// The CA that signed the origin's certificate (a route's `upstream_ca`).
+    pub ca_file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// What the origin saw, echoed back as JSON: method, path, version, selected headers, body.
+pub fn echo_origin() -> TlsOrigin {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::default();
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "test upstream CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf_key = KeyPair::generate().unwrap();
+    let mut leaf = CertificateParams::new(vec!["origin.test".to_string()]).unwrap();
+    leaf.distinguished_name
+        .push(DnType::CommonName, "origin.test");
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
+    let ca_file = dir.path().join("upstream-ca.pem");
+    std::fs::write(&ca_file, ca_cert.pem()).unwrap();
+
+    let certs = vec![leaf_cert.der().clone()];
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                        Ok::<_, Infallible>(echo(req).await)
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+    });
+    TlsOrigin {
+        addr,
+        ca_file,
+        _dir: dir,
+    }
+}
+
+async fn echo(req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let h = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let v = serde_json::json!({
+        "method": parts.method.as_str(),
+        "path": parts.uri.path_and_query().map(|p| p.as_str().to_owned()),
+        "version": format!("{:?}", parts.version),
+        "authorization": h("authorization"),
+        "x-api-key": h("x-api-key"),
+        "postern-credential": h("postern-credential"),
+        "host": h("host").or_else(|| parts.uri.authority().map(|a| a.to_string())),
+        "body": String::from_utf8_lossy(&body),
+    });
+    let mut resp = Response::new(Full::new(Bytes::from(v.to_string())));
+    resp.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    resp
+}
