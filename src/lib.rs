@@ -14,3 +14,4 @@ pub mod contract;
 pub mod http;
 pub mod journal;
 pub mod policy;
+pub mod vault;

@@ -7,6 +7,7 @@ mod drill;
 mod env;
 mod home;
 mod operator;
+mod secret;
 mod serve;
 
 use std::path::PathBuf;
@@ -41,6 +42,11 @@ pub enum Command {
     Init,
     /// Print the environment exports agents need.
     Env,
+    /// Manage the encrypted vault (POSTERN_VAULT_KEY unlocks it).
+    Secret {
+        #[command(subcommand)]
+        command: SecretCommand,
+    },
     /// List or inspect invocations.
     Actions {
         #[command(subcommand)]
@@ -71,6 +77,16 @@ pub enum Command {
     #[cfg(feature = "failpoints")]
     #[command(hide = true)]
     Drill(drill::DrillArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SecretCommand {
+    /// Store the value read from stdin under NAME (raises its version).
+    Set { name: String },
+    /// Names and versions only.
+    List,
+    /// Remove NAME.
+    Rm { name: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -114,6 +130,7 @@ pub fn main() -> ExitCode {
         Command::Serve => serve::run(cli.config.as_deref(), &home, &env),
         Command::Init => serve::init(cli.config.as_deref(), &home, &env),
         Command::Env => env::run(cli.config.as_deref(), &home, &env),
+        Command::Secret { command } => secret::run(&home, env("POSTERN_VAULT_KEY"), command),
         Command::Actions { command } => {
             operator::actions(&cli_admin(&cli.admin, &cli.config, &env), command)
         }

@@ -94,10 +94,15 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
         .enable_all()
         .build()
         .map_err(|e| CliError::Failed(format!("cannot start the runtime: {e}")))?;
+    let vault = Arc::new(crate::vault::Vault::new(
+        &home.root,
+        env("POSTERN_VAULT_KEY"),
+    ));
     runtime.block_on(serve_until_stopped(
         Arc::new(config),
         journal,
         authority,
+        vault,
         home.clone(),
     ))
 }
@@ -112,6 +117,7 @@ async fn serve_until_stopped(
     config: Arc<Config>,
     journal: Journal,
     authority: Arc<Authority>,
+    vault: Arc<crate::vault::Vault>,
     home: Home,
 ) -> Result<ExitCode, CliError> {
     let proxy_listener = bind(config.proxy.listen, "[proxy] listen").await?;
@@ -129,6 +135,7 @@ async fn serve_until_stopped(
         journal: journal.clone(),
         authority,
         tls: Default::default(),
+        vault,
         metrics: front,
     });
     tokio::spawn(admin::serve(admin_listener, state));

@@ -127,3 +127,83 @@ impl Body for RequestBody {
         SizeHint::with_exact(self.len)
     }
 }
+
+/// One piece of a streamed response on its way to the agent.
+pub enum Chunk {
+    Data(Bytes),
+    /// The last data; the stream ends after it.
+    Last(Bytes),
+    /// `Postern-Outcome` (and nothing else) as trailers; the stream ends after them.
+    Trailers(http::HeaderMap),
+    /// The upstream broke: abort the agent's stream, never end it cleanly.
+    Abort,
+}
+
+/// A streamed body fed by the exchange; reports whether the agent got its end.
+pub struct ChannelBody {
+    rx: tokio::sync::mpsc::Receiver<Chunk>,
+    finished: bool,
+    done: Option<oneshot::Sender<DeliveryEnd>>,
+}
+
+impl ChannelBody {
+    pub fn new(rx: tokio::sync::mpsc::Receiver<Chunk>) -> (Self, oneshot::Receiver<DeliveryEnd>) {
+        let (tx, done) = oneshot::channel();
+        (
+            Self {
+                rx,
+                finished: false,
+                done: Some(tx),
+            },
+            done,
+        )
+    }
+
+    fn finish(&mut self) {
+        self.finished = true;
+        if let Some(done) = self.done.take() {
+            let _ = done.send(DeliveryEnd::Delivered);
+        }
+    }
+}
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Chunk::Data(d))) => Poll::Ready(Some(Ok(Frame::data(d)))),
+            Poll::Ready(Some(Chunk::Last(d))) => {
+                self.finish();
+                Poll::Ready(Some(Ok(Frame::data(d))))
+            }
+            Poll::Ready(Some(Chunk::Trailers(t))) => {
+                self.finish();
+                Poll::Ready(Some(Ok(Frame::trailers(t))))
+            }
+            Poll::Ready(Some(Chunk::Abort)) | Poll::Ready(None) => {
+                Poll::Ready(Some(Err(std::io::Error::other("upstream stream broke"))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        false
+    }
+}
+
+impl Drop for ChannelBody {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(DeliveryEnd::Dropped);
+        }
+    }
+}

@@ -15,12 +15,14 @@ use tokio::sync::oneshot;
 
 use super::Proxy;
 use super::body::{DeliveryBody, DeliveryEnd, RequestBody};
+use super::inject::Injection;
 use super::respond::{
     self, POSTERN_CREDENTIAL, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody,
 };
+use super::stream::{StreamEnd, StreamPlan};
 use super::tap::Tap;
 use super::upstream::{Dialed, dial};
-use crate::config::{Inject, Route, Scheme};
+use crate::config::{Delivery, Inject, Route, Scheme};
 use crate::contract::{
     Code, Completion, Envelope, Evidence, FailureContext, OperationFacts, Outcome, Phase,
     ResponseFacts, classify_status, postern_outcome, resolve_failure,
@@ -71,7 +73,7 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -108,19 +110,27 @@ fn refuse(code: Code, field: &'static str) -> Refuse {
     }
 }
 
-struct Exchange {
-    proxy: Arc<Proxy>,
-    id: String,
+pub(super) struct Exchange {
+    pub(super) proxy: Arc<Proxy>,
+    pub(super) id: String,
     agent: String,
     target: Target,
     method: String,
     /// Drafts not yet appended: they travel with the next append.
-    pending: Vec<Draft>,
+    pub(super) pending: Vec<Draft>,
     dispatched: bool,
     framing_conflict: bool,
+    /// The credential bound at preflight; used unchanged at dispatch.
+    pub(super) injection: Option<Injection>,
+    /// The agent can take trailers (h2, or HTTP/1.1 with `TE: trailers`).
+    pub(super) agent_trailers: bool,
 }
 
 impl Exchange {
+    pub(super) fn method_name(&self) -> String {
+        self.method.clone()
+    }
+
     fn new(proxy: Arc<Proxy>, inbound: &Inbound) -> Self {
         let target = inbound.target.clone();
         let method = inbound.request.method().as_str().to_owned();
@@ -144,17 +154,35 @@ impl Exchange {
             pending: vec![accepted],
             dispatched: false,
             framing_conflict: inbound.framing_conflict,
+            injection: None,
+            agent_trailers: inbound.request.version() == http::Version::HTTP_2
+                || inbound
+                    .request
+                    .headers()
+                    .get_all(header::TE)
+                    .iter()
+                    .any(|v| {
+                        v.to_str()
+                            .is_ok_and(|t| t.to_ascii_lowercase().contains("trailers"))
+                    }),
         }
     }
 
-    async fn record(&mut self, mut drafts: Vec<Draft>) -> Result<Appended, JournalError> {
+    pub(super) async fn record(
+        &mut self,
+        mut drafts: Vec<Draft>,
+    ) -> Result<Appended, JournalError> {
         let mut all = std::mem::take(&mut self.pending);
         all.append(&mut drafts);
         self.proxy.journal.append(&self.id, all).await
     }
 
     /// Records a failure and answers with the envelope the projection computed.
-    async fn fail(&mut self, drafts: Vec<Draft>, failure: Failure) -> Response<ProxyBody> {
+    pub(super) async fn fail(
+        &mut self,
+        drafts: Vec<Draft>,
+        failure: Failure,
+    ) -> Response<ProxyBody> {
         let code = failure.code;
         let mut drafts = drafts;
         drafts.push(Draft::observed(Body::Failed(failure)));
@@ -231,10 +259,35 @@ impl Exchange {
                 }
             }
             Outgoing::Gone => self.delivery_failed().await,
+            Outgoing::Stream { resp, done, plan } => {
+                let agent_gone = reply.send(resp).is_err();
+                let end = self.pump(*plan, agent_gone).await;
+                self.after_stream(end, done).await;
+            }
         }
     }
 
-    async fn delivery_failed(&mut self) {
+    /// Records how a streamed delivery ended.
+    async fn after_stream(&mut self, end: StreamEnd, done: oneshot::Receiver<DeliveryEnd>) {
+        match end {
+            StreamEnd::Broken => {}
+            StreamEnd::Committed { agent_gone: true } => self.delivery_failed().await,
+            StreamEnd::Committed { agent_gone: false } => {
+                match done.await.unwrap_or(DeliveryEnd::Dropped) {
+                    DeliveryEnd::Delivered => {
+                        let _ = self
+                            .record(vec![Draft::observed(Body::ResultDelivered(
+                                Delivered::default(),
+                            ))])
+                            .await;
+                    }
+                    DeliveryEnd::Dropped => self.delivery_failed().await,
+                }
+            }
+        }
+    }
+
+    pub(super) async fn delivery_failed(&mut self) {
         let _ = self
             .record(vec![Draft::observed(Body::Failed(Failure::of(
                 Code::ResultDeliveryFailed,
@@ -279,22 +332,34 @@ impl Exchange {
             &[("content-type", content_type)],
             &body,
         );
-        let preflight = Draft::observed(Body::PreflightValidated(Preflight {
+        let mut preflight = Preflight {
             route: route.id.clone(),
             fingerprint: fp,
             idempotent,
             credential: None,
             idempotency: None,
             safe_until_ms: None,
-        }));
-        if credential.is_some() {
-            // The vault arrives with the next step; a credentialed route cannot inject yet.
-            return Outgoing::Respond(
-                self.fail(vec![preflight], Failure::of(Code::VaultLocked))
-                    .await,
-            );
+        };
+        let mut drafts = Vec::new();
+        if let Some(cred_id) = credential {
+            match Injection::resolve(&config, &self.proxy.vault, cred_id) {
+                Ok(injection) => {
+                    preflight.credential = Some(injection.evidence());
+                    drafts.push(Draft::observed(Body::PreflightValidated(preflight)));
+                    drafts.push(Draft::observed(Body::CredentialAuthorized(
+                        injection.evidence(),
+                    )));
+                    self.injection = Some(injection);
+                }
+                Err(code) => {
+                    let drafts = vec![Draft::observed(Body::PreflightValidated(preflight))];
+                    return Outgoing::Respond(self.fail(drafts, Failure::of(code)).await);
+                }
+            }
+        } else {
+            drafts.push(Draft::observed(Body::PreflightValidated(preflight)));
         }
-        if self.record(vec![preflight]).await.is_err() {
+        if self.record(drafts).await.is_err() {
             return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
         }
         let dialed = match dial(route, &self.target, &self.proxy.tls).await {
@@ -376,15 +441,19 @@ impl Exchange {
         body: &Bytes,
         h2: bool,
     ) -> Option<Request<UpBody>> {
-        let uri = if h2 {
-            self.target.url()
-        } else {
-            self.target.path_and_query.clone()
-        };
-        let mut builder = Request::builder().method(parts.method.clone()).uri(uri);
         let mut headers = parts.headers.clone();
         strip_hop_by_hop(&mut headers);
         headers.remove(header::HOST);
+        let mut path_and_query = self.target.path_and_query.clone();
+        if let Some(injection) = &self.injection {
+            injection.apply(&mut headers, &mut path_and_query)?;
+        }
+        let uri = if h2 {
+            format!("{}://{}{path_and_query}", "https", self.target.authority())
+        } else {
+            path_and_query
+        };
+        let mut builder = Request::builder().method(parts.method.clone()).uri(uri);
         if !h2 {
             headers.insert(
                 header::HOST,
@@ -503,25 +572,26 @@ impl Exchange {
         .hop("origin");
         let (mut parts, incoming) = resp.into_parts();
         let completion = framing(&parts.headers, parts.version);
-        let collected = collect(
-            incoming,
-            route.idle_timeout,
-            self.proxy
-                .config
-                .journal
-                .buffer_limit
-                .max(self.proxy.config.journal.max_result_bytes),
-        )
-        .await;
+        let journal = &self.proxy.config.journal;
+        let limit = match delivery_mode(route.delivery, &parts.headers, journal.buffer_limit) {
+            Delivery::Stream => 0,
+            Delivery::Buffer => journal.buffer_limit.max(journal.max_result_bytes),
+            Delivery::Auto => journal.buffer_limit,
+        };
+        let collected = collect(incoming, route.idle_timeout, limit).await;
         let body = match collected {
-            Ok(b) => b,
+            Ok(Collected::Complete(b)) => b,
+            Ok(Collected::Partial(prefix, rest)) => {
+                return self
+                    .start_stream(route, status, parts, completion, prefix, rest, started)
+                    .await;
+            }
             Err(diag) => {
                 let mut f = Failure::of(Code::RemoteResultIncomplete);
                 f.diagnostic = Some(diag);
                 return Outgoing::Respond(self.fail(vec![started], f).await);
             }
         };
-        let digest = sha256_tagged_digest(&Sha256::digest(&body));
         let facts = ResponseFacts {
             status: status.as_u16(),
             has_retry_after: parts.headers.contains_key(header::RETRY_AFTER),
@@ -533,7 +603,17 @@ impl Exchange {
         };
         strip_hop_by_hop(&mut parts.headers);
         strip_error_proxy_status(&mut parts.headers);
+        let guard = self
+            .injection
+            .as_ref()
+            .map(Injection::guard)
+            .unwrap_or_default();
+        let (body, body_hits) = guard.redact(&body);
+        let redactions = body_hits + guard.redact_headers(&mut parts.headers);
         let mut evidence = serde_json::Map::new();
+        if redactions > 0 {
+            evidence.insert("redactions".into(), redactions.into());
+        }
         for name in ["location", "operation-location"] {
             if status == StatusCode::ACCEPTED
                 && let Some(v) = parts.headers.get(name).and_then(|v| v.to_str().ok())
@@ -541,6 +621,7 @@ impl Exchange {
                 evidence.insert(name.replace('-', "_"), v.into());
             }
         }
+        let digest = sha256_tagged_digest(&Sha256::digest(&body));
         let stored = self.stored_result(
             status.as_u16(),
             &parts.headers,
@@ -629,7 +710,7 @@ impl Exchange {
 }
 
 /// The response headers worth keeping: never cookies or credentials.
-fn stored_headers(headers: &HeaderMap) -> Vec<(String, String)> {
+pub(super) fn stored_headers(headers: &HeaderMap) -> Vec<(String, String)> {
     const SECRET: &[&str] = &[
         "set-cookie",
         "authorization",
@@ -644,7 +725,7 @@ fn stored_headers(headers: &HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
-fn strip_error_proxy_status(headers: &mut HeaderMap) {
+pub(super) fn strip_error_proxy_status(headers: &mut HeaderMap) {
     let has_error = headers
         .get_all(PROXY_STATUS)
         .iter()
@@ -718,18 +799,28 @@ async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64) -> Result<By
 }
 
 /// Reads a body to its end; an idle gap, a short body or bad framing is an error.
-async fn collect(mut body: Incoming, idle: Duration, cap: u64) -> Result<Bytes, String> {
+/// A body read up to a limit: all of it, or the first part and the rest still to come.
+enum Collected {
+    Complete(Bytes),
+    Partial(Bytes, Incoming),
+}
+
+/// Reads a body to its end or past `limit`; an idle gap, a short body or bad framing is an error.
+async fn collect(mut body: Incoming, idle: Duration, limit: u64) -> Result<Collected, String> {
     let mut buf = BytesMut::new();
+    if limit == 0 {
+        return Ok(Collected::Partial(Bytes::new(), body));
+    }
     loop {
         match tokio::time::timeout(idle, body.frame()).await {
             Err(_) => return Err(format!("no body bytes for {idle:?}")),
-            Ok(None) => return Ok(buf.freeze()),
+            Ok(None) => return Ok(Collected::Complete(buf.freeze())),
             Ok(Some(Err(e))) => return Err(body_error(&e)),
             Ok(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     buf.extend_from_slice(&data);
-                    if buf.len() as u64 > cap {
-                        return Err(format!("body exceeds {cap} bytes"));
+                    if buf.len() as u64 > limit {
+                        return Ok(Collected::Partial(buf.freeze(), body));
                     }
                 }
             }
@@ -737,7 +828,35 @@ async fn collect(mut body: Incoming, idle: Duration, cap: u64) -> Result<Bytes, 
     }
 }
 
-fn body_error(e: &hyper::Error) -> String {
+/// `delivery = "auto"`: event streams and bodies declared larger than the buffer stream at once.
+fn delivery_mode(route: Delivery, headers: &HeaderMap, buffer_limit: u64) -> Delivery {
+    if route != Delivery::Auto {
+        return route;
+    }
+    let streaming_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .is_some_and(|t| t == "text/event-stream" || t == "application/x-ndjson");
+    let declared_large = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .is_some_and(|n| n > buffer_limit);
+    if streaming_type || declared_large {
+        Delivery::Stream
+    } else {
+        Delivery::Auto
+    }
+}
+
+pub(super) fn body_error(e: &hyper::Error) -> String {
     let mut text = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -749,8 +868,14 @@ fn body_error(e: &hyper::Error) -> String {
 }
 
 /// What the exchange hands back to the front.
-enum Outgoing {
+pub(super) enum Outgoing {
     Respond(Response<ProxyBody>),
+    /// A streamed response: the head goes out now, the pump feeds the body.
+    Stream {
+        resp: Response<ProxyBody>,
+        done: oneshot::Receiver<DeliveryEnd>,
+        plan: Box<StreamPlan>,
+    },
     Deliver {
         resp: Response<ProxyBody>,
         done: oneshot::Receiver<DeliveryEnd>,

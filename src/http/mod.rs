@@ -11,9 +11,11 @@
 mod body;
 mod exchange;
 mod front;
+mod inject;
 pub mod mitm;
 pub mod respond;
 mod sniff;
+mod stream;
 mod tap;
 pub mod upstream;
 
@@ -31,5 +33,6 @@ pub struct Proxy {
     pub journal: Journal,
     pub authority: Arc<mitm::Authority>,
     pub tls: upstream::TlsClients,
+    pub vault: Arc<crate::vault::Vault>,
     pub metrics: FrontMetrics,
 }

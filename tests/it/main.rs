@@ -4,9 +4,11 @@
 mod admin_api;
 mod audit;
 mod crash;
+mod credentials;
 mod http;
 mod https;
 mod origins;
 mod serve;
+mod streaming;
 mod support;
 mod tls_origin;

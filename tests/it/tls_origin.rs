@@ -21,6 +21,11 @@ pub struct TlsOrigin {
 
 /// What the origin saw, echoed back as JSON: method, path, version, selected headers, body.
 pub fn echo_origin() -> TlsOrigin {
+    echo_origin_for("origin.test")
+}
+
+/// The echo origin under another name.
+pub fn echo_origin_for(name: &str) -> TlsOrigin {
     let dir = tempfile::tempdir().unwrap();
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::default();
@@ -31,9 +36,8 @@ pub fn echo_origin() -> TlsOrigin {
     let ca_cert = ca_params.self_signed(&ca_key).unwrap();
     let issuer = Issuer::new(ca_params, ca_key);
     let leaf_key = KeyPair::generate().unwrap();
-    let mut leaf = CertificateParams::new(vec!["origin.test".to_string()]).unwrap();
-    leaf.distinguished_name
-        .push(DnType::CommonName, "origin.test");
+    let mut leaf = CertificateParams::new(vec![name.to_string()]).unwrap();
+    leaf.distinguished_name.push(DnType::CommonName, name);
     let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
     let ca_file = dir.path().join("upstream-ca.pem");
     std::fs::write(&ca_file, ca_cert.pem()).unwrap();
@@ -114,5 +118,14 @@ async fn echo(req: Request<Incoming>) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(v.to_string())));
     resp.headers_mut()
         .insert("content-type", "application/json".parse().unwrap());
+    if let Some(to) = parts.uri.query().and_then(|q| q.strip_prefix("redirect=")) {
+        *resp.status_mut() = hyper::StatusCode::FOUND;
+        resp.headers_mut().insert("location", to.parse().unwrap());
+    }
+    if let Some(auth) = h("authorization") {
+        // Debug endpoints echo what they received in headers, too.
+        resp.headers_mut()
+            .insert("x-echo-authorization", auth.parse().unwrap());
+    }
     resp
 }

@@ -1,0 +1,57 @@
+//! `postern secret set NAME` (value on stdin) / `list` / `rm NAME`.
+
+use std::io::Read;
+use std::process::ExitCode;
+
+use super::{CliError, Home, SecretCommand};
+use crate::vault::Vault;
+
+pub fn run(
+    home: &Home,
+    passphrase: Option<String>,
+    command: SecretCommand,
+) -> Result<ExitCode, CliError> {
+    home.create()
+        .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", home.root.display())))?;
+    let vault = Vault::new(&home.root, passphrase);
+    let fail = |e: crate::vault::VaultError| CliError::Failed(e.to_string());
+    match command {
+        SecretCommand::Set { name } => {
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                return Err(CliError::Failed(
+                    "secret names use letters, digits, '-', '_' and '.'".into(),
+                ));
+            }
+            let mut value = String::new();
+            std::io::stdin()
+                .read_to_string(&mut value)
+                .map_err(|e| CliError::Failed(format!("cannot read the value from stdin: {e}")))?;
+            let value = value
+                .strip_suffix('\n')
+                .map(|v| v.strip_suffix('\r').unwrap_or(v))
+                .unwrap_or(&value);
+            if value.is_empty() {
+                return Err(CliError::Failed("the value on stdin is empty".into()));
+            }
+            let version = vault.set(&name, value).map_err(fail)?;
+            println!("secret {name} set (version {version})");
+        }
+        SecretCommand::List => {
+            for (name, version) in vault.list().map_err(fail)? {
+                println!("{name}\tversion {version}");
+            }
+        }
+        SecretCommand::Rm { name } => {
+            if vault.remove(&name).map_err(fail)? {
+                println!("secret {name} removed");
+            } else {
+                return Err(CliError::Failed(format!("no secret named {name}")));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,323 @@
+//! Streamed delivery: parts flow to the agent as they arrive (SSE keeps its per-event
+//! latency), while the end of the agent's stream is held back until `RESULT_COMMITTED`
+//! is durable. A broken upstream aborts the agent's stream; it never ends cleanly.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use super::body::{ChannelBody, Chunk};
+use super::exchange::{
+    Exchange, Outgoing, body_error, stored_headers, strip_error_proxy_status, strip_hop_by_hop,
+};
+use super::inject::{Injection, ReflectionGuard};
+use super::respond::{POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME};
+use crate::config::Route;
+use crate::contract::{
+    Code, Completion, Phase, ResponseFacts, StatusResolution, classify_status, postern_outcome,
+};
+use crate::journal::{
+    Body, Draft, Failure, HttpResult, Payload, ResponseComplete, ResultCommitted, Source,
+    StoredResult, b64, sha256_tagged_digest,
+};
+
+/// Everything the pump needs once the head has gone out.
+pub struct StreamPlan {
+    prefix: Bytes,
+    rest: Option<Incoming>,
+    tx: mpsc::Sender<Chunk>,
+    resolution: StatusResolution,
+    status: u16,
+    stored_headers: Vec<(String, String)>,
+    completion: Completion,
+    guard: ReflectionGuard,
+    header_hits: usize,
+    trailers: bool,
+    idle: Duration,
+}
+
+/// How the pump ended.
+pub enum StreamEnd {
+    /// The upstream broke; the record says `REMOTE_RESULT_INCOMPLETE`.
+    Broken,
+    /// The result is committed; the agent may or may not still be there.
+    Committed { agent_gone: bool },
+}
+
+/// The delivered bytes: digest, length, and the stored copy while it fits.
+struct Tally {
+    hasher: Sha256,
+    stored: Vec<u8>,
+    keep: bool,
+    cap: u64,
+    bytes: u64,
+    hits: usize,
+    carry: Vec<u8>,
+}
+
+impl Tally {
+    fn absorb(&mut self, out: &[u8]) {
+        self.hasher.update(out);
+        self.bytes += out.len() as u64;
+        if self.keep {
+            if self.stored.len() as u64 + out.len() as u64 > self.cap {
+                self.keep = false;
+                self.stored = Vec::new();
+            } else {
+                self.stored.extend_from_slice(out);
+            }
+        }
+    }
+}
+
+impl Exchange {
+    /// Sends the head now (without `Postern-Outcome`: nothing is known yet).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn start_stream(
+        &mut self,
+        route: &Route,
+        status: StatusCode,
+        mut parts: http::response::Parts,
+        completion: Completion,
+        prefix: Bytes,
+        rest: Incoming,
+        started: Draft,
+    ) -> Outgoing {
+        let facts = ResponseFacts {
+            status: status.as_u16(),
+            has_retry_after: parts.headers.contains_key(header::RETRY_AFTER),
+            idempotent: route.idempotent_methods.contains(&self.method_name()),
+        };
+        let Some(resolution) = classify_status(facts, &route.status_outcomes) else {
+            return Outgoing::Respond(
+                self.fail(vec![started], Failure::of(Code::RemoteOutcomeUnknown))
+                    .await,
+            );
+        };
+        strip_hop_by_hop(&mut parts.headers);
+        strip_error_proxy_status(&mut parts.headers);
+        let guard = self
+            .injection
+            .as_ref()
+            .map(Injection::guard)
+            .unwrap_or_default();
+        let header_hits = guard.redact_headers(&mut parts.headers);
+        if !guard.is_empty() {
+            // Redaction may change the length: frame the body with chunks instead.
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        let stored = stored_headers(&parts.headers);
+        let trailers = self.agent_trailers && !parts.headers.contains_key(header::CONTENT_LENGTH);
+        parts.version = http::Version::HTTP_11;
+        let h = &mut parts.headers;
+        if let Ok(v) = HeaderValue::from_str(&self.id) {
+            h.insert(POSTERN_INVOCATION, v);
+        }
+        h.insert(POSTERN_DELIVERY, HeaderValue::from_static("streamed"));
+        if trailers {
+            h.insert(header::TRAILER, HeaderValue::from_static("postern-outcome"));
+        }
+        if self.record(vec![started]).await.is_err() {
+            return Outgoing::Respond(
+                self.fail(vec![], Failure::of(Code::RemoteOutcomeUnknown))
+                    .await,
+            );
+        }
+        let (tx, rx) = mpsc::channel(32);
+        let (body, done) = ChannelBody::new(rx);
+        let resp = Response::from_parts(parts, body.boxed());
+        let plan = StreamPlan {
+            prefix,
+            rest: Some(rest),
+            tx,
+            resolution,
+            status: status.as_u16(),
+            stored_headers: stored,
+            completion,
+            guard,
+            header_hits,
+            trailers,
+            idle: route.idle_timeout,
+        };
+        Outgoing::Stream {
+            resp,
+            done,
+            plan: Box::new(plan),
+        }
+    }
+
+    /// Relays the body to its framing end, commits it, then releases the stream's end.
+    pub(super) async fn pump(&mut self, mut plan: StreamPlan, mut agent_gone: bool) -> StreamEnd {
+        let mut tally = Tally {
+            hasher: Sha256::new(),
+            stored: Vec::new(),
+            keep: true,
+            cap: self.proxy.config.journal.max_result_bytes,
+            bytes: 0,
+            hits: plan.header_hits,
+            carry: Vec::new(),
+        };
+        if agent_gone {
+            self.caller_cancelled().await;
+        }
+        let Some(mut rest) = plan.rest.take() else {
+            return self.broken(&plan.tx, "no body to stream".into()).await;
+        };
+        self.forward(
+            &plan.guard,
+            &plan.tx,
+            &mut tally,
+            &plan.prefix,
+            &mut agent_gone,
+        )
+        .await;
+        loop {
+            match tokio::time::timeout(plan.idle, rest.frame()).await {
+                Err(_) => {
+                    return self
+                        .broken(&plan.tx, format!("no body bytes for {:?}", plan.idle))
+                        .await;
+                }
+                Ok(Some(Err(e))) => return self.broken(&plan.tx, body_error(&e)).await,
+                Ok(None) => break,
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.forward(&plan.guard, &plan.tx, &mut tally, &data, &mut agent_gone)
+                            .await;
+                    }
+                }
+            }
+        }
+        let tail = Bytes::from(std::mem::take(&mut tally.carry));
+        tally.absorb(&tail);
+        if !self.commit_stream(&plan, &mut tally).await {
+            let _ = plan.tx.send(Chunk::Abort).await;
+            return StreamEnd::Broken;
+        }
+        if !agent_gone {
+            agent_gone = !self.release_end(&plan, tail).await;
+        }
+        StreamEnd::Committed { agent_gone }
+    }
+
+    async fn forward(
+        &mut self,
+        guard: &ReflectionGuard,
+        tx: &mpsc::Sender<Chunk>,
+        tally: &mut Tally,
+        data: &[u8],
+        agent_gone: &mut bool,
+    ) {
+        let (out, hits) = guard.redact_stream(&mut tally.carry, data);
+        tally.hits += hits;
+        tally.absorb(&out);
+        if !*agent_gone && !out.is_empty() && tx.send(Chunk::Data(out)).await.is_err() {
+            *agent_gone = true;
+            self.caller_cancelled().await;
+        }
+    }
+
+    async fn caller_cancelled(&mut self) {
+        let _ = self
+            .record(vec![Draft::observed(Body::Failed(Failure::of(
+                Code::CallerCancelled,
+            )))])
+            .await;
+    }
+
+    async fn broken(&mut self, tx: &mpsc::Sender<Chunk>, diagnostic: String) -> StreamEnd {
+        let mut f = Failure::of(Code::RemoteResultIncomplete);
+        f.diagnostic = Some(diagnostic);
+        let _ = self.record(vec![Draft::observed(Body::Failed(f))]).await;
+        let _ = tx.send(Chunk::Abort).await;
+        StreamEnd::Broken
+    }
+
+    /// `REMOTE_RESPONSE_COMPLETE` + `RESULT_COMMITTED` with the result, durable.
+    async fn commit_stream(&mut self, plan: &StreamPlan, tally: &mut Tally) -> bool {
+        let digest = sha256_tagged_digest(&std::mem::take(&mut tally.hasher).finalize());
+        let mut evidence = serde_json::Map::new();
+        evidence.insert("delivery".into(), "streamed".into());
+        if tally.hits > 0 {
+            evidence.insert("redactions".into(), tally.hits.into());
+        }
+        let complete = Draft::observed(Body::RemoteResponseComplete(ResponseComplete {
+            completion: plan.completion,
+            bytes: tally.bytes,
+            digest: digest.clone(),
+        }))
+        .source(Source::RemoteResponse)
+        .hop("origin");
+        let committed = Draft::observed(Body::ResultCommitted(ResultCommitted {
+            outcome: plan.resolution.outcome,
+            retry: plan.resolution.retry,
+            status: Some(plan.status),
+            exit_status: None,
+            exit_signal: None,
+            digest: digest.clone(),
+            bytes: tally.bytes,
+            complete: true,
+            completion: Some(plan.completion),
+            evidence,
+        }))
+        .source(Source::RemoteResponse)
+        .hop("origin");
+        let result = StoredResult {
+            invocation_id: self.id.clone(),
+            outcome: plan.resolution.outcome,
+            payload: Payload::Http(HttpResult {
+                status: plan.status,
+                headers: plan.stored_headers.clone(),
+                body_base64: tally.keep.then(|| b64(&tally.stored)),
+                body_stored: tally.keep,
+                digest,
+                bytes: tally.bytes,
+            }),
+            complete: true,
+            expires_at_ms: self.proxy.journal.result_expiry_ms(),
+        };
+        let mut drafts = std::mem::take(&mut self.pending);
+        drafts.extend([complete, committed]);
+        if self
+            .proxy
+            .journal
+            .commit_result(&self.id, drafts, result)
+            .await
+            .is_ok()
+        {
+            return true;
+        }
+        let _ = self
+            .record(vec![Draft::observed(Body::Failed(Failure::of(
+                Code::ResultStoreFailed,
+            )))])
+            .await;
+        false
+    }
+
+    /// Sends the held-back end: the last bytes, then `Postern-Outcome` as a trailer.
+    async fn release_end(&mut self, plan: &StreamPlan, tail: Bytes) -> bool {
+        let outcome = postern_outcome(
+            plan.resolution.outcome,
+            Phase::RemoteExecution,
+            plan.resolution.retry,
+            None,
+        );
+        if !plan.trailers {
+            return plan.tx.send(Chunk::Last(tail)).await.is_ok();
+        }
+        if !tail.is_empty() && plan.tx.send(Chunk::Data(tail)).await.is_err() {
+            return false;
+        }
+        let mut trailers = HeaderMap::new();
+        if let Ok(v) = HeaderValue::from_str(&outcome) {
+            trailers.insert(POSTERN_OUTCOME, v);
+        }
+        plan.tx.send(Chunk::Trailers(trailers)).await.is_ok()
+    }
+}

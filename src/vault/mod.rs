@@ -1,0 +1,325 @@
+//! The encrypted vault: `POSTERN_HOME/vault.json`.
+//!
+//! The key is derived with argon2id from `POSTERN_VAULT_KEY`; each secret is sealed
+//! with XChaCha20-Poly1305 under its own nonce, its name and non-secret version as
+//! associated data. Names and versions are plaintext; values never leave this module
+//! except as a `SecretValue` handed to the injector.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use chacha20poly1305::aead::{Aead, Generate, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use serde::{Deserialize, Serialize};
+
+use crate::journal::{b64, unb64};
+
+/// A decrypted secret value. Debug never shows it.
+#[derive(Clone)]
+pub struct Secret {
+    pub value: String,
+    pub version: u64,
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret(version {}, [redacted])", self.version)
+    }
+}
+
+/// Why a secret could not be had; each maps to one contract code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VaultError {
+    #[error("the vault is locked (POSTERN_VAULT_KEY is unset or does not open it)")]
+    Locked,
+    #[error("no secret named {0}")]
+    Missing(String),
+    #[error("a secret could not be decrypted")]
+    DecryptFailed,
+    #[error("vault file: {0}")]
+    File(String),
+}
+
+const CHECK: &[u8] = b"postern-vault-check";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Sealed {
+    nonce: String,
+    ciphertext: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Entry {
+    version: u64,
+    #[serde(flatten)]
+    sealed: Sealed,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct VaultFile {
+    format: u32,
+    kdf: String,
+    salt: String,
+    check: Sealed,
+    secrets: BTreeMap<String, Entry>,
+}
+
+struct Loaded {
+    modified: Option<SystemTime>,
+    file: VaultFile,
+    cipher: Option<XChaCha20Poly1305>,
+}
+
+/// The vault as the daemon sees it: reloaded when the file changes on disk.
+pub struct Vault {
+    path: PathBuf,
+    passphrase: Option<String>,
+    loaded: Mutex<Option<Loaded>>,
+}
+
+impl std::fmt::Debug for Vault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Vault({})", self.path.display())
+    }
+}
+
+fn derive(passphrase: &str, salt: &[u8]) -> Result<XChaCha20Poly1305, VaultError> {
+    let params =
+        argon2::Params::new(65536, 3, 1, Some(32)).map_err(|e| VaultError::File(e.to_string()))?;
+    let argon = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+    let mut key = [0u8; 32];
+    argon
+        .hash_password_into(passphrase.as_bytes(), salt, &mut key)
+        .map_err(|e| VaultError::File(e.to_string()))?;
+    XChaCha20Poly1305::new_from_slice(&key).map_err(|_| VaultError::Locked)
+}
+
+fn seal(cipher: &XChaCha20Poly1305, aad: &[u8], plain: &[u8]) -> Result<Sealed, VaultError> {
+    let nonce = XNonce::try_generate().map_err(|e| VaultError::File(e.to_string()))?;
+    let ciphertext = cipher
+        .encrypt(&nonce, Payload { msg: plain, aad })
+        .map_err(|_| VaultError::DecryptFailed)?;
+    Ok(Sealed {
+        nonce: b64(&nonce),
+        ciphertext: b64(&ciphertext),
+    })
+}
+
+fn open(cipher: &XChaCha20Poly1305, aad: &[u8], sealed: &Sealed) -> Result<Vec<u8>, VaultError> {
+    let nonce = unb64(&sealed.nonce).ok_or(VaultError::DecryptFailed)?;
+    let nonce = XNonce::try_from(nonce.as_slice()).map_err(|_| VaultError::DecryptFailed)?;
+    let ct = unb64(&sealed.ciphertext).ok_or(VaultError::DecryptFailed)?;
+    cipher
+        .decrypt(&nonce, Payload { msg: &ct, aad })
+        .map_err(|_| VaultError::DecryptFailed)
+}
+
+fn aad(name: &str, version: u64) -> Vec<u8> {
+    format!("{name}\0{version}").into_bytes()
+}
+
+impl Vault {
+    pub fn new(home: &Path, passphrase: Option<String>) -> Self {
+        Self {
+            path: home.join("vault.json"),
+            passphrase: passphrase.filter(|p| !p.is_empty()),
+            loaded: Mutex::new(None),
+        }
+    }
+
+    fn read_file(&self) -> Result<Option<VaultFile>, VaultError> {
+        match std::fs::read(&self.path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| VaultError::File(format!("{}: {e}", self.path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(VaultError::File(format!("{}: {e}", self.path.display()))),
+        }
+    }
+
+    fn unlock(&self, file: &VaultFile) -> Result<XChaCha20Poly1305, VaultError> {
+        let pass = self.passphrase.as_deref().ok_or(VaultError::Locked)?;
+        let salt = unb64(&file.salt).ok_or(VaultError::Locked)?;
+        let cipher = derive(pass, &salt)?;
+        open(&cipher, b"check", &file.check).map_err(|_| VaultError::Locked)?;
+        Ok(cipher)
+    }
+
+    /// Looks a secret up, reloading the file if it changed since the last look.
+    pub fn get(&self, name: &str) -> Result<Secret, VaultError> {
+        let modified = std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok();
+        let mut guard = self.loaded.lock().map_err(|_| VaultError::Locked)?;
+        let stale = guard.as_ref().is_none_or(|l| l.modified != modified);
+        if stale {
+            let Some(file) = self.read_file()? else {
+                *guard = None;
+                return Err(if self.passphrase.is_none() {
+                    VaultError::Locked
+                } else {
+                    VaultError::Missing(name.into())
+                });
+            };
+            // Reuse the derived key when the salt is unchanged (argon2 is deliberately slow).
+            let same_salt = guard
+                .as_ref()
+                .is_some_and(|l| l.file.salt == file.salt && l.cipher.is_some());
+            let cipher = if same_salt {
+                guard.as_mut().and_then(|l| l.cipher.take())
+            } else {
+                self.unlock(&file).ok()
+            };
+            *guard = Some(Loaded {
+                modified,
+                file,
+                cipher,
+            });
+        }
+        let loaded = guard.as_ref().ok_or(VaultError::Locked)?;
+        let cipher = loaded.cipher.as_ref().ok_or(VaultError::Locked)?;
+        let entry = loaded
+            .file
+            .secrets
+            .get(name)
+            .ok_or_else(|| VaultError::Missing(name.into()))?;
+        let plain = open(cipher, &aad(name, entry.version), &entry.sealed)?;
+        let value = String::from_utf8(plain).map_err(|_| VaultError::DecryptFailed)?;
+        Ok(Secret {
+            value,
+            version: entry.version,
+        })
+    }
+
+    /// Names and versions: no key needed, no value shown.
+    pub fn list(&self) -> Result<Vec<(String, u64)>, VaultError> {
+        Ok(self
+            .read_file()?
+            .map(|f| f.secrets.into_iter().map(|(k, e)| (k, e.version)).collect())
+            .unwrap_or_default())
+    }
+
+    /// Stores a value under `name`, raising its version. Returns the new version.
+    pub fn set(&self, name: &str, value: &str) -> Result<u64, VaultError> {
+        let pass = self.passphrase.as_deref().ok_or(VaultError::Locked)?;
+        let (mut file, cipher) = match self.read_file()? {
+            Some(f) => {
+                let c = self.unlock(&f)?;
+                (f, c)
+            }
+            None => {
+                let salt = chacha20poly1305::aead::array::Array::<u8, chacha20poly1305::consts::U16>::try_generate()
+                    .map_err(|e| VaultError::File(e.to_string()))?;
+                let cipher = derive(pass, &salt)?;
+                let check = seal(&cipher, b"check", CHECK)?;
+                let file = VaultFile {
+                    format: 1,
+                    kdf: "argon2id-m65536-t3-p1".into(),
+                    salt: b64(&salt),
+                    check,
+                    secrets: BTreeMap::new(),
+                };
+                (file, cipher)
+            }
+        };
+        let version = file.secrets.get(name).map_or(1, |e| e.version + 1);
+        let sealed = seal(&cipher, &aad(name, version), value.as_bytes())?;
+        file.secrets
+            .insert(name.to_owned(), Entry { version, sealed });
+        self.write(&file)?;
+        Ok(version)
+    }
+
+    /// Removes `name`; false if it was not there.
+    pub fn remove(&self, name: &str) -> Result<bool, VaultError> {
+        let Some(mut file) = self.read_file()? else {
+            return Ok(false);
+        };
+        self.unlock(&file)?;
+        let had = file.secrets.remove(name).is_some();
+        if had {
+            self.write(&file)?;
+        }
+        Ok(had)
+    }
+
+    fn write(&self, file: &VaultFile) -> Result<(), VaultError> {
+        use std::io::Write;
+        let err = |e: std::io::Error| VaultError::File(format!("{}: {e}", self.path.display()));
+        let tmp = self.path.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(file).map_err(|e| VaultError::File(e.to_string()))?;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.mode(0o600);
+        }
+        let mut f = options.open(&tmp).map_err(err)?;
+        f.write_all(&bytes).map_err(err)?;
+        f.sync_all().map_err(err)?;
+        std::fs::rename(&tmp, &self.path).map_err(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_round_trip_and_versions_rise() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = Vault::new(dir.path(), Some("pass".into()));
+        assert_eq!(v.set("gh", "canary-1").unwrap(), 1);
+        assert_eq!(v.set("gh", "canary-2").unwrap(), 2);
+        let s = v.get("gh").unwrap();
+        assert_eq!((s.value.as_str(), s.version), ("canary-2", 2));
+        assert!(!format!("{s:?}").contains("canary"));
+        assert_eq!(v.list().unwrap(), vec![("gh".to_owned(), 2)]);
+        let raw = std::fs::read_to_string(dir.path().join("vault.json")).unwrap();
+        assert!(!raw.contains("canary"));
+        assert_eq!(
+            v.get("nope").err(),
+            Some(VaultError::Missing("nope".into()))
+        );
+        assert!(v.remove("gh").unwrap());
+        assert_eq!(v.get("gh").err(), Some(VaultError::Missing("gh".into())));
+    }
+
+    #[test]
+    fn a_wrong_or_missing_key_is_locked() {
+        let dir = tempfile::tempdir().unwrap();
+        Vault::new(dir.path(), Some("right".into()))
+            .set("a", "x")
+            .unwrap();
+        assert_eq!(
+            Vault::new(dir.path(), Some("wrong".into())).get("a").err(),
+            Some(VaultError::Locked)
+        );
+        assert_eq!(
+            Vault::new(dir.path(), None).get("a").err(),
+            Some(VaultError::Locked)
+        );
+        assert_eq!(
+            Vault::new(dir.path(), None).set("a", "y").err(),
+            Some(VaultError::Locked)
+        );
+    }
+
+    #[test]
+    fn a_tampered_ciphertext_fails_to_decrypt() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = Vault::new(dir.path(), Some("k".into()));
+        v.set("a", "value").unwrap();
+        let path = dir.path().join("vault.json");
+        let mut file: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        // Claim a different version: the associated data no longer matches.
+        file["secrets"]["a"]["version"] = 7.into();
+        std::fs::write(&path, serde_json::to_vec(&file).unwrap()).unwrap();
+        let fresh = Vault::new(dir.path(), Some("k".into()));
+        assert_eq!(fresh.get("a").err(), Some(VaultError::DecryptFailed));
+    }
+}
