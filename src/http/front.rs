@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 
 use super::Proxy;
 use super::exchange::{self, Inbound};
+use super::internal;
 use super::respond::{self, ProxyBody};
 use super::sniff::FramingSniffer;
 use crate::config::Scheme;
@@ -126,6 +127,10 @@ async fn front_request(
         return connect(proxy, agent, req).await;
     }
     let uri = req.uri();
+    if uri.host().is_some_and(|h| h.eq_ignore_ascii_case(internal::HOST)) {
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        return internal::respond(&proxy, &agent, req.method(), path);
+    }
     let target = match (uri.scheme_str(), uri.host()) {
         (Some("http"), Some(host)) => Target::new(
             Scheme::Http,

@@ -12,6 +12,7 @@ mod body;
 mod exchange;
 mod front;
 mod inject;
+mod internal;
 pub mod mitm;
 pub mod respond;
 mod sniff;

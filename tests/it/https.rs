@@ -196,3 +196,26 @@ fn the_ca_key_is_private_and_env_points_at_the_bundle() {
     let ca = std::fs::read_to_string(s.home.root().join("certs/ca.pem")).unwrap();
     assert!(bundle.contains(ca.trim()));
 }
+
+#[test]
+fn a_stalled_tls_handshake_is_a_connect_timeout() {
+    let silent = crate::origins::Origin::raw(|s, _| {
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        let _ = s;
+    });
+    let home = Home::new();
+    let config = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
+         [[routes]]\nid = \"stall\"\nmatch = {{ host = \"origin.test\", port = {} }}\nresolve = \"{}\"\nconnect_timeout = \"300ms\"\n",
+        silent.port(),
+        silent.addr
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    let ca = home.root().join("certs/ca.pem").display().to_string();
+    let (status, body, head) = curl(&["--cacert", &ca, "-x", &daemon.proxy, &format!("https://origin.test:{}/", silent.port())]);
+    assert_eq!(status, 504, "{body}");
+    let e: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((e["error"]["code"].as_str(), e["error"]["outcome"].as_str()), (Some("CONNECT_TIMEOUT"), Some("not_attempted")));
+    assert_eq!(e["evidence"]["attempts"][1]["stage"], "tls_handshake");
+    assert!(head.to_ascii_lowercase().contains("error=connection_timeout"));
+}

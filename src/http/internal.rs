@@ -1,0 +1,62 @@
+//! `http://postern.internal/v1/invocations/{id}[/result]`: an agent's read-only view of
+//! its own invocations, through the proxy. Not journaled; other agents' ids are 404.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use serde_json::json;
+
+use super::Proxy;
+use super::respond::{self, ProxyBody};
+
+pub const HOST: &str = "postern.internal";
+
+fn json(status: StatusCode, value: &serde_json::Value) -> Response<ProxyBody> {
+    let mut r = Response::new(respond::full(Bytes::from(value.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+fn not_found() -> Response<ProxyBody> {
+    json(
+        StatusCode::NOT_FOUND,
+        &json!({"error": {"code": "INVOCATION_NOT_FOUND", "message": "No invocation with this id for this agent."}}),
+    )
+}
+
+/// Serves the agent-facing view.
+pub fn respond(proxy: &Proxy, agent: &str, method: &http::Method, path: &str) -> Response<ProxyBody> {
+    if method != http::Method::GET && method != http::Method::HEAD {
+        return json(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &json!({"error": {"code": "UNSUPPORTED_ACTION", "message": "postern.internal is read-only."}}),
+        );
+    }
+    let segments: Vec<&str> = path.split('?').next().unwrap_or("").trim_matches('/').split('/').collect();
+    let (id, want_result) = match segments.as_slice() {
+        ["v1", "invocations", id] => (*id, false),
+        ["v1", "invocations", id, "result"] => (*id, true),
+        _ => return not_found(),
+    };
+    let record = match proxy.journal.record(id) {
+        Ok(Some(r)) if r.agent == agent => r,
+        Ok(_) => return not_found(),
+        Err(_) => {
+            return json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"error": {"code": "JOURNAL_UNAVAILABLE", "message": "The journal could not be read."}}),
+            );
+        }
+    };
+    if !want_result {
+        return json(StatusCode::OK, &json!(record));
+    }
+    match proxy.journal.result(id) {
+        Ok(Some(result)) => json(StatusCode::OK, &json!(result)),
+        _ => json(
+            StatusCode::NOT_FOUND,
+            &json!({"error": {"code": "RESULT_NOT_STORED", "message": "This invocation has no stored result."}}),
+        ),
+    }
+}
