@@ -362,7 +362,7 @@ impl Exchange {
         if self.record(drafts).await.is_err() {
             return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
         }
-        let dialed = match dial(route, &self.target, &self.proxy.tls).await {
+        let dialed = match dial(route, &self.target, &self.proxy.tls, &self.proxy.dns).await {
             Ok(d) => d,
             Err(f) => {
                 let drafts = attempt_drafts(&f.attempts);

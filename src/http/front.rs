@@ -127,7 +127,10 @@ async fn front_request(
         return connect(proxy, agent, req).await;
     }
     let uri = req.uri();
-    if uri.host().is_some_and(|h| h.eq_ignore_ascii_case(internal::HOST)) {
+    if uri
+        .host()
+        .is_some_and(|h| h.eq_ignore_ascii_case(internal::HOST))
+    {
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         return internal::respond(&proxy, &agent, req.method(), path);
     }

@@ -13,8 +13,12 @@ pub const HOST: &str = "postern.internal";
 fn json(status: StatusCode, value: &serde_json::Value) -> Response<ProxyBody> {
     let mut r = Response::new(respond::full(Bytes::from(value.to_string())));
     *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
 }
 
@@ -26,14 +30,25 @@ fn not_found() -> Response<ProxyBody> {
 }
 
 /// Serves the agent-facing view.
-pub fn respond(proxy: &Proxy, agent: &str, method: &http::Method, path: &str) -> Response<ProxyBody> {
+pub fn respond(
+    proxy: &Proxy,
+    agent: &str,
+    method: &http::Method,
+    path: &str,
+) -> Response<ProxyBody> {
     if method != http::Method::GET && method != http::Method::HEAD {
         return json(
             StatusCode::METHOD_NOT_ALLOWED,
             &json!({"error": {"code": "UNSUPPORTED_ACTION", "message": "postern.internal is read-only."}}),
         );
     }
-    let segments: Vec<&str> = path.split('?').next().unwrap_or("").trim_matches('/').split('/').collect();
+    let segments: Vec<&str> = path
+        .split('?')
+        .next()
+        .unwrap_or("")
+        .trim_matches('/')
+        .split('/')
+        .collect();
     let (id, want_result) = match segments.as_slice() {
         ["v1", "invocations", id] => (*id, false),
         ["v1", "invocations", id, "result"] => (*id, true),

@@ -34,6 +34,7 @@ pub struct Proxy {
     pub journal: Journal,
     pub authority: Arc<mitm::Authority>,
     pub tls: upstream::TlsClients,
+    pub dns: upstream::Dns,
     pub vault: Arc<crate::vault::Vault>,
     pub metrics: FrontMetrics,
 }

@@ -12,7 +12,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use crate::config::{Route, Scheme};
+use crate::config::{DnsConfig, Route, Scheme};
 use crate::contract::{Code, Stage};
 use crate::journal::ConnectAttempt;
 use crate::policy::Target;
@@ -132,9 +132,14 @@ impl Attempts {
 }
 
 /// Sets up a connection for `target` under `route`.
-pub async fn dial(route: &Route, target: &Target, tls: &TlsClients) -> Result<Dialed, DialFailure> {
+pub async fn dial(
+    route: &Route,
+    target: &Target,
+    tls: &TlsClients,
+    dns: &Dns,
+) -> Result<Dialed, DialFailure> {
     let mut at = Attempts { list: Vec::new() };
-    let addresses = match resolve(route, target).await {
+    let addresses = match resolve(route, target, dns).await {
         Ok(a) => {
             if route.resolve.is_none() {
                 at.ok(Stage::Dns, a.first().copied());
@@ -270,31 +275,84 @@ fn tls_code(e: &std::io::Error) -> Code {
     }
 }
 
-async fn resolve(route: &Route, target: &Target) -> Result<Vec<SocketAddr>, String> {
+/// Name resolution through hickory: `[dns] servers`, or the system's configuration.
+pub struct Dns {
+    resolver: Result<hickory_resolver::TokioResolver, String>,
+}
+
+impl Dns {
+    /// Builds the resolver; must run inside the tokio runtime.
+    pub fn new(config: Option<&DnsConfig>) -> Self {
+        use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
+        use hickory_resolver::net::runtime::TokioRuntimeProvider;
+        let built = match config {
+            Some(c) => {
+                let servers = c
+                    .servers
+                    .iter()
+                    .map(|addr| {
+                        let mut udp = ConnectionConfig::udp();
+                        udp.port = addr.port();
+                        let mut tcp = ConnectionConfig::tcp();
+                        tcp.port = addr.port();
+                        let mut ns = NameServerConfig::udp_and_tcp(addr.ip());
+                        ns.connections = vec![udp, tcp];
+                        ns
+                    })
+                    .collect();
+                let config = ResolverConfig::from_name_servers(servers);
+                hickory_resolver::Resolver::builder_with_config(
+                    config,
+                    TokioRuntimeProvider::default(),
+                )
+                .build()
+                .map_err(|e| e.to_string())
+            }
+            None => hickory_resolver::TokioResolver::builder_tokio()
+                .and_then(|b| b.build())
+                .map_err(|e| format!("system resolver configuration: {e}")),
+        };
+        Self { resolver: built }
+    }
+
+    async fn lookup(
+        &self,
+        host: &str,
+        port: u16,
+        limit: Duration,
+    ) -> Result<Vec<SocketAddr>, String> {
+        let resolver = self.resolver.as_ref().map_err(Clone::clone)?;
+        // A trailing dot keeps search domains out of it: route hosts are absolute.
+        let name = if host.ends_with('.') {
+            host.to_owned()
+        } else {
+            format!("{host}.")
+        };
+        match tokio::time::timeout(limit, resolver.lookup_ip(name.as_str())).await {
+            Ok(Ok(found)) => {
+                let list: Vec<SocketAddr> =
+                    found.iter().map(|ip| SocketAddr::new(ip, port)).collect();
+                if list.is_empty() {
+                    Err("no addresses".into())
+                } else {
+                    Ok(list)
+                }
+            }
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("name resolution took longer than {limit:?}")),
+        }
+    }
+}
+
+async fn resolve(route: &Route, target: &Target, dns: &Dns) -> Result<Vec<SocketAddr>, String> {
     if let Some(pinned) = route.resolve {
         return Ok(vec![pinned]);
     }
     if let Ok(ip) = target.host.parse::<IpAddr>() {
         return Ok(vec![SocketAddr::new(ip, target.port)]);
     }
-    let lookup = tokio::net::lookup_host((target.host.as_str(), target.port));
-    match tokio::time::timeout(
-        route.connect_timeout.max(Duration::from_millis(100)),
-        lookup,
-    )
-    .await
-    {
-        Ok(Ok(addrs)) => {
-            let list: Vec<SocketAddr> = addrs.collect();
-            if list.is_empty() {
-                Err("no addresses".into())
-            } else {
-                Ok(list)
-            }
-        }
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("name resolution timed out".into()),
-    }
+    let limit = route.connect_timeout.max(Duration::from_millis(100));
+    dns.lookup(&target.host, target.port, limit).await
 }
 
 /// The SSRF guard's ranges: loopback, private, link-local, CGNAT, metadata and friends.

@@ -662,24 +662,54 @@ fn a_caller_that_leaves_early_never_causes_a_second_dispatch() {
 fn agents_read_their_own_invocations_through_postern_internal() {
     let origin = origins::responds("200 OK", &[], "mine");
     let home = Home::new();
-    let config = route_to(origin.port(), "") + "\n[[agents]]\nid = \"ci\"\ntoken = \"t1\"\n[[agents]]\nid = \"other\"\ntoken = \"t2\"\n";
+    let config = route_to(origin.port(), "")
+        + "\n[[agents]]\nid = \"ci\"\ntoken = \"t1\"\n[[agents]]\nid = \"other\"\ntoken = \"t2\"\n";
     let daemon = Daemon::start(&home, Some(&config));
     let ci = daemon.proxy.replace("http://", "http://ci:t1@");
     let other = daemon.proxy.replace("http://", "http://other:t2@");
-    let (_, _, head) = curl(&["-x", &ci, &format!("http://origin.test:{}/x", origin.port())]);
+    let (_, _, head) = curl(&[
+        "-x",
+        &ci,
+        &format!("http://origin.test:{}/x", origin.port()),
+    ]);
     let id = header(&head, "postern-invocation").unwrap().to_owned();
-    let (status, body, _) = curl(&["-x", &ci, &format!("http://postern.internal/v1/invocations/{id}")]);
+    let (status, body, _) = curl(&[
+        "-x",
+        &ci,
+        &format!("http://postern.internal/v1/invocations/{id}"),
+    ]);
     assert_eq!(status, 200, "{body}");
     let r: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!((r["invocation_id"].as_str(), r["outcome"].as_str()), (Some(id.as_str()), Some("committed")));
-    let (status, body, _) = curl(&["-x", &ci, &format!("http://postern.internal/v1/invocations/{id}/result")]);
+    assert_eq!(
+        (r["invocation_id"].as_str(), r["outcome"].as_str()),
+        (Some(id.as_str()), Some("committed"))
+    );
+    let (status, body, _) = curl(&[
+        "-x",
+        &ci,
+        &format!("http://postern.internal/v1/invocations/{id}/result"),
+    ]);
     assert_eq!(status, 200);
     let res: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(res["body_base64"], "bWluZQ==");
-    let (status, _, _) = curl(&["-x", &other, &format!("http://postern.internal/v1/invocations/{id}")]);
+    let (status, _, _) = curl(&[
+        "-x",
+        &other,
+        &format!("http://postern.internal/v1/invocations/{id}"),
+    ]);
     assert_eq!(status, 404, "another agent's invocation is not visible");
-    let (status, _, _) = curl(&["-x", &ci, "-X", "POST", &format!("http://postern.internal/v1/invocations/{id}")]);
+    let (status, _, _) = curl(&[
+        "-x",
+        &ci,
+        "-X",
+        "POST",
+        &format!("http://postern.internal/v1/invocations/{id}"),
+    ]);
     assert_eq!(status, 405);
     let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);
-    assert_eq!(list["invocations"].as_array().unwrap().len(), 1, "reads through postern.internal are not invocations");
+    assert_eq!(
+        list["invocations"].as_array().unwrap().len(),
+        1,
+        "reads through postern.internal are not invocations"
+    );
 }

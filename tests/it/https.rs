@@ -212,10 +212,22 @@ fn a_stalled_tls_handshake_is_a_connect_timeout() {
     );
     let daemon = Daemon::start(&home, Some(&config));
     let ca = home.root().join("certs/ca.pem").display().to_string();
-    let (status, body, head) = curl(&["--cacert", &ca, "-x", &daemon.proxy, &format!("https://origin.test:{}/", silent.port())]);
+    let (status, body, head) = curl(&[
+        "--cacert",
+        &ca,
+        "-x",
+        &daemon.proxy,
+        &format!("https://origin.test:{}/", silent.port()),
+    ]);
     assert_eq!(status, 504, "{body}");
     let e: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!((e["error"]["code"].as_str(), e["error"]["outcome"].as_str()), (Some("CONNECT_TIMEOUT"), Some("not_attempted")));
+    assert_eq!(
+        (e["error"]["code"].as_str(), e["error"]["outcome"].as_str()),
+        (Some("CONNECT_TIMEOUT"), Some("not_attempted"))
+    );
     assert_eq!(e["evidence"]["attempts"][1]["stage"], "tls_handshake");
-    assert!(head.to_ascii_lowercase().contains("error=connection_timeout"));
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("error=connection_timeout")
+    );
 }

@@ -5,6 +5,7 @@ mod admin_api;
 mod audit;
 mod crash;
 mod credentials;
+mod dns;
 mod http;
 mod https;
 mod origins;
