@@ -29,7 +29,7 @@ pub fn run(home: &Home, args: &DrillArgs) -> Result<ExitCode, CliError> {
     let (journal, _) = Journal::open(&home.journal_dir(), JournalOptions::default())
         .map_err(|e| CliError::Failed(format!("cannot open the journal: {e}")))?;
     let id = new_invocation_id();
-    println!("{id}");
+    outln!("{id}");
     for (draft, result) in steps(&args.method, &id, journal.result_expiry_ms()) {
         let kind = draft.body.kind();
         let appended = match result {

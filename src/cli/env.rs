@@ -34,7 +34,7 @@ pub fn run(
 ) -> Result<ExitCode, CliError> {
     let config = crate::config::load(config, env)?;
     for line in lines(home, config.proxy.listen) {
-        println!("{line}");
+        outln!("{line}");
     }
     Ok(ExitCode::SUCCESS)
 }

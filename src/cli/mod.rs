@@ -1,6 +1,23 @@
 //! The `postern` command line (SPEC §5.1). Process environment is read here and
 //! nowhere deeper: config, home and admin address are resolved, then passed in.
 
+/// `println!` that never panics: a closed stdout (`postern serve | head`) must not
+/// take the daemon down.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that never panics either.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod client;
 #[cfg(feature = "failpoints")]
 mod drill;
@@ -153,7 +170,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("postern: {e}");
+            errln!("postern: {e}");
             ExitCode::from(e.exit_code())
         }
     }

@@ -19,7 +19,7 @@ fn get(target: &AdminTarget, path: &str) -> Result<Value, CliError> {
 }
 
 fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 fn s(v: &Value) -> &str {
@@ -46,12 +46,17 @@ pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode
                 print_json(&body);
                 return Ok(ExitCode::SUCCESS);
             }
-            println!(
+            outln!(
                 "{:<31} {:<12} {:<14} {:<17} {:<20} {:<32} TARGET",
-                "ID", "AGENT", "OUTCOME", "PHASE", "RETRY", "CODE"
+                "ID",
+                "AGENT",
+                "OUTCOME",
+                "PHASE",
+                "RETRY",
+                "CODE"
             );
             for r in body["invocations"].as_array().into_iter().flatten() {
-                println!(
+                outln!(
                     "{:<31} {:<12} {:<14} {:<17} {:<20} {:<32} {}",
                     s(&r["invocation_id"]),
                     s(&r["agent"]),
@@ -80,29 +85,30 @@ pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode
 }
 
 fn print_show(r: &Value) {
-    println!("invocation  {}", s(&r["invocation_id"]));
-    println!("agent       {}", s(&r["agent"]));
-    println!("target      {} {}", s(&r["method"]), s(&r["target"]));
-    println!("route       {}", s(&r["route"]));
-    println!("outcome     {}", s(&r["outcome"]));
-    println!("phase       {}", s(&r["phase"]));
-    println!("retry       {}", s(&r["retry"]));
-    println!("code        {}", s(&r["code"]));
-    println!(
+    outln!("invocation  {}", s(&r["invocation_id"]));
+    outln!("agent       {}", s(&r["agent"]));
+    outln!("target      {} {}", s(&r["method"]), s(&r["target"]));
+    outln!("route       {}", s(&r["route"]));
+    outln!("outcome     {}", s(&r["outcome"]));
+    outln!("phase       {}", s(&r["phase"]));
+    outln!("retry       {}", s(&r["retry"]));
+    outln!("code        {}", s(&r["code"]));
+    outln!(
         "generation  {}   attempts {}",
-        r["generation"], r["attempts"]
+        r["generation"],
+        r["attempts"]
     );
-    println!("created_at  {}", s(&r["created_at"]));
-    println!("evidence    {}", r["evidence"]);
+    outln!("created_at  {}", s(&r["created_at"]));
+    outln!("evidence    {}", r["evidence"]);
     if !r["result"].is_null() {
-        println!("result      {}", r["result"]);
+        outln!("result      {}", r["result"]);
     }
     if !r["envelope"].is_null() {
-        println!("envelope    {}", r["envelope"]);
+        outln!("envelope    {}", r["envelope"]);
     }
-    println!("events:");
+    outln!("events:");
     for e in r["events"].as_array().into_iter().flatten() {
-        println!(
+        outln!(
             "  #{:<6} {}  {:<24} gen {} att {}  {:<18} {:<8} {}",
             e["seq"],
             s(&e["ts"]),
@@ -142,7 +148,7 @@ pub fn decide(target: &AdminTarget, id: &str, json: bool) -> Result<ExitCode, Cl
     if json {
         print_json(&json!({"invocation_id": id, "verdict": verdict}));
     } else {
-        println!("{}", verdict.as_str());
+        outln!("{}", verdict.as_str());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -159,7 +165,7 @@ pub fn reconcile(
     if status != StatusCode::OK {
         return Err(api_error(status, &reply));
     }
-    println!(
+    outln!(
         "{} reconciled as {} (operator_attested)",
         id,
         s(&reply["outcome"])
@@ -177,14 +183,14 @@ pub fn audit_verify(target: &AdminTarget, home: &Home, json: bool) -> Result<Exi
     if json {
         print_json(&report);
     } else if report["ok"].as_bool() == Some(true) {
-        println!(
+        outln!(
             "ok: {} events, head seq {} hash {}",
             report["events"],
             report["head_seq"],
             s(&report["head_hash"])
         );
     } else {
-        println!(
+        outln!(
             "BROKEN at seq {}: {} ({} events verified before it)",
             report["break"]["seq"],
             s(&report["break"]["reason"]),

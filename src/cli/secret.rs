@@ -38,16 +38,16 @@ pub fn run(
                 return Err(CliError::Failed("the value on stdin is empty".into()));
             }
             let version = vault.set(&name, value).map_err(fail)?;
-            println!("secret {name} set (version {version})");
+            outln!("secret {name} set (version {version})");
         }
         SecretCommand::List => {
             for (name, version) in vault.list().map_err(fail)? {
-                println!("{name}\tversion {version}");
+                outln!("{name}\tversion {version}");
             }
         }
         SecretCommand::Rm { name } => {
             if vault.remove(&name).map_err(fail)? {
-                println!("secret {name} removed");
+                outln!("secret {name} removed");
             } else {
                 return Err(CliError::Failed(format!("no secret named {name}")));
             }

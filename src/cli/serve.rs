@@ -35,8 +35,8 @@ pub fn init(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exi
     load(config_path, env)?;
     create_home(home)?;
     load_ca(home)?;
-    println!("postern: state directory ready at {}", home.root.display());
-    println!(
+    outln!("postern: state directory ready at {}", home.root.display());
+    outln!(
         "postern: CA certificate at {}",
         home.certs_dir().join("ca.pem").display()
     );
@@ -60,7 +60,7 @@ fn open_journal(config: &Config, home: &Home) -> Result<Journal, CliError> {
         tracing::warn!(invocation = %id, code = code.as_str(), "recovered an invocation that was live when postern stopped");
     }
     if !report.recovered.is_empty() {
-        eprintln!(
+        errln!(
             "postern: recovery settled {} invocation(s)",
             report.recovered.len()
         );
@@ -146,26 +146,26 @@ async fn serve_until_stopped(
         Durability::Fsync => "fsync",
         Durability::Buffered => "buffered",
     };
-    println!("postern {} serving", env!("CARGO_PKG_VERSION"));
-    println!("  proxy    http://{proxy_addr}");
-    println!("  admin    http://{admin_addr}");
-    println!(
+    outln!("postern {} serving", env!("CARGO_PKG_VERSION"));
+    outln!("  proxy    http://{proxy_addr}");
+    outln!("  admin    http://{admin_addr}");
+    outln!(
         "  journal  {} (durability {durability})",
         home.journal_dir().display()
     );
-    println!("agent environment:");
+    outln!("agent environment:");
     for line in super::env::lines(&home, proxy_addr) {
-        println!("  {line}");
+        outln!("  {line}");
     }
     let fatal = journal.health().clone();
     tokio::select! {
         () = shutdown_signal() => {
             let flushed = journal.flush().await;
-            eprintln!("postern: stopping; journal flushed");
+            errln!("postern: stopping; journal flushed");
             Ok(if flushed.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_STORAGE_FAULT) })
         }
         () = fatal.fatal_notify.notified() => {
-            eprintln!(
+            errln!(
                 "postern: journal storage fault ({}); exiting for a restart",
                 fatal.reason().unwrap_or_default()
             );

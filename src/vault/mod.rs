@@ -66,8 +66,29 @@ struct VaultFile {
     secrets: BTreeMap<String, Entry>,
 }
 
-struct Loaded {
+/// What identifies one version of the file: a rewrite renames a new inode into place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
     modified: Option<SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+fn file_stamp(path: &Path) -> Option<Stamp> {
+    let m = std::fs::metadata(path).ok()?;
+    #[cfg(unix)]
+    let inode = std::os::unix::fs::MetadataExt::ino(&m);
+    #[cfg(not(unix))]
+    let inode = 0;
+    Some(Stamp {
+        modified: m.modified().ok(),
+        len: m.len(),
+        inode,
+    })
+}
+
+struct Loaded {
+    modified: Option<Stamp>,
     file: VaultFile,
     cipher: Option<XChaCha20Poly1305>,
 }
@@ -149,9 +170,7 @@ impl Vault {
 
     /// Looks a secret up, reloading the file if it changed since the last look.
     pub fn get(&self, name: &str) -> Result<Secret, VaultError> {
-        let modified = std::fs::metadata(&self.path)
-            .and_then(|m| m.modified())
-            .ok();
+        let modified = file_stamp(&self.path);
         let mut guard = self.loaded.lock().map_err(|_| VaultError::Locked)?;
         let stale = guard.as_ref().is_none_or(|l| l.modified != modified);
         if stale {

@@ -129,13 +129,14 @@ fn a_complete_response_passes_through_with_postern_headers() {
     assert_eq!(r["target"], s.url("/things?x=1"));
     assert_eq!(r["route"], "origin");
     assert_eq!(r["result"]["status"], 200);
-    let events = loop {
-        let e = s.events(&id);
-        if e.last().map(String::as_str) == Some("RESULT_DELIVERED") {
-            break e;
+    let mut events = s.events(&id);
+    for _ in 0..100 {
+        if events.last().map(String::as_str) == Some("RESULT_DELIVERED") {
+            break;
         }
         std::thread::sleep(Duration::from_millis(20));
-    };
+        events = s.events(&id);
+    }
     assert_eq!(
         events,
         [
@@ -160,30 +161,11 @@ fn a_complete_response_passes_through_with_postern_headers() {
 
 #[test]
 fn dispatch_started_is_durable_before_the_first_request_byte() {
-    let home = Home::new();
-    // The origin needs the admin URL, which exists only once the daemon runs: start
-    // a daemon first with a placeholder route, then the real one on the same home.
-    let probe = Daemon::start(&home, Some(&base()));
-    let admin = probe.admin.clone();
-    drop(probe);
+    let admin = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let origin = origins::checks_dispatch_first(admin.clone());
-    let config = route_to(origin.port(), "").replace(
-        "[admin]\nlisten = \"127.0.0.1:0\"",
-        &format!(
-            "[admin]\nlisten = \"{}\"",
-            admin.trim_start_matches("http://")
-        ),
-    );
-    let daemon = Daemon::start(&home, Some(&config));
-    let (status, body, _) = curl(&[
-        "-x",
-        &daemon.proxy,
-        "-X",
-        "POST",
-        "--data",
-        "x=1",
-        &format!("http://origin.test:{}/pay", origin.port()),
-    ]);
+    let s = setup(origin.port(), "");
+    *admin.lock().unwrap() = s.daemon.admin.clone();
+    let (status, body, _) = s.curl(&["-X", "POST", "--data", "x=1", &s.url("/pay")]);
     assert_eq!((status, body.as_str()), (200, "durable-before-first-byte"));
 }
 

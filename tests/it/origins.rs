@@ -190,16 +190,17 @@ pub fn echoes_request() -> Origin {
     })
 }
 
-/// A port nothing listens on.
+/// A port nothing listens on: port 1 needs root to bind and nothing here does, so it
+/// cannot be taken by another test's listener between the check and the use.
 pub fn refused_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+    1
 }
 
 /// On the first request byte, asks postern's admin API whether DISPATCH_STARTED is
 /// already recorded for the newest invocation, and answers what it saw.
-pub fn checks_dispatch_first(admin: String) -> Origin {
+pub fn checks_dispatch_first(admin: Arc<Mutex<String>>) -> Origin {
     Origin::raw(move |s, _| {
+        let admin = admin.lock().unwrap().clone();
         let mut first = [0u8; 1];
         if s.read_exact(&mut first).is_err() {
             return;

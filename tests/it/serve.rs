@@ -99,3 +99,28 @@ fn low_disk_space_degrades_healthz() {
     );
     assert!(!home.root().join("journal/reserve.bin").exists());
 }
+
+#[test]
+fn a_closed_stdout_does_not_take_the_daemon_down() {
+    use std::io::{BufRead, BufReader};
+    let home = Home::new();
+    let cfg = home.config(TEST_CONFIG);
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(cfg)
+        .env("POSTERN_HOME", home.root())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    // The pipe is closed now, as `postern serve | head -1` would.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let alive = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(alive, "postern serve died when its stdout closed");
+}

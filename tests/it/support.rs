@@ -119,10 +119,9 @@ impl Daemon {
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
+            // Keep draining after start: a closed pipe would be a different test.
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
+                let _ = tx.send(line);
             }
         });
         let mut lines = Vec::new();
@@ -197,6 +196,9 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- postern serve stderr ---\n{}", self.stderr());
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -215,8 +217,17 @@ pub fn curl(args: &[&str]) -> (u16, String, String) {
         .expect("curl must be installed (.ci/run installs it)");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    let head = std::fs::read_to_string(&headers).unwrap_or_default();
-    (code.trim().parse().unwrap_or(0), body.to_owned(), head)
+    let mut head = std::fs::read_to_string(&headers).unwrap_or_default();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !err.trim().is_empty() {
+        // Kept out of the body; visible in failure messages that print the head.
+        head.push_str(&format!("\n(curl: {})", err.trim()));
+    }
+    let status = code.trim().parse().unwrap_or(0);
+    if status == 0 {
+        eprintln!("curl {args:?} got no response: {}", err.trim());
+    }
+    (status, body.to_owned(), head)
 }
 
 /// GET a JSON document.
