@@ -135,6 +135,7 @@ async fn serve_until_stopped(
         journal: journal.clone(),
         authority,
         tls: Default::default(),
+        pool: Default::default(),
         dns: crate::http::upstream::Dns::new(config.dns.as_ref()),
         vault,
         metrics: front,

@@ -9,13 +9,14 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
 use super::Proxy;
 use super::body::{DeliveryBody, DeliveryEnd, RequestBody};
 use super::inject::Injection;
+use super::pool::{Pool, Sender};
 use super::respond::{
     self, POSTERN_CREDENTIAL, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody,
 };
@@ -362,6 +363,13 @@ impl Exchange {
         if self.record(drafts).await.is_err() {
             return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
         }
+        let key = Pool::key(route, &self.target);
+        if let Some(sender) = self.proxy.pool.take(&key) {
+            let Some(req) = self.upstream_request(&parts, &body, sender.is_h2()) else {
+                return Outgoing::Respond(self.refused(refuse(Code::InvalidTarget, "target")).await);
+            };
+            return self.dispatch_reused(route, key, sender, req, body, reply).await;
+        }
         let dialed = match dial(route, &self.target, &self.proxy.tls, &self.proxy.dns).await {
             Ok(d) => d,
             Err(f) => {
@@ -377,7 +385,7 @@ impl Exchange {
                 );
             }
         };
-        self.dispatch(route, dialed, upstream_req, body, reply)
+        self.dispatch(route, key, dialed, upstream_req, body, reply)
             .await
     }
 
@@ -473,6 +481,7 @@ impl Exchange {
     async fn dispatch(
         &mut self,
         route: &Route,
+        key: String,
         dialed: Dialed,
         mut req: Request<UpBody>,
         body: Bytes,
@@ -502,14 +511,63 @@ impl Exchange {
                 );
             }
         };
+        self.exchange_over(route, key, sender, req, sent_rx, reply).await
+    }
+
+    /// Dispatch on a pooled connection: no setup stages, `reused_connection` as evidence.
+    async fn dispatch_reused(
+        &mut self,
+        route: &Route,
+        key: String,
+        sender: Sender,
+        mut req: Request<UpBody>,
+        body: Bytes,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
+    ) -> Outgoing {
+        let dispatch = Dispatch {
+            connection_id: None,
+            reused_connection: true,
+        };
+        let drafts = vec![Draft::observed(Body::DispatchStarted(dispatch)).hop("origin")];
+        if self.record(drafts).await.is_err() {
+            return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
+        }
+        self.dispatched = true;
+        let sent_rx = if body.is_empty() {
+            // hyper writes a bodiless request as soon as it is sent on a ready connection.
+            let (tx, rx) = oneshot::channel();
+            let _ = tx.send(());
+            rx
+        } else {
+            let (b, rx) = RequestBody::new(body);
+            *req.body_mut() = UpBody::Full(b);
+            rx
+        };
+        self.exchange_over(route, key, sender, req, sent_rx, reply).await
+    }
+
+    /// Sends, receives, and hands a still-usable connection back to the pool.
+    async fn exchange_over(
+        &mut self,
+        route: &Route,
+        key: String,
+        mut sender: Sender,
+        req: Request<UpBody>,
+        sent_rx: oneshot::Receiver<()>,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
+    ) -> Outgoing {
         let waited = self
-            .await_head(sender, req, sent_rx, route.response_timeout, reply)
+            .await_head(&mut sender, req, sent_rx, route.response_timeout, reply)
             .await;
         let resp = match waited {
             Ok(r) => r,
             Err((code, diag)) => return Outgoing::Respond(self.remote_failure(code, diag).await),
         };
-        self.receive(route, resp, reply).await
+        let out = self.receive(route, resp, reply).await;
+        if matches!(out, Outgoing::Deliver { .. }) {
+            self.proxy.pool.give(key, sender);
+        }
+        out
     }
 
     async fn remote_failure(&mut self, code: Code, diagnostic: String) -> Response<ProxyBody> {
@@ -521,7 +579,7 @@ impl Exchange {
     /// Waits for the response head; `response_timeout` runs from the request fully written.
     async fn await_head(
         &mut self,
-        mut sender: Sender,
+        sender: &mut Sender,
         req: Request<UpBody>,
         mut sent_rx: oneshot::Receiver<()>,
         response_timeout: Duration,
@@ -919,35 +977,3 @@ impl http_body::Body for UpBody {
     }
 }
 
-/// A fresh HTTP/1.1 or HTTP/2 client connection over the dialed stream.
-enum Sender {
-    H1(hyper::client::conn::http1::SendRequest<UpBody>),
-    H2(hyper::client::conn::http2::SendRequest<UpBody>),
-}
-
-impl Sender {
-    async fn handshake(io: Tap, h2: bool) -> Result<Self, String> {
-        let io = TokioIo::new(io);
-        if h2 {
-            let (s, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-                .await
-                .map_err(|e| e.to_string())?;
-            tokio::spawn(conn);
-            Ok(Self::H2(s))
-        } else {
-            let (s, conn) = hyper::client::conn::http1::handshake(io)
-                .await
-                .map_err(|e| e.to_string())?;
-            tokio::spawn(conn);
-            Ok(Self::H1(s))
-        }
-    }
-
-    async fn send(&mut self, req: Request<UpBody>) -> Result<Response<Incoming>, String> {
-        let r = match self {
-            Self::H1(s) => s.send_request(req).await,
-            Self::H2(s) => s.send_request(req).await,
-        };
-        r.map_err(|e| body_error(&e))
-    }
-}

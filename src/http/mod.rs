@@ -13,6 +13,7 @@ mod exchange;
 mod front;
 mod inject;
 mod internal;
+mod pool;
 pub mod mitm;
 pub mod respond;
 mod sniff;
@@ -35,6 +36,7 @@ pub struct Proxy {
     pub authority: Arc<mitm::Authority>,
     pub tls: upstream::TlsClients,
     pub dns: upstream::Dns,
+    pub pool: pool::Pool,
     pub vault: Arc<crate::vault::Vault>,
     pub metrics: FrontMetrics,
 }

@@ -63,7 +63,11 @@ fn expiry_key(at_ms: i64, id: &str) -> Vec<u8> {
 impl FjallStore {
     /// Opens (or creates) the journal under `dir`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let db = Database::builder(dir).manual_journal_persist(true).open()?;
+        // A proxy's journal is written far more than it is read: keep the block cache small.
+        let db = Database::builder(dir)
+            .manual_journal_persist(true)
+            .cache_size(8 << 20)
+            .open()?;
         let ks = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default);
         Ok(Self {
             events: ks("events")?,

@@ -1,0 +1,94 @@
+//! Idle upstream connections, reused per route and origin. A request on a pooled
+//! connection is dispatched like any other: if it fails after `DISPATCH_STARTED`, the
+//! outcome is `unknown`, never "connection error".
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use super::exchange::{UpBody, body_error};
+use super::tap::Tap;
+use crate::config::Route;
+use crate::policy::Target;
+
+const MAX_IDLE_PER_KEY: usize = 64;
+
+/// An HTTP/1.1 or HTTP/2 client connection to one origin.
+pub enum Sender {
+    H1(hyper::client::conn::http1::SendRequest<UpBody>),
+    H2(hyper::client::conn::http2::SendRequest<UpBody>),
+}
+
+impl Sender {
+    pub async fn handshake(io: Tap, h2: bool) -> Result<Self, String> {
+        let io = TokioIo::new(io);
+        if h2 {
+            let (s, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            Ok(Self::H2(s))
+        } else {
+            let (s, conn) = hyper::client::conn::http1::handshake(io).await.map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            Ok(Self::H1(s))
+        }
+    }
+
+    pub fn is_h2(&self) -> bool {
+        matches!(self, Self::H2(_))
+    }
+
+    fn is_usable(&self) -> bool {
+        match self {
+            Self::H1(s) => s.is_ready() && !s.is_closed(),
+            Self::H2(s) => s.is_ready() && !s.is_closed(),
+        }
+    }
+
+    pub async fn send(&mut self, req: http::Request<UpBody>) -> Result<http::Response<Incoming>, String> {
+        let r = match self {
+            Self::H1(s) => s.send_request(req).await,
+            Self::H2(s) => s.send_request(req).await,
+        };
+        r.map_err(|e| body_error(&e))
+    }
+}
+
+/// Idle connections keyed by route and origin (a route fixes trust roots and address).
+#[derive(Default)]
+pub struct Pool {
+    idle: Mutex<HashMap<String, Vec<Sender>>>,
+}
+
+impl Pool {
+    pub fn key(route: &Route, target: &Target) -> String {
+        format!("{}|{}", route.id, target.authority())
+    }
+
+    /// A connection that is ready for another request, if one is idle.
+    pub fn take(&self, key: &str) -> Option<Sender> {
+        let mut idle = self.idle.lock().ok()?;
+        let list = idle.get_mut(key)?;
+        while let Some(sender) = list.pop() {
+            if sender.is_usable() {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    pub fn give(&self, key: String, sender: Sender) {
+        if !sender.is_usable() {
+            return;
+        }
+        if let Ok(mut idle) = self.idle.lock() {
+            let list = idle.entry(key).or_default();
+            if list.len() < MAX_IDLE_PER_KEY {
+                list.push(sender);
+            }
+        }
+    }
+}
