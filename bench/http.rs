@@ -36,25 +36,37 @@ struct Origin {
     ca_pem: String,
 }
 
-async fn handle(req: Request<Incoming>) -> Result<Response<http_body_util::combinators::BoxBody<Bytes, Infallible>>, Infallible> {
+async fn handle(
+    req: Request<Incoming>,
+) -> Result<Response<http_body_util::combinators::BoxBody<Bytes, Infallible>>, Infallible> {
     if req.uri().path() == "/sse" {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(8);
         tokio::spawn(async move {
             for _ in 0..50 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
-                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros();
-                if tx.send(Ok(Frame::data(Bytes::from(format!("data: {now}\n\n"))))).await.is_err() {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap()
+                    .as_micros();
+                if tx
+                    .send(Ok(Frame::data(Bytes::from(format!("data: {now}\n\n")))))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
         });
         let body = StreamBody::new(Rx(rx)).boxed();
         let mut r = Response::new(body);
-        r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
+        r.headers_mut()
+            .insert("content-type", "text/event-stream".parse().unwrap());
         return Ok(r);
     }
     let _ = req.into_body().collect().await;
-    Ok(Response::new(Full::new(Bytes::from_static(b"{\"ok\":true}")).boxed()))
+    Ok(Response::new(
+        Full::new(Bytes::from_static(b"{\"ok\":true}")).boxed(),
+    ))
 }
 
 /// A receiver as a stream of body frames.
@@ -62,7 +74,10 @@ struct Rx<T>(tokio::sync::mpsc::Receiver<T>);
 
 impl<T> futures_core::Stream for Rx<T> {
     type Item = T;
-    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<T>> {
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<T>> {
         self.0.poll_recv(cx)
     }
 }
@@ -75,31 +90,46 @@ fn start_origin(rt: &tokio::runtime::Runtime) -> Origin {
     let ca_cert = ca.self_signed(&ca_key).unwrap();
     let issuer = Issuer::new(ca, ca_key);
     let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["origin.test".into()]).unwrap().signed_by(&key, &issuer).unwrap();
+    let leaf = CertificateParams::new(vec!["origin.test".into()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()
-        .with_single_cert(vec![leaf.der().clone()], rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()))
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
         .unwrap();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
     let addr = listener.local_addr().unwrap();
     rt.spawn(async move {
         loop {
-            let Ok((tcp, _)) = listener.accept().await else { continue };
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
             let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tls), hyper::service::service_fn(handle))
                     .await;
             });
         }
     });
-    Origin { addr, ca_pem: ca_cert.pem() }
+    Origin {
+        addr,
+        ca_pem: ca_cert.pem(),
+    }
 }
 
 struct Postern {
@@ -175,11 +205,18 @@ fn tls_client(ca_pem: &[u8]) -> tokio_rustls::TlsConnector {
 }
 
 /// Opens a keep-alive HTTP/1.1 connection to the origin, directly or through CONNECT.
-async fn connect(target: SocketAddr, via: Option<SocketAddr>, tls: &tokio_rustls::TlsConnector) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+async fn connect(
+    target: SocketAddr,
+    via: Option<SocketAddr>,
+    tls: &tokio_rustls::TlsConnector,
+) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
     let mut tcp = TcpStream::connect(via.unwrap_or(target)).await.unwrap();
     tcp.set_nodelay(true).unwrap();
     if via.is_some() {
-        let req = format!("CONNECT origin.test:{0} HTTP/1.1\r\nHost: origin.test:{0}\r\n\r\n", target.port());
+        let req = format!(
+            "CONNECT origin.test:{0} HTTP/1.1\r\nHost: origin.test:{0}\r\n\r\n",
+            target.port()
+        );
         tcp.write_all(req.as_bytes()).await.unwrap();
         let mut head = Vec::new();
         let mut b = [0u8; 1];
@@ -187,11 +224,17 @@ async fn connect(target: SocketAddr, via: Option<SocketAddr>, tls: &tokio_rustls
             tcp.read_exact(&mut b).await.unwrap();
             head.push(b[0]);
         }
-        assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+        assert!(
+            head.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&head)
+        );
     }
     let name = rustls::pki_types::ServerName::try_from("origin.test").unwrap();
     let stream = tls.connect(name, tcp).await.unwrap();
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
     tokio::spawn(conn);
     sender
 }
@@ -203,7 +246,13 @@ struct Cell {
     count: usize,
 }
 
-async fn load(target: SocketAddr, via: Option<SocketAddr>, tls: tokio_rustls::TlsConnector, concurrency: usize, post: bool) -> Cell {
+async fn load(
+    target: SocketAddr,
+    via: Option<SocketAddr>,
+    tls: tokio_rustls::TlsConnector,
+    concurrency: usize,
+    post: bool,
+) -> Cell {
     let started = Instant::now();
     let deadline = started + RUN;
     let mut tasks = Vec::new();
@@ -234,7 +283,11 @@ async fn load(target: SocketAddr, via: Option<SocketAddr>, tls: tokio_rustls::Tl
     }
     let took = started.elapsed();
     all.sort();
-    let at = |q: f64| all.get(((all.len() as f64 - 1.0) * q) as usize).copied().unwrap_or_default();
+    let at = |q: f64| {
+        all.get(((all.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or_default()
+    };
     Cell {
         per_sec: all.len() as f64 / took.as_secs_f64(),
         p50: at(0.5),
@@ -248,7 +301,8 @@ fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
     let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0) + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
     ticks / 100.0
 }
 
@@ -263,23 +317,42 @@ fn rss_mb(pid: u32) -> f64 {
 }
 
 /// Median and p99 delay between an SSE event's send time and its arrival.
-async fn sse_latency(target: SocketAddr, via: Option<SocketAddr>, tls: &tokio_rustls::TlsConnector) -> (Duration, Duration) {
+async fn sse_latency(
+    target: SocketAddr,
+    via: Option<SocketAddr>,
+    tls: &tokio_rustls::TlsConnector,
+) -> (Duration, Duration) {
     let mut sender = connect(target, via, tls).await;
-    let req = Request::builder().uri("/sse").header("host", format!("origin.test:{}", target.port())).body(Full::new(Bytes::new())).unwrap();
+    let req = Request::builder()
+        .uri("/sse")
+        .header("host", format!("origin.test:{}", target.port()))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
     let mut body = sender.send_request(req).await.unwrap().into_body();
     let mut delays = Vec::new();
     while let Some(Ok(frame)) = body.frame().await {
         if let Ok(data) = frame.into_data() {
-            let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros();
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_micros();
             for line in String::from_utf8_lossy(&data).lines() {
-                if let Some(sent) = line.strip_prefix("data: ").and_then(|v| v.parse::<u128>().ok()) {
+                if let Some(sent) = line
+                    .strip_prefix("data: ")
+                    .and_then(|v| v.parse::<u128>().ok())
+                {
                     delays.push(Duration::from_micros((now.saturating_sub(sent)) as u64));
                 }
             }
         }
     }
     delays.sort();
-    let at = |q: f64| delays.get(((delays.len() as f64 - 1.0) * q) as usize).copied().unwrap_or_default();
+    let at = |q: f64| {
+        delays
+            .get(((delays.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or_default()
+    };
     (at(0.5), at(0.99))
 }
 
@@ -288,19 +361,39 @@ fn us(d: Duration) -> String {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let origin = start_origin(&rt);
     let direct_tls = tls_client(origin.ca_pem.as_bytes());
     let fsync = start_postern(&origin, "fsync");
     let buffered = start_postern(&origin, "buffered");
-    println!("HTTP benchmark: HTTPS keep-alive, {}s per cell, loopback origin, 2 cores", RUN.as_secs());
+    println!(
+        "HTTP benchmark: HTTPS keep-alive, {}s per cell, loopback origin, 2 cores",
+        RUN.as_secs()
+    );
     println!();
-    println!("| request | concurrency | path | req/s | p50 | p99 | ratio to direct | postern CPU s / 1000 req |");
+    println!(
+        "| request | concurrency | path | req/s | p50 | p99 | ratio to direct | postern CPU s / 1000 req |"
+    );
     println!("|---|---:|---|---:|---:|---:|---:|---:|");
     for (post, label) in [(false, "GET small"), (true, "POST 1 KiB")] {
         for concurrency in [1usize, 32] {
-            let direct = rt.block_on(load(origin.addr, None, direct_tls.clone(), concurrency, post));
-            println!("| {label} | {concurrency} | direct | {:.0} | {} | {} | 1.00 | - |", direct.per_sec, us(direct.p50), us(direct.p99));
+            let direct = rt.block_on(load(
+                origin.addr,
+                None,
+                direct_tls.clone(),
+                concurrency,
+                post,
+            ));
+            println!(
+                "| {label} | {concurrency} | direct | {:.0} | {} | {} | 1.00 | - |",
+                direct.per_sec,
+                us(direct.p50),
+                us(direct.p99)
+            );
             for (name, p) in [("postern fsync", &fsync), ("postern buffered", &buffered)] {
                 let tls = tls_client(&std::fs::read(&p.ca).unwrap());
                 let cpu0 = cpu_seconds(p.child.id());
@@ -321,9 +414,18 @@ fn main() {
     let (d50, d99) = rt.block_on(sse_latency(origin.addr, None, &direct_tls));
     let tls = tls_client(&std::fs::read(&fsync.ca).unwrap());
     let (p50, p99) = rt.block_on(sse_latency(origin.addr, Some(fsync.proxy), &tls));
-    println!("SSE per-event delay: direct p50 {} p99 {}; through postern p50 {} p99 {}; added p50 {}", us(d50), us(d99), us(p50), us(p99), us(p50.saturating_sub(d50)));
+    println!(
+        "SSE per-event delay: direct p50 {} p99 {}; through postern p50 {} p99 {}; added p50 {}",
+        us(d50),
+        us(d99),
+        us(p50),
+        us(p99),
+        us(p50.saturating_sub(d50))
+    );
     let before = rss_mb(fsync.child.id());
-    let idle: Vec<std::net::TcpStream> = (0..1000).filter_map(|_| std::net::TcpStream::connect(fsync.proxy).ok()).collect();
+    let idle: Vec<std::net::TcpStream> = (0..1000)
+        .filter_map(|_| std::net::TcpStream::connect(fsync.proxy).ok())
+        .collect();
     std::thread::sleep(Duration::from_secs(1));
     println!(
         "RSS of postern: {before:.1} MB before, {:.1} MB with {} idle agent connections",

@@ -366,9 +366,13 @@ impl Exchange {
         let key = Pool::key(route, &self.target);
         if let Some(sender) = self.proxy.pool.take(&key) {
             let Some(req) = self.upstream_request(&parts, &body, sender.is_h2()) else {
-                return Outgoing::Respond(self.refused(refuse(Code::InvalidTarget, "target")).await);
+                return Outgoing::Respond(
+                    self.refused(refuse(Code::InvalidTarget, "target")).await,
+                );
             };
-            return self.dispatch_reused(route, key, sender, req, body, reply).await;
+            return self
+                .dispatch_reused(route, key, sender, req, body, reply)
+                .await;
         }
         let dialed = match dial(route, &self.target, &self.proxy.tls, &self.proxy.dns).await {
             Ok(d) => d,
@@ -511,7 +515,8 @@ impl Exchange {
                 );
             }
         };
-        self.exchange_over(route, key, sender, req, sent_rx, reply).await
+        self.exchange_over(route, key, sender, req, sent_rx, reply)
+            .await
     }
 
     /// Dispatch on a pooled connection: no setup stages, `reused_connection` as evidence.
@@ -543,7 +548,8 @@ impl Exchange {
             *req.body_mut() = UpBody::Full(b);
             rx
         };
-        self.exchange_over(route, key, sender, req, sent_rx, reply).await
+        self.exchange_over(route, key, sender, req, sent_rx, reply)
+            .await
     }
 
     /// Sends, receives, and hands a still-usable connection back to the pool.
@@ -976,4 +982,3 @@ impl http_body::Body for UpBody {
         }
     }
 }
-

@@ -31,7 +31,9 @@ impl Sender {
             tokio::spawn(conn);
             Ok(Self::H2(s))
         } else {
-            let (s, conn) = hyper::client::conn::http1::handshake(io).await.map_err(|e| e.to_string())?;
+            let (s, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(|e| e.to_string())?;
             tokio::spawn(conn);
             Ok(Self::H1(s))
         }
@@ -48,7 +50,10 @@ impl Sender {
         }
     }
 
-    pub async fn send(&mut self, req: http::Request<UpBody>) -> Result<http::Response<Incoming>, String> {
+    pub async fn send(
+        &mut self,
+        req: http::Request<UpBody>,
+    ) -> Result<http::Response<Incoming>, String> {
         let r = match self {
             Self::H1(s) => s.send_request(req).await,
             Self::H2(s) => s.send_request(req).await,

@@ -236,14 +236,33 @@ fn a_stalled_tls_handshake_is_a_connect_timeout() {
 fn a_pooled_connection_is_reused_and_says_so() {
     let (s, _origin) = setup(true);
     for _ in 0..2 {
-        let (status, _, _) = curl(&["--http1.1", "--cacert", &s.ca(), "-x", &s.proxy(), &s.url("/again")]);
+        let (status, _, _) = curl(&[
+            "--http1.1",
+            "--cacert",
+            &s.ca(),
+            "-x",
+            &s.proxy(),
+            &s.url("/again"),
+        ]);
         assert_eq!(status, 200);
     }
     let (_, list) = get_json(&s.daemon.url("/v1/invocations"), &[]);
-    let newest = list["invocations"][0]["invocation_id"].as_str().unwrap().to_owned();
-    let (_, ev) = get_json(&s.daemon.url(&format!("/v1/invocations/{newest}/events")), &[]);
+    let newest = list["invocations"][0]["invocation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, ev) = get_json(
+        &s.daemon.url(&format!("/v1/invocations/{newest}/events")),
+        &[],
+    );
     let events = ev["events"].as_array().unwrap();
-    assert!(events.iter().all(|e| e["kind"] != "CONNECT_ATTEMPT"), "{ev}");
-    let dispatch = events.iter().find(|e| e["kind"] == "DISPATCH_STARTED").unwrap();
+    assert!(
+        events.iter().all(|e| e["kind"] != "CONNECT_ATTEMPT"),
+        "{ev}"
+    );
+    let dispatch = events
+        .iter()
+        .find(|e| e["kind"] == "DISPATCH_STARTED")
+        .unwrap();
     assert_eq!(dispatch["data"]["reused_connection"], true);
 }
