@@ -606,7 +606,8 @@ impl Exchange {
                 s = &mut sent_rx, if !written => {
                     written = true;
                     if s.is_ok() {
-                        let _ = self.record(vec![Draft::observed(Body::RequestSent(RequestSent::default())).hop("origin")]).await;
+                        let sent = Draft::observed(Body::RequestSent(RequestSent::default())).hop("origin");
+                        self.proxy.journal.enqueue(&self.id, vec![sent]).await;
                     }
                     deadline.as_mut().reset(tokio::time::Instant::now() + response_timeout);
                 }

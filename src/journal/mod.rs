@@ -172,6 +172,19 @@ impl Journal {
         self.submit(invocation_id, drafts, None).await
     }
 
+    /// Queues drafts that need no ack on the hot path; order with later appends is kept
+    /// (one writer, one queue), and a refusal or fault shows in the next acked append.
+    pub async fn enqueue(&self, invocation_id: &str, drafts: Vec<Draft>) {
+        let (reply, _ignored) = oneshot::channel();
+        let request = Request::Append {
+            invocation_id: invocation_id.to_owned(),
+            drafts,
+            result: None,
+            reply,
+        };
+        let _ = self.tx.send(request).await;
+    }
+
     /// Appends the resolving event together with the retrievable result.
     pub async fn commit_result(
         &self,
