@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use super::Proxy;
 use super::body::{DeliveryBody, DeliveryEnd, RequestBody};
 use super::inject::Injection;
-use super::pool::{Pool, Sender};
+use super::pool::{Conn, Pool, Sender};
 use super::respond::{
     self, POSTERN_CREDENTIAL, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody,
 };
@@ -364,14 +364,14 @@ impl Exchange {
             return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
         }
         let key = Pool::key(route, &self.target);
-        if let Some(sender) = self.proxy.pool.take(&key) {
-            let Some(req) = self.upstream_request(&parts, &body, sender.is_h2()) else {
+        if let Some(conn) = self.proxy.pool.take(&key) {
+            let Some(req) = self.upstream_request(&parts, &body, conn.sender.is_h2()) else {
                 return Outgoing::Respond(
                     self.refused(refuse(Code::InvalidTarget, "target")).await,
                 );
             };
             return self
-                .dispatch_reused(route, key, sender, req, body, reply)
+                .dispatch_reused(route, key, conn, req, body, reply)
                 .await;
         }
         let dialed = match dial(route, &self.target, &self.proxy.tls, &self.proxy.dns).await {
@@ -492,7 +492,13 @@ impl Exchange {
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
         let mut drafts = attempt_drafts(&dialed.attempts);
-        drafts.push(Draft::observed(Body::DispatchStarted(Dispatch::default())).hop("origin"));
+        let dispatch = Dispatch {
+            connection_id: None,
+            reused_connection: false,
+            address: Some(dialed.address.to_string()),
+            tls: dialed.tls.clone(),
+        };
+        drafts.push(Draft::observed(Body::DispatchStarted(dispatch)).hop("origin"));
         if self.record(drafts).await.is_err() {
             return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
         }
@@ -515,7 +521,12 @@ impl Exchange {
                 );
             }
         };
-        self.exchange_over(route, key, sender, req, sent_rx, reply)
+        let conn = Conn {
+            sender,
+            address: dialed.address.to_string(),
+            tls: dialed.tls,
+        };
+        self.exchange_over(route, key, conn, req, sent_rx, reply)
             .await
     }
 
@@ -524,7 +535,7 @@ impl Exchange {
         &mut self,
         route: &Route,
         key: String,
-        sender: Sender,
+        conn: Conn,
         mut req: Request<UpBody>,
         body: Bytes,
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
@@ -532,6 +543,8 @@ impl Exchange {
         let dispatch = Dispatch {
             connection_id: None,
             reused_connection: true,
+            address: Some(conn.address.clone()),
+            tls: conn.tls.clone(),
         };
         let drafts = vec![Draft::observed(Body::DispatchStarted(dispatch)).hop("origin")];
         if self.record(drafts).await.is_err() {
@@ -548,7 +561,7 @@ impl Exchange {
             *req.body_mut() = UpBody::Full(b);
             rx
         };
-        self.exchange_over(route, key, sender, req, sent_rx, reply)
+        self.exchange_over(route, key, conn, req, sent_rx, reply)
             .await
     }
 
@@ -557,13 +570,19 @@ impl Exchange {
         &mut self,
         route: &Route,
         key: String,
-        mut sender: Sender,
+        mut conn: Conn,
         req: Request<UpBody>,
         sent_rx: oneshot::Receiver<()>,
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
         let waited = self
-            .await_head(&mut sender, req, sent_rx, route.response_timeout, reply)
+            .await_head(
+                &mut conn.sender,
+                req,
+                sent_rx,
+                route.response_timeout,
+                reply,
+            )
             .await;
         let resp = match waited {
             Ok(r) => r,
@@ -571,7 +590,7 @@ impl Exchange {
         };
         let out = self.receive(route, resp, reply).await;
         if matches!(out, Outgoing::Deliver { .. }) {
-            self.proxy.pool.give(key, sender);
+            self.proxy.pool.give(key, conn);
         }
         out
     }

@@ -11,6 +11,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use super::exchange::{UpBody, body_error};
 use super::tap::Tap;
 use crate::config::Route;
+use crate::journal::TlsIdentity;
 use crate::policy::Target;
 
 const MAX_IDLE_PER_KEY: usize = 64;
@@ -62,10 +63,17 @@ impl Sender {
     }
 }
 
+/// A connection and what its setup proved, kept for the evidence of later requests.
+pub struct Conn {
+    pub sender: Sender,
+    pub address: String,
+    pub tls: Option<TlsIdentity>,
+}
+
 /// Idle connections keyed by route and origin (a route fixes trust roots and address).
 #[derive(Default)]
 pub struct Pool {
-    idle: Mutex<HashMap<String, Vec<Sender>>>,
+    idle: Mutex<HashMap<String, Vec<Conn>>>,
 }
 
 impl Pool {
@@ -74,25 +82,25 @@ impl Pool {
     }
 
     /// A connection that is ready for another request, if one is idle.
-    pub fn take(&self, key: &str) -> Option<Sender> {
+    pub fn take(&self, key: &str) -> Option<Conn> {
         let mut idle = self.idle.lock().ok()?;
         let list = idle.get_mut(key)?;
-        while let Some(sender) = list.pop() {
-            if sender.is_usable() {
-                return Some(sender);
+        while let Some(conn) = list.pop() {
+            if conn.sender.is_usable() {
+                return Some(conn);
             }
         }
         None
     }
 
-    pub fn give(&self, key: String, sender: Sender) {
-        if !sender.is_usable() {
+    pub fn give(&self, key: String, conn: Conn) {
+        if !conn.sender.is_usable() {
             return;
         }
         if let Ok(mut idle) = self.idle.lock() {
             let list = idle.entry(key).or_default();
             if list.len() < MAX_IDLE_PER_KEY {
-                list.push(sender);
+                list.push(conn);
             }
         }
     }

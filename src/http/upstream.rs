@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 
 use crate::config::{DnsConfig, Route, Scheme};
 use crate::contract::{Code, Stage};
-use crate::journal::ConnectAttempt;
+use crate::journal::{ConnectAttempt, TlsIdentity};
 use crate::policy::Target;
 
 /// A byte stream to the origin.
@@ -28,6 +28,8 @@ pub struct Dialed {
     /// The origin chose HTTP/2 by ALPN.
     pub h2: bool,
     pub attempts: Vec<ConnectAttempt>,
+    /// Set for TLS origins: what verification proved.
+    pub tls: Option<TlsIdentity>,
 }
 
 /// Connection setup failed: nothing was sent.
@@ -208,6 +210,7 @@ pub async fn dial(
     let _ = tcp.set_nodelay(true);
     if target.scheme == Scheme::Http {
         return Ok(Dialed {
+            tls: None,
             stream: Box::new(tcp),
             address,
             h2: false,
@@ -241,9 +244,18 @@ pub async fn dial(
     let connector = tokio_rustls::TlsConnector::from(config);
     match tokio::time::timeout(route.connect_timeout, connector.connect(name, tcp)).await {
         Ok(Ok(stream)) => {
-            let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+            let session = stream.get_ref().1;
+            let h2 = session.alpn_protocol() == Some(b"h2");
+            let tls = session
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .map(|leaf| TlsIdentity {
+                    server_name: target.host.clone(),
+                    leaf_sha256: crate::journal::sha256_tagged(leaf.as_ref()),
+                });
             at.ok(Stage::TlsHandshake, Some(address));
             Ok(Dialed {
+                tls,
                 stream: Box::new(stream),
                 address,
                 h2,

@@ -223,6 +223,19 @@ pub struct Dispatch {
     pub connection_id: Option<String>,
     #[serde(default)]
     pub reused_connection: bool,
+    /// The address the request goes to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The origin's verified TLS identity: the name checked and the leaf's digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsIdentity>,
+}
+
+/// What TLS verification proved about the origin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TlsIdentity {
+    pub server_name: String,
+    pub leaf_sha256: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

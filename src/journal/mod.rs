@@ -28,8 +28,8 @@ pub use audit::{AuditReport, ChainBreak, verify};
 pub use event::{
     Accepted, ApprovalAnswer, ApprovalRequest, Body, ConnectAttempt, Delivered, Dispatch, Draft,
     Event, EventKind, Failure, GENESIS_HASH, Lease, Preflight, Protocol, Reconciliation,
-    RequestSent, ResponseComplete, ResponseStarted, ResultCommitted, Source, sha256_tagged,
-    sha256_tagged_digest,
+    RequestSent, ResponseComplete, ResponseStarted, ResultCommitted, Source, TlsIdentity,
+    sha256_tagged, sha256_tagged_digest,
 };
 pub use fjall_store::FjallStore;
 pub use health::Health;

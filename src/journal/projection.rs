@@ -232,6 +232,21 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             r.outcome = Outcome::Unknown;
             r.evidence.dispatch_started = true;
             r.evidence.dispatch_seq = Some(event.seq);
+            if let Some(tls) = &d.tls {
+                r.evidence
+                    .extra
+                    .insert("tls".into(), serde_json::json!(tls));
+            }
+            if let Some(address) = &d.address {
+                r.evidence
+                    .extra
+                    .insert("address".into(), address.clone().into());
+            }
+            if d.reused_connection {
+                r.evidence
+                    .extra
+                    .insert("reused_connection".into(), true.into());
+            }
             if let Some(id) = d.connection_id {
                 r.evidence.extra.insert("connection_id".into(), id.into());
             }

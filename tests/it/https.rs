@@ -88,6 +88,22 @@ fn curl_through_connect_reaches_the_origin_with_postern_headers() {
         .map(|e| e["data"]["stage"].as_str().unwrap())
         .collect();
     assert_eq!(stages, ["tcp_connect", "tls_handshake"]);
+    assert_eq!(
+        r["evidence"]["tls"]["server_name"], "origin.test",
+        "the verified identity is bound: {r}"
+    );
+    assert!(
+        r["evidence"]["tls"]["leaf_sha256"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+    assert!(
+        r["evidence"]["address"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:")
+    );
 }
 
 #[test]
@@ -265,4 +281,8 @@ fn a_pooled_connection_is_reused_and_says_so() {
         .find(|e| e["kind"] == "DISPATCH_STARTED")
         .unwrap();
     assert_eq!(dispatch["data"]["reused_connection"], true);
+    assert_eq!(
+        dispatch["data"]["tls"]["server_name"], "origin.test",
+        "a reused connection keeps its proven identity"
+    );
 }
