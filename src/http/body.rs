@@ -16,7 +16,8 @@ pub enum DeliveryEnd {
     Dropped,
 }
 
-/// A complete, stored body on its way to the agent; reports when it is all out.
+/// A complete body handed over once (to the agent, or to the origin); reports whether
+/// all of it was taken.
 pub struct DeliveryBody {
     data: Option<Bytes>,
     len: u64,
@@ -80,53 +81,8 @@ impl Drop for DeliveryBody {
     }
 }
 
-/// The agent's request body toward the origin; reports when hyper took the last frame.
-pub struct RequestBody {
-    data: Option<Bytes>,
-    len: u64,
-    sent: Option<oneshot::Sender<()>>,
-}
-
-impl RequestBody {
-    pub fn new(data: Bytes) -> (Self, oneshot::Receiver<()>) {
-        let (tx, rx) = oneshot::channel();
-        let len = data.len() as u64;
-        (
-            Self {
-                data: Some(data).filter(|d| !d.is_empty()),
-                len,
-                sent: Some(tx),
-            },
-            rx,
-        )
-    }
-}
-
-impl Body for RequestBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if let Some(data) = self.data.take() {
-            return Poll::Ready(Some(Ok(Frame::data(data))));
-        }
-        if let Some(sent) = self.sent.take() {
-            let _ = sent.send(());
-        }
-        Poll::Ready(None)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.sent.is_none()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.len)
-    }
-}
+/// The agent's request body toward the origin: `Delivered` once hyper took all of it.
+pub type RequestBody = DeliveryBody;
 
 /// One piece of a streamed response on its way to the agent.
 pub enum Chunk {

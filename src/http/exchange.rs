@@ -554,7 +554,7 @@ impl Exchange {
         let sent_rx = if body.is_empty() {
             // hyper writes a bodiless request as soon as it is sent on a ready connection.
             let (tx, rx) = oneshot::channel();
-            let _ = tx.send(());
+            let _ = tx.send(DeliveryEnd::Delivered);
             rx
         } else {
             let (b, rx) = RequestBody::new(body);
@@ -572,7 +572,7 @@ impl Exchange {
         key: String,
         mut conn: Conn,
         req: Request<UpBody>,
-        sent_rx: oneshot::Receiver<()>,
+        sent_rx: oneshot::Receiver<DeliveryEnd>,
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
         let waited = self
@@ -606,7 +606,7 @@ impl Exchange {
         &mut self,
         sender: &mut Sender,
         req: Request<UpBody>,
-        mut sent_rx: oneshot::Receiver<()>,
+        mut sent_rx: oneshot::Receiver<DeliveryEnd>,
         response_timeout: Duration,
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Result<Response<Incoming>, (Code, String)> {
@@ -624,7 +624,7 @@ impl Exchange {
                 }
                 s = &mut sent_rx, if !written => {
                     written = true;
-                    if s.is_ok() {
+                    if matches!(s, Ok(DeliveryEnd::Delivered)) {
                         let sent = Draft::observed(Body::RequestSent(RequestSent::default())).hop("origin");
                         self.proxy.journal.enqueue(&self.id, vec![sent]).await;
                     }

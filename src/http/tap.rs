@@ -7,15 +7,16 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 
+use super::body::DeliveryEnd;
 use super::upstream::Io;
 
 pub struct Tap {
     inner: Box<dyn Io>,
-    first_write: Option<oneshot::Sender<()>>,
+    first_write: Option<oneshot::Sender<DeliveryEnd>>,
 }
 
 impl Tap {
-    pub fn new(inner: Box<dyn Io>) -> (Self, oneshot::Receiver<()>) {
+    pub fn new(inner: Box<dyn Io>) -> (Self, oneshot::Receiver<DeliveryEnd>) {
         let (tx, rx) = oneshot::channel();
         (
             Self {
@@ -32,7 +33,7 @@ impl Tap {
         if matches!(r, Poll::Ready(Ok(n)) if *n > 0)
             && let Some(tx) = self.first_write.take()
         {
-            let _ = tx.send(());
+            let _ = tx.send(DeliveryEnd::Delivered);
         }
     }
 }
