@@ -68,7 +68,10 @@ impl FjallStore {
             .manual_journal_persist(true)
             .cache_size(8 << 20)
             .open()?;
-        let ks = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default);
+        // Small memtables: fjall's default (64 MiB per keyspace) would hold hundreds of MB
+        // of already-durable journal in memory after a busy hour.
+        let options = || KeyspaceCreateOptions::default().max_memtable_size(4 << 20);
+        let ks = |name: &str| db.keyspace(name, options);
         Ok(Self {
             events: ks("events")?,
             by_invocation: ks("by_invocation")?,
