@@ -286,3 +286,38 @@ fn a_pooled_connection_is_reused_and_says_so() {
         "a reused connection keeps its proven identity"
     );
 }
+
+#[test]
+fn python_urllib_works_through_the_exports_of_postern_env() {
+    if std::process::Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!("python3 is needed for this test (.ci/run installs it)");
+    }
+    let (s, _origin) = setup(true);
+    let script = format!(
+        "import urllib.request, json; r = urllib.request.urlopen('{}'); print(r.status, json.loads(r.read())['path'], r.headers['Postern-Outcome'])",
+        s.url("/from-python")
+    );
+    let out = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .env("HTTPS_PROXY", s.proxy())
+        .env("https_proxy", s.proxy())
+        .env("SSL_CERT_FILE", s.home.root().join("certs/bundle.pem"))
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        text.trim(),
+        "200 /from-python outcome=committed, phase=remote_execution, retry=never"
+    );
+}
