@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 
 use super::Proxy;
 use super::body::{DeliveryBody, DeliveryEnd, RequestBody};
-use super::inject::Injection;
+use super::inject::{Injection, ReflectionGuard};
 use super::pool::{Conn, Pool, Sender};
 use super::respond::{
     self, POSTERN_CREDENTIAL, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody,
@@ -26,7 +26,7 @@ use super::upstream::{Dialed, dial};
 use crate::config::{Delivery, Inject, Route, Scheme};
 use crate::contract::{
     Code, Completion, Envelope, Evidence, FailureContext, OperationFacts, Outcome, Phase,
-    ResponseFacts, classify_status, postern_outcome, resolve_failure,
+    ResponseFacts, StatusResolution, classify_status, postern_outcome, resolve_failure,
 };
 use crate::journal::{
     Accepted, Appended, Body, Delivered, Dispatch, Draft, Failure, HttpResult, JournalError,
@@ -128,10 +128,6 @@ pub(super) struct Exchange {
 }
 
 impl Exchange {
-    pub(super) fn method_name(&self) -> String {
-        self.method.clone()
-    }
-
     fn new(proxy: Arc<Proxy>, inbound: &Inbound) -> Self {
         let target = inbound.target.clone();
         let method = inbound.request.method().as_str().to_owned();
@@ -676,24 +672,13 @@ impl Exchange {
                 return Outgoing::Respond(self.fail(vec![started], f).await);
             }
         };
-        let facts = ResponseFacts {
-            status: status.as_u16(),
-            has_retry_after: parts.headers.contains_key(header::RETRY_AFTER),
-            idempotent: route.idempotent_methods.contains(&self.method),
-        };
-        let Some(resolution) = classify_status(facts, &route.status_outcomes) else {
+        let Some(head) = self.resolve_head(route, status, &mut parts.headers) else {
             let f = Failure::of(Code::RemoteOutcomeUnknown);
             return Outgoing::Respond(self.fail(vec![started], f).await);
         };
-        strip_hop_by_hop(&mut parts.headers);
-        strip_error_proxy_status(&mut parts.headers);
-        let guard = self
-            .injection
-            .as_ref()
-            .map(Injection::guard)
-            .unwrap_or_default();
-        let (body, body_hits) = guard.redact(&body);
-        let redactions = body_hits + guard.redact_headers(&mut parts.headers);
+        let resolution = head.resolution;
+        let (body, body_hits) = head.guard.redact(&body);
+        let redactions = body_hits + head.header_hits;
         let mut evidence = serde_json::Map::new();
         if redactions > 0 {
             evidence.insert("redactions".into(), redactions.into());
@@ -767,6 +752,34 @@ impl Exchange {
         Outgoing::Deliver { resp: out, done }
     }
 
+    /// Classifies a final response head and cleans its headers for the agent.
+    pub(super) fn resolve_head(
+        &self,
+        route: &Route,
+        status: StatusCode,
+        headers: &mut HeaderMap,
+    ) -> Option<Head> {
+        let facts = ResponseFacts {
+            status: status.as_u16(),
+            has_retry_after: headers.contains_key(header::RETRY_AFTER),
+            idempotent: route.idempotent_methods.contains(&self.method),
+        };
+        let resolution = classify_status(facts, &route.status_outcomes)?;
+        strip_hop_by_hop(headers);
+        strip_error_proxy_status(headers);
+        let guard = self
+            .injection
+            .as_ref()
+            .map(Injection::guard)
+            .unwrap_or_default();
+        let header_hits = guard.redact_headers(headers);
+        Some(Head {
+            resolution,
+            guard,
+            header_hits,
+        })
+    }
+
     fn stored_result(
         &self,
         status: u16,
@@ -791,6 +804,13 @@ impl Exchange {
             expires_at_ms: self.proxy.journal.result_expiry_ms(),
         }
     }
+}
+
+/// A classified response head: its resolution and the reflection guard for its body.
+pub(super) struct Head {
+    pub resolution: StatusResolution,
+    pub guard: ReflectionGuard,
+    pub header_hits: usize,
 }
 
 /// The response headers worth keeping: never cookies or credentials.

@@ -12,15 +12,11 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::body::{ChannelBody, Chunk};
-use super::exchange::{
-    Exchange, Outgoing, body_error, stored_headers, strip_error_proxy_status, strip_hop_by_hop,
-};
-use super::inject::{Injection, ReflectionGuard};
+use super::exchange::{Exchange, Outgoing, body_error, stored_headers};
+use super::inject::ReflectionGuard;
 use super::respond::{POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME};
 use crate::config::Route;
-use crate::contract::{
-    Code, Completion, Phase, ResponseFacts, StatusResolution, classify_status, postern_outcome,
-};
+use crate::contract::{Code, Completion, Phase, StatusResolution, postern_outcome};
 use crate::journal::{
     Body, Draft, Failure, HttpResult, Payload, ResponseComplete, ResultCommitted, Source,
     StoredResult, b64, sha256_tagged_digest,
@@ -88,25 +84,13 @@ impl Exchange {
         rest: Incoming,
         started: Draft,
     ) -> Outgoing {
-        let facts = ResponseFacts {
-            status: status.as_u16(),
-            has_retry_after: parts.headers.contains_key(header::RETRY_AFTER),
-            idempotent: route.idempotent_methods.contains(&self.method_name()),
-        };
-        let Some(resolution) = classify_status(facts, &route.status_outcomes) else {
+        let Some(head) = self.resolve_head(route, status, &mut parts.headers) else {
             return Outgoing::Respond(
                 self.fail(vec![started], Failure::of(Code::RemoteOutcomeUnknown))
                     .await,
             );
         };
-        strip_hop_by_hop(&mut parts.headers);
-        strip_error_proxy_status(&mut parts.headers);
-        let guard = self
-            .injection
-            .as_ref()
-            .map(Injection::guard)
-            .unwrap_or_default();
-        let header_hits = guard.redact_headers(&mut parts.headers);
+        let (resolution, guard, header_hits) = (head.resolution, head.guard, head.header_hits);
         if !guard.is_empty() {
             // Redaction may change the length: frame the body with chunks instead.
             parts.headers.remove(header::CONTENT_LENGTH);
