@@ -321,3 +321,28 @@ fn python_urllib_works_through_the_exports_of_postern_env() {
         "200 /from-python outcome=committed, phase=remote_execution, retry=never"
     );
 }
+
+#[test]
+fn a_broken_h2_stream_is_reset_toward_the_agent_and_stays_unknown() {
+    let (s, _origin) = setup(true);
+    let (_, body, head) = curl(&[
+        "--http2",
+        "--cacert",
+        &s.ca(),
+        "-x",
+        &s.proxy(),
+        &s.url("/broken-stream"),
+    ]);
+    assert!(head.contains("\nHTTP/2 200"), "{head}");
+    assert!(
+        head.contains("(curl:"),
+        "curl must see the stream fail, not end cleanly: {head}\n{body}"
+    );
+    let (_, list) = get_json(&s.daemon.url("/v1/invocations"), &[]);
+    let r = &list["invocations"][0];
+    assert_eq!(
+        (r["code"].as_str(), r["outcome"].as_str()),
+        (Some("REMOTE_RESULT_INCOMPLETE"), Some("unknown")),
+        "{r}"
+    );
+}

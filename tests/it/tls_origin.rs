@@ -1,6 +1,7 @@
 //! A loopback HTTPS origin (h1 and h2 by ALPN) with its own CA.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -75,7 +76,14 @@ pub fn echo_origin_for(name: &str) -> TlsOrigin {
                         return;
                     };
                     let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
-                        Ok::<_, Infallible>(echo(req).await)
+                        if req.uri().path() == "/broken-stream" {
+                            return Ok::<_, Infallible>(broken_stream());
+                        }
+                        Ok::<_, Infallible>(
+                            echo(req)
+                                .await
+                                .map(|b| b.map_err(|never| match never {}).boxed()),
+                        )
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tls), service)
@@ -127,5 +135,45 @@ async fn echo(req: Request<Incoming>) -> Response<Full<Bytes>> {
         resp.headers_mut()
             .insert("x-echo-authorization", auth.parse().unwrap());
     }
+    resp
+}
+
+type TestBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+/// An event stream that sends one event, then fails: hyper aborts the stream.
+fn broken_stream() -> Response<TestBody> {
+    struct Broken {
+        sent: bool,
+        pause: std::pin::Pin<Box<tokio::time::Sleep>>,
+    }
+    impl hyper::body::Body for Broken {
+        type Data = Bytes;
+        type Error = std::io::Error;
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+            if !self.sent {
+                self.sent = true;
+                return std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(
+                    Bytes::from_static(b"data: one\n\n"),
+                ))));
+            }
+            // Break only after the head and the first event are surely out.
+            match self.pause.as_mut().poll(cx) {
+                std::task::Poll::Pending => std::task::Poll::Pending,
+                std::task::Poll::Ready(()) => {
+                    std::task::Poll::Ready(Some(Err(std::io::Error::other("origin broke"))))
+                }
+            }
+        }
+    }
+    let body = Broken {
+        sent: false,
+        pause: Box::pin(tokio::time::sleep(std::time::Duration::from_millis(200))),
+    };
+    let mut resp = Response::new(body.boxed());
+    resp.headers_mut()
+        .insert("content-type", "text/event-stream".parse().unwrap());
     resp
 }
