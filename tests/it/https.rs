@@ -346,3 +346,64 @@ fn a_broken_h2_stream_is_reset_toward_the_agent_and_stays_unknown() {
         "{r}"
     );
 }
+
+#[test]
+fn a_client_that_probes_without_credentials_retries_after_the_challenge() {
+    let (s, _origin) = setup(true);
+    // --proxy-anyauth first sends CONNECT without credentials, as git does.
+    let (status, body, head) = curl(&[
+        "--proxy-anyauth",
+        "--cacert",
+        &s.ca(),
+        "-x",
+        &s.proxy(),
+        &s.url("/probe"),
+    ]);
+    assert_eq!(status, 200, "{head}\n{body}");
+    assert!(
+        head.contains("407"),
+        "the first CONNECT was challenged: {head}"
+    );
+    let (_, list) = get_json(&s.daemon.url("/v1/invocations"), &[]);
+    assert_eq!(
+        list["invocations"].as_array().unwrap().len(),
+        1,
+        "the bare challenge is not an invocation"
+    );
+}
+
+#[test]
+fn git_reaches_the_origin_through_postern() {
+    let (s, _origin) = setup(true);
+    let out = std::process::Command::new("git")
+        .args(["ls-remote", &s.url("/team/repo.git")])
+        .env("https_proxy", s.proxy())
+        .env("HTTPS_PROXY", s.proxy())
+        .env("GIT_SSL_CAINFO", s.home.root().join("certs/bundle.pem"))
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy")
+        .output()
+        .expect("git must be installed");
+    // The echo origin is no git server: git fails on the reply, but only after postern relayed it.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !err.contains("SSL") && !err.contains("certificate"),
+        "git did not trust postern's CA: {err}"
+    );
+    let (_, list) = get_json(&s.daemon.url("/v1/invocations"), &[]);
+    let all = list["invocations"].as_array().unwrap();
+    let refs = all
+        .iter()
+        .find(|r| {
+            r["target"]
+                .as_str()
+                .unwrap_or("")
+                .contains("/team/repo.git/info/refs")
+        })
+        .unwrap_or_else(|| panic!("git's first request is not in the journal: {list}"));
+    assert_eq!(
+        (refs["outcome"].as_str(), refs["agent"].as_str()),
+        (Some("committed"), Some("ci"))
+    );
+}
