@@ -34,11 +34,11 @@ pub use event::{
 pub use fjall_store::FjallStore;
 pub use health::Health;
 pub use metrics::JournalMetrics;
-pub use projection::{Progress, Record, Refusal, ResultSummary, State, apply, apply_body};
+pub use projection::{Progress, Record, Refusal, ResultSummary, State, apply, apply_body, replay};
 pub use result::{HttpResult, Payload, SshResult, StoredResult, b64, unb64};
 pub use space::SpaceGuard;
 pub use store::{EventStore, RawEvent, StoreError, WriteSet};
-pub use writer::{Appended, needs_sync_rule, rfc3339};
+pub use writer::{Appended, LiveStates, needs_sync_rule, rfc3339};
 
 use crate::contract::Code;
 use writer::{Request, Writer};
@@ -97,6 +97,7 @@ impl Default for JournalOptions {
 #[derive(Clone)]
 pub struct Journal {
     tx: mpsc::Sender<Request>,
+    live: LiveStates,
     store: Arc<dyn EventStore>,
     health: Arc<Health>,
     metrics: JournalMetrics,
@@ -123,12 +124,14 @@ impl Journal {
     ) -> Result<(Self, RecoveryReport), StoreError> {
         let health = Arc::new(Health::default());
         let metrics = JournalMetrics::default();
+        let live = LiveStates::default();
         let writer = Writer::new(
             store.clone(),
             options.durability,
             health.clone(),
             metrics.clone(),
             options.clock,
+            live.clone(),
         )?;
         let (tx, rx) = mpsc::channel(8192);
         std::thread::Builder::new()
@@ -137,6 +140,7 @@ impl Journal {
             .map_err(|e| StoreError::Io(e.to_string()))?;
         let journal = Self {
             tx,
+            live,
             store,
             health,
             metrics,
@@ -254,11 +258,24 @@ impl Journal {
     }
 
     pub fn record(&self, invocation_id: &str) -> Result<Option<Record>, StoreError> {
-        Ok(self.store.state(invocation_id)?.map(|s| s.record))
+        Ok(self.state(invocation_id)?.map(|s| s.record))
     }
 
+    /// The current state: live ones from memory, settled ones from the store, and a
+    /// stored open one (after a crash) replayed from its events.
     pub fn state(&self, invocation_id: &str) -> Result<Option<State>, StoreError> {
-        self.store.state(invocation_id)
+        if let Some(s) = self
+            .live
+            .lock()
+            .ok()
+            .and_then(|l| l.get(invocation_id).cloned())
+        {
+            return Ok(Some(State::clone(&s)));
+        }
+        match self.store.state(invocation_id)? {
+            Some(s) if !s.progress.closed => Ok(replay(&self.store.events_of(invocation_id)?)),
+            other => Ok(other),
+        }
     }
 
     pub fn events(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError> {
@@ -271,12 +288,21 @@ impl Journal {
         before: Option<&str>,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
-        Ok(self
-            .store
-            .states_before(before, limit)?
-            .into_iter()
-            .map(|s| s.record)
-            .collect())
+        let live = self.live.lock().map(|l| l.clone()).unwrap_or_default();
+        let mut out = Vec::new();
+        for s in self.store.states_before(before, limit)? {
+            let id = &s.record.invocation_id;
+            let current = match live.get(id) {
+                Some(l) => l.record.clone(),
+                None if !s.progress.closed => match replay(&self.store.events_of(id)?) {
+                    Some(r) => r.record,
+                    None => s.record,
+                },
+                None => s.record,
+            };
+            out.push(current);
+        }
+        Ok(out)
     }
 
     pub fn result(&self, invocation_id: &str) -> Result<Option<StoredResult>, StoreError> {
@@ -306,7 +332,8 @@ impl Journal {
     fn recover(&self) -> Result<RecoveryReport, StoreError> {
         let mut report = RecoveryReport::default();
         for id in self.store.open_invocations()? {
-            let Some(state) = self.store.state(&id)? else {
+            // The stored record of a live invocation may be stale: replay its events.
+            let Some(state) = replay(&self.store.events_of(&id)?) else {
                 continue;
             };
             let code = recovery_code(&state.progress, &state.record);

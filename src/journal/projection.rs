@@ -111,6 +111,14 @@ pub fn event_ms(event: &Event) -> i64 {
         .unwrap_or(0)
 }
 
+/// Replays an invocation's stored events (all accepted once, so none is refused).
+pub fn replay(events: &[Event]) -> Option<State> {
+    events
+        .iter()
+        .try_fold(None, |state, e| apply(state, e).ok().map(Some))
+        .flatten()
+}
+
 /// Folds one event into the state; refuses impossible moves.
 pub fn apply(state: Option<State>, event: &Event) -> Result<State, Refusal> {
     let body = event.body().ok_or(Refusal::BadData(event.kind))?;

@@ -14,10 +14,14 @@ use super::event::{Draft, Event, EventKind, GENESIS_HASH, split_body};
 use super::failpoints::Failpoints;
 use super::health::Health;
 use super::metrics::JournalMetrics;
-use super::projection::{Refusal, State, apply_body};
+use super::projection::{Refusal, State, apply_body, replay};
 use super::result::StoredResult;
 use super::store::{EventStore, StoreError, WriteSet};
 use super::{Durability, JournalError};
+
+/// Open invocations' current states, shared by the writer (which updates them after
+/// each durable write) and readers.
+pub type LiveStates = Arc<std::sync::Mutex<HashMap<String, Arc<State>>>>;
 
 /// What one append produced.
 #[derive(Debug, Clone)]
@@ -53,7 +57,7 @@ pub(super) struct Writer {
     pub clock: fn() -> time::OffsetDateTime,
     head_seq: u64,
     head_hash: String,
-    live: HashMap<String, Arc<State>>,
+    live: LiveStates,
     last_sync: Instant,
 }
 
@@ -73,6 +77,7 @@ impl Writer {
         health: Arc<Health>,
         metrics: JournalMetrics,
         clock: fn() -> time::OffsetDateTime,
+        live: LiveStates,
     ) -> Result<Self, StoreError> {
         let (head_seq, head_hash) = match store.head()? {
             Some(e) => (e.seq, e.hash),
@@ -87,7 +92,7 @@ impl Writer {
             clock,
             head_seq,
             head_hash,
-            live: HashMap::new(),
+            live,
             last_sync: Instant::now(),
         })
     }
@@ -132,7 +137,11 @@ impl Writer {
                             set.opened.push(invocation_id.clone());
                         }
                         set.events.extend(staged.events);
-                        set.states.push(staged.state.clone());
+                        // Live states are served from memory and replayed from events after a
+                        // crash: store the record when it appears and when it settles only.
+                        if closed || !staged.was_open {
+                            set.states.push(staged.state.clone());
+                        }
                         if let Some(r) = result {
                             set.results.push(r);
                         }
@@ -215,10 +224,12 @@ impl Writer {
         if newly_closed {
             self.metrics.settled(&state.record);
         }
-        if state.progress.closed {
-            self.live.remove(id);
-        } else {
-            self.live.insert(id.clone(), state.clone());
+        if let Ok(mut live) = self.live.lock() {
+            if state.progress.closed {
+                live.remove(id);
+            } else {
+                live.insert(id.clone(), state.clone());
+            }
         }
     }
 
@@ -230,14 +241,22 @@ impl Writer {
         if let Some(s) = overlay.get(id) {
             return Ok(Some((s.clone(), !s.progress.closed)));
         }
-        if let Some(s) = self.live.get(id) {
-            return Ok(Some((s.clone(), true)));
+        if let Some(s) = self.live.lock().ok().and_then(|l| l.get(id).cloned()) {
+            return Ok(Some((s, true)));
         }
         let stored = self.store.state(id).map_err(|e| self.storage_fault(e))?;
-        Ok(stored.map(|s| {
-            let open = !s.progress.closed;
-            (Arc::new(s), open)
-        }))
+        let Some(stored) = stored else {
+            return Ok(None);
+        };
+        if stored.progress.closed {
+            return Ok(Some((Arc::new(stored), false)));
+        }
+        // A stored open record may be stale: the events say what is true.
+        let events = self
+            .store
+            .events_of(id)
+            .map_err(|e| self.storage_fault(e))?;
+        Ok(replay(&events).map(|s| (Arc::new(s), true)))
     }
 
     /// Chains and projects a request's drafts; refuses the whole request on any refusal.
