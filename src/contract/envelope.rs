@@ -104,8 +104,8 @@ pub enum Completion {
     LastChunk,
     EndStream,
     ExitStatus,
-    /// The body ended at connection close: truncation is undetectable.
-    Close,
+    /// No framing marker: e.g. a body that ended at connection close, where
+    /// truncation is undetectable.
     None,
 }
 

@@ -847,7 +847,8 @@ fn framing(headers: &HeaderMap, version: http::Version) -> Completion {
     } else if headers.contains_key(header::CONTENT_LENGTH) {
         Completion::ContentLength
     } else {
-        Completion::Close
+        // Delimited by connection close: a truncation would look the same.
+        Completion::None
     }
 }
 
@@ -1020,5 +1021,44 @@ impl http_body::Body for UpBody {
             Self::Empty => http_body::SizeHint::with_exact(0),
             Self::Full(b) => b.size_hint(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_framing_marker_names_how_the_body_ended() {
+        let mut h = HeaderMap::new();
+        assert_eq!(
+            framing(&h, http::Version::HTTP_11),
+            Completion::None,
+            "close-delimited"
+        );
+        assert_eq!(framing(&h, http::Version::HTTP_2), Completion::EndStream);
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        assert_eq!(
+            framing(&h, http::Version::HTTP_11),
+            Completion::ContentLength
+        );
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        assert_eq!(framing(&h, http::Version::HTTP_11), Completion::LastChunk);
+    }
+
+    #[test]
+    fn hop_by_hop_and_postern_headers_are_stripped() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("x-hop"));
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("postern-outcome", HeaderValue::from_static("spoofed"));
+        h.insert("x-kept", HeaderValue::from_static("yes"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h["x-kept"], "yes");
     }
 }
