@@ -65,12 +65,13 @@ pub struct Evidence {
     pub extra: BTreeMap<String, serde_json::Value>,
 }
 
-/// One connection-setup attempt of the latest generation.
+/// A connection-setup attempt of the latest generation that failed (and so proves
+/// nothing was sent on it); the journal's `CONNECT_ATTEMPT` events keep every stage.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptEvidence {
     pub n: u32,
     pub stage: Stage,
-    pub outcome: AttemptOutcome,
+    pub outcome: Outcome,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<Code>,
 }
@@ -86,14 +87,6 @@ pub enum Stage {
     SshHandshake,
     SshAuth,
     SshChannel,
-}
-
-/// The result of one stage: it either succeeded or proved nothing was sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AttemptOutcome {
-    Ok,
-    NotAttempted,
 }
 
 /// The framing marker seen at the end of a result.
@@ -226,7 +219,7 @@ mod tests {
             attempts: vec![AttemptEvidence {
                 n: 1,
                 stage: Stage::TcpConnect,
-                outcome: AttemptOutcome::NotAttempted,
+                outcome: Outcome::NotAttempted,
                 code: Some(Code::ConnectionRefused),
             }],
             ..Evidence::default()

@@ -12,7 +12,7 @@ mod status;
 pub use codes::{Code, CodeRow, Outcome, OutcomeRule, Phase, PhaseRule, Retry, RetryRule};
 pub use decide::{OperationView, RecordFacts, Verdict, decide};
 pub use envelope::{
-    AttemptEvidence, AttemptOutcome, Completion, CredentialEvidence, Envelope, ErrorBody, Evidence,
+    AttemptEvidence, Completion, CredentialEvidence, Envelope, ErrorBody, Evidence,
     IdempotencyEvidence, Stage, postern_outcome, proxy_status,
 };
 pub use resolve::{

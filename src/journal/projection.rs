@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::event::{Body, Event, EventKind, Protocol, Source};
 use crate::contract::{
-    AttemptEvidence, AttemptOutcome, Code, Envelope, Evidence, FailureContext, KeyWindow,
-    OperationFacts, Outcome, OutcomeRule, Phase, Resolution, Retry, is_resolved, resolve_failure,
+    AttemptEvidence, Code, Envelope, Evidence, FailureContext, KeyWindow, OperationFacts, Outcome,
+    OutcomeRule, Phase, Resolution, Retry, is_resolved, resolve_failure,
 };
 
 /// A record, exactly the shape of SPEC §5.5.
@@ -217,16 +217,14 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             reach(p, Phase::ConnectionSetup);
             r.attempts += 1;
             r.evidence.attempt = Some(c.n);
-            r.evidence.attempts.push(AttemptEvidence {
-                n: c.n,
-                stage: c.stage,
-                outcome: if c.ok {
-                    AttemptOutcome::Ok
-                } else {
-                    AttemptOutcome::NotAttempted
-                },
-                code: c.code,
-            });
+            if !c.ok {
+                r.evidence.attempts.push(AttemptEvidence {
+                    n: c.n,
+                    stage: c.stage,
+                    outcome: Outcome::NotAttempted,
+                    code: c.code,
+                });
+            }
         }
         Body::DispatchStarted(d) => {
             before_dispatch(p, kind)?;

@@ -102,6 +102,10 @@ fn a_name_that_resolves_to_loopback_is_prohibited_without_allow_private() {
     assert_eq!(status, 502, "{body}");
     let e: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(e["error"]["code"], "DESTINATION_PROHIBITED");
-    assert_eq!(e["evidence"]["attempts"][0]["stage"], "dns");
+    assert_eq!(e["evidence"]["attempts"][0]["stage"], "tcp_connect");
+    assert_eq!(
+        e["evidence"]["attempts"][0]["code"],
+        "DESTINATION_PROHIBITED"
+    );
     assert_eq!(origin.hits(), 0);
 }

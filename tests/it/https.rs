@@ -241,7 +241,11 @@ fn a_stalled_tls_handshake_is_a_connect_timeout() {
         (e["error"]["code"].as_str(), e["error"]["outcome"].as_str()),
         (Some("CONNECT_TIMEOUT"), Some("not_attempted"))
     );
-    assert_eq!(e["evidence"]["attempts"][1]["stage"], "tls_handshake");
+    assert_eq!(e["evidence"]["attempts"][0]["stage"], "tls_handshake");
+    assert_eq!(
+        e["evidence"]["attempts"][0]["n"], 2,
+        "the second stage failed"
+    );
     assert!(
         head.to_ascii_lowercase()
             .contains("error=connection_timeout")
