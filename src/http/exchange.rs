@@ -487,28 +487,19 @@ impl Exchange {
         body: Bytes,
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
-        let mut drafts = attempt_drafts(&dialed.attempts);
+        let drafts = attempt_drafts(&dialed.attempts);
         let dispatch = Dispatch {
             connection_id: None,
             reused_connection: false,
             address: Some(dialed.address.to_string()),
             tls: dialed.tls.clone(),
         };
-        drafts.push(Draft::observed(Body::DispatchStarted(dispatch)).hop("origin"));
-        if self.record(drafts).await.is_err() {
-            return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
+        if let Err(out) = self.dispatch_boundary(drafts, dispatch).await {
+            return out;
         }
-        self.dispatched = true;
         let (tap, first_write) = Tap::new(dialed.stream);
-        let (body_sent, sent_rx) = if body.is_empty() {
-            (None, first_write)
-        } else {
-            let (b, rx) = RequestBody::new(body.clone());
-            (Some(b), rx)
-        };
-        if let Some(b) = body_sent {
-            *req.body_mut() = UpBody::Full(b);
-        }
+        // A bodiless request is written when its head is: the tap sees that.
+        let sent_rx = attach_body(&mut req, body).unwrap_or(first_write);
         let sender = match Sender::handshake(tap, dialed.h2).await {
             Ok(s) => s,
             Err(diag) => {
@@ -542,23 +533,31 @@ impl Exchange {
             address: Some(conn.address.clone()),
             tls: conn.tls.clone(),
         };
-        let drafts = vec![Draft::observed(Body::DispatchStarted(dispatch)).hop("origin")];
-        if self.record(drafts).await.is_err() {
-            return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
+        if let Err(out) = self.dispatch_boundary(vec![], dispatch).await {
+            return out;
         }
-        self.dispatched = true;
-        let sent_rx = if body.is_empty() {
+        let sent_rx = attach_body(&mut req, body).unwrap_or_else(|| {
             // hyper writes a bodiless request as soon as it is sent on a ready connection.
             let (tx, rx) = oneshot::channel();
             let _ = tx.send(DeliveryEnd::Delivered);
             rx
-        } else {
-            let (b, rx) = RequestBody::new(body);
-            *req.body_mut() = UpBody::Full(b);
-            rx
-        };
+        });
         self.exchange_over(route, key, conn, req, sent_rx, reply)
             .await
+    }
+
+    /// `DISPATCH_STARTED` made durable: from here on nothing is ever `not_attempted`.
+    async fn dispatch_boundary(
+        &mut self,
+        mut drafts: Vec<Draft>,
+        dispatch: Dispatch,
+    ) -> Result<(), Outgoing> {
+        drafts.push(Draft::observed(Body::DispatchStarted(dispatch)).hop("origin"));
+        if self.record(drafts).await.is_err() {
+            return Err(Outgoing::Respond(self.fallback(Code::JournalUnavailable)));
+        }
+        self.dispatched = true;
+        Ok(())
     }
 
     /// Sends, receives, and hands a still-usable connection back to the pool.
@@ -904,6 +903,16 @@ async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64) -> Result<By
 }
 
 /// Reads a body to its end; an idle gap, a short body or bad framing is an error.
+/// Puts the agent's body on the upstream request; `None` for an empty body.
+fn attach_body(req: &mut Request<UpBody>, body: Bytes) -> Option<oneshot::Receiver<DeliveryEnd>> {
+    if body.is_empty() {
+        return None;
+    }
+    let (b, rx) = RequestBody::new(body);
+    *req.body_mut() = UpBody::Full(b);
+    Some(rx)
+}
+
 /// A body read up to a limit: all of it, or the first part and the rest still to come.
 enum Collected {
     Complete(Bytes),

@@ -18,7 +18,7 @@ use super::sniff::FramingSniffer;
 use crate::config::Scheme;
 use crate::contract::Code;
 use crate::journal::{Accepted, Body, Draft, Failure, Protocol, new_invocation_id};
-use crate::policy::{AgentAuth, Target, authenticate, route_exists_for_connect};
+use crate::policy::{AgentAuth, Target, TargetError, authenticate, route_exists_for_connect};
 
 /// Accepts agent connections until the listener fails.
 pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
@@ -141,31 +141,11 @@ async fn front_request(
             uri.port_u16(),
             uri.path_and_query().map_or("/", |p| p.as_str()),
         ),
-        (Some("https"), Some(_)) => {
-            // Absolute https:// to a plain proxy is not how clients speak TLS through us.
-            let url = uri.to_string();
-            return refuse_early(
-                &proxy,
-                &agent,
-                url,
-                req.method().as_str(),
-                Code::InvalidTarget,
-                "target.scheme",
-            )
-            .await;
-        }
-        _ => {
-            let url = uri.to_string();
-            return refuse_early(
-                &proxy,
-                &agent,
-                url,
-                req.method().as_str(),
-                Code::InvalidTarget,
-                "target",
-            )
-            .await;
-        }
+        // Absolute https:// to a plain proxy is not how clients speak TLS through us.
+        (Some("https"), Some(_)) => Err(TargetError {
+            field: "target.scheme",
+        }),
+        _ => Err(TargetError { field: "target" }),
     };
     match target {
         Ok(target) => {
@@ -181,15 +161,8 @@ async fn front_request(
         }
         Err(e) => {
             let url = req.uri().to_string();
-            refuse_early(
-                &proxy,
-                &agent,
-                url,
-                req.method().as_str(),
-                Code::InvalidTarget,
-                e.field,
-            )
-            .await
+            let method = req.method().as_str();
+            refuse_early(&proxy, &agent, url, method, Code::InvalidTarget, e.field).await
         }
     }
 }

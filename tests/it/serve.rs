@@ -102,7 +102,6 @@ fn low_disk_space_degrades_healthz() {
 
 #[test]
 fn a_closed_stdout_does_not_take_the_daemon_down() {
-    use std::io::{BufRead, BufReader};
     let home = Home::new();
     let cfg = home.config(TEST_CONFIG);
     let mut child = Command::new(BIN)
@@ -113,12 +112,10 @@ fn a_closed_stdout_does_not_take_the_daemon_down() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    // The pipe is closed now, as `postern serve | head -1` would.
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Close the read end before the daemon prints its banner, as `postern serve | head -0`
+    // would: every later write to stdout then fails with EPIPE.
+    drop(child.stdout.take());
+    std::thread::sleep(std::time::Duration::from_millis(1500));
     let alive = child.try_wait().unwrap().is_none();
     let _ = child.kill();
     let _ = child.wait();
