@@ -24,7 +24,14 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const RUN: Duration = Duration::from_secs(2);
+/// Seconds per cell; `POSTERN_BENCH_SECS` lengthens a run for profiling.
+fn run_time() -> Duration {
+    let secs = std::env::var("POSTERN_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    Duration::from_secs(secs)
+}
 const BIN: &str = env!("CARGO_BIN_EXE_postern");
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -254,7 +261,7 @@ async fn load(
     post: bool,
 ) -> Cell {
     let started = Instant::now();
-    let deadline = started + RUN;
+    let deadline = started + run_time();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
         let tls = tls.clone();
@@ -360,6 +367,11 @@ fn us(d: Duration) -> String {
     format!("{:.0}µs", d.as_secs_f64() * 1e6)
 }
 
+/// `POSTERN_BENCH_ONLY` (e.g. `GET small 1 postern fsync`) runs just the matching cells.
+fn selected(cell: &str) -> bool {
+    std::env::var("POSTERN_BENCH_ONLY").map_or(true, |only| cell.contains(&only))
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -372,7 +384,7 @@ fn main() {
     let buffered = start_postern(&origin, "buffered");
     println!(
         "HTTP benchmark: HTTPS keep-alive, {}s per cell, loopback origin, 2 cores",
-        RUN.as_secs()
+        run_time().as_secs()
     );
     println!();
     println!(
@@ -395,6 +407,9 @@ fn main() {
                 us(direct.p99)
             );
             for (name, p) in [("postern fsync", &fsync), ("postern buffered", &buffered)] {
+                if !selected(&format!("{label} {concurrency} {name}")) {
+                    continue;
+                }
                 let tls = tls_client(&std::fs::read(&p.ca).unwrap());
                 let cpu0 = cpu_seconds(p.child.id());
                 let cell = rt.block_on(load(origin.addr, Some(p.proxy), tls, concurrency, post));

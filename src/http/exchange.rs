@@ -246,11 +246,7 @@ impl Exchange {
                 let end = done.await.unwrap_or(DeliveryEnd::Dropped);
                 match end {
                     DeliveryEnd::Delivered => {
-                        let _ = self
-                            .record(vec![Draft::observed(Body::ResultDelivered(
-                                Delivered::default(),
-                            ))])
-                            .await;
+                        self.delivered().await;
                     }
                     DeliveryEnd::Dropped => self.delivery_failed().await,
                 }
@@ -272,16 +268,19 @@ impl Exchange {
             StreamEnd::Committed { agent_gone: false } => {
                 match done.await.unwrap_or(DeliveryEnd::Dropped) {
                     DeliveryEnd::Delivered => {
-                        let _ = self
-                            .record(vec![Draft::observed(Body::ResultDelivered(
-                                Delivered::default(),
-                            ))])
-                            .await;
+                        self.delivered().await;
                     }
                     DeliveryEnd::Dropped => self.delivery_failed().await,
                 }
             }
         }
+    }
+
+    /// Nothing acts on `RESULT_DELIVERED`: it rides the next write without an ack.
+    async fn delivered(&mut self) {
+        let mut drafts = std::mem::take(&mut self.pending);
+        drafts.push(Draft::observed(Body::ResultDelivered(Delivered::default())));
+        self.proxy.journal.enqueue(&self.id, drafts).await;
     }
 
     pub(super) async fn delivery_failed(&mut self) {
@@ -356,11 +355,15 @@ impl Exchange {
         } else {
             drafts.push(Draft::observed(Body::PreflightValidated(preflight)));
         }
-        if self.record(drafts).await.is_err() {
+        let key = Pool::key(route, &self.target);
+        let pooled = self.proxy.pool.take(&key);
+        if pooled.is_some() {
+            // No setup stage to wait for: preflight rides with DISPATCH_STARTED in one write.
+            self.pending.append(&mut drafts);
+        } else if self.record(drafts).await.is_err() {
             return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
         }
-        let key = Pool::key(route, &self.target);
-        if let Some(conn) = self.proxy.pool.take(&key) {
+        if let Some(conn) = pooled {
             let Some(req) = self.upstream_request(&parts, &body, conn.sender.is_h2()) else {
                 return Outgoing::Respond(
                     self.refused(refuse(Code::InvalidTarget, "target")).await,

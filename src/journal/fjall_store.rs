@@ -70,7 +70,7 @@ impl FjallStore {
             .open()?;
         // Small memtables: fjall's default (64 MiB per keyspace) would hold hundreds of MB
         // of already-durable journal in memory after a busy hour.
-        let options = || KeyspaceCreateOptions::default().max_memtable_size(4 << 20);
+        let options = || KeyspaceCreateOptions::default().max_memtable_size(2 << 20);
         let ks = |name: &str| db.keyspace(name, options);
         Ok(Self {
             events: ks("events")?,
