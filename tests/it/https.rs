@@ -326,6 +326,56 @@ fn python_urllib_works_through_the_exports_of_postern_env() {
     );
 }
 
+/// Node's own http CONNECT + tls, trusting postern's CA only through `NODE_EXTRA_CA_CERTS`.
+const NODE_CLIENT: &str = r#"
+const http = require('http'), https = require('https'), tls = require('tls');
+const proxy = new URL(process.env.HTTPS_PROXY), target = new URL(process.argv[1]);
+const headers = proxy.username ? { 'Proxy-Authorization': 'Basic ' + Buffer.from(
+  decodeURIComponent(proxy.username) + ':' + decodeURIComponent(proxy.password)).toString('base64') } : {};
+const tunnel = http.request({ host: proxy.hostname, port: proxy.port, method: 'CONNECT',
+  path: `${target.hostname}:${target.port}`, headers });
+tunnel.on('connect', (res, socket) => {
+  if (res.statusCode !== 200) { console.log('CONNECT', res.statusCode); process.exit(1); }
+  const agent = new https.Agent();
+  agent.createConnection = () => tls.connect({ socket, servername: target.hostname });
+  const req = https.request({ host: target.hostname, port: target.port, path: target.pathname, agent },
+    (r) => { let b = ''; r.on('data', (d) => b += d);
+      r.on('end', () => console.log(r.statusCode, JSON.parse(b).path, r.headers['postern-outcome'])); });
+  req.on('error', (e) => { console.log('error', e.message); process.exit(1); });
+  req.end();
+});
+tunnel.on('error', (e) => { console.log('error', e.message); process.exit(1); });
+tunnel.end();
+"#;
+
+#[test]
+fn node_works_through_the_exports_of_postern_env() {
+    if std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!("node is needed for this test (.ci/run installs it)");
+    }
+    let (s, _origin) = setup(true);
+    let out = std::process::Command::new("node")
+        .args(["-e", NODE_CLIENT, &s.url("/from-node")])
+        .env("HTTPS_PROXY", s.proxy())
+        .env("NODE_EXTRA_CA_CERTS", s.home.root().join("certs/ca.pem"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        text.trim(),
+        "200 /from-node outcome=committed, phase=remote_execution, retry=never"
+    );
+}
+
 #[test]
 fn a_broken_h2_stream_is_reset_toward_the_agent_and_stays_unknown() {
     let (s, _origin) = setup(true);
