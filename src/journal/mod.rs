@@ -261,8 +261,8 @@ impl Journal {
         Ok(self.state(invocation_id)?.map(|s| s.record))
     }
 
-    /// The current state: live ones from memory, settled ones from the store, and a
-    /// stored open one (after a crash) replayed from its events.
+    /// The current state: live ones from memory, settled ones from the store, and an
+    /// unsettled one (after a crash) replayed from its events.
     pub fn state(&self, invocation_id: &str) -> Result<Option<State>, StoreError> {
         if let Some(s) = self
             .live
@@ -273,8 +273,8 @@ impl Journal {
             return Ok(Some(State::clone(&s)));
         }
         match self.store.state(invocation_id)? {
-            Some(s) if !s.progress.closed => Ok(replay(&self.store.events_of(invocation_id)?)),
-            other => Ok(other),
+            Some(s) if s.progress.closed => Ok(Some(s)),
+            _ => Ok(replay(&self.store.events_of(invocation_id)?)),
         }
     }
 
@@ -288,20 +288,31 @@ impl Journal {
         before: Option<&str>,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
-        let live = self.live.lock().map(|l| l.clone()).unwrap_or_default();
+        // Live invocations are only in memory; settled ones only in the store.
+        let mut live: Vec<Record> = match self.live.lock() {
+            Ok(l) => l
+                .values()
+                .filter(|s| before.is_none_or(|b| s.record.invocation_id.as_str() < b))
+                .map(|s| s.record.clone())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
         let mut out = Vec::new();
         for s in self.store.states_before(before, limit)? {
             let id = &s.record.invocation_id;
-            let current = match live.get(id) {
-                Some(l) => l.record.clone(),
-                None if !s.progress.closed => match replay(&self.store.events_of(id)?) {
-                    Some(r) => r.record,
-                    None => s.record,
-                },
-                None => s.record,
+            if live.iter().any(|l| &l.invocation_id == id) {
+                continue;
+            }
+            // An open record stored by an older postern is stale: replay its events.
+            let current = match s.progress.closed {
+                false => replay(&self.store.events_of(id)?).map_or(s.record, |r| r.record),
+                true => s.record,
             };
             out.push(current);
         }
+        out.append(&mut live);
+        out.sort_by(|a, b| b.invocation_id.cmp(&a.invocation_id));
+        out.truncate(limit);
         Ok(out)
     }
 

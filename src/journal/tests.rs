@@ -178,6 +178,43 @@ fn the_result_is_committed_with_its_resolving_event() {
 }
 
 #[test]
+fn the_listing_merges_live_and_settled_records_newest_first() {
+    let Some(dir) = tempfile::tempdir().ok() else {
+        return;
+    };
+    let journal = open(dir.path());
+    let rt = rt();
+    let ids: Vec<String> = (0..5).map(|_| new_invocation_id()).collect();
+    let appended = rt.block_on(async {
+        for (n, id) in ids.iter().enumerate() {
+            journal.append(id, vec![accepted("GET")]).await?;
+            if n % 2 == 0 {
+                let (draft, result) = committed(id, journal.result_expiry_ms());
+                let drafts = vec![preflight(true), dispatch(), draft];
+                journal.commit_result(id, drafts, result).await?;
+            }
+        }
+        Ok::<_, JournalError>(())
+    });
+    assert!(appended.is_ok(), "{appended:?}");
+    let listed = |before: Option<&str>, limit| -> Vec<String> {
+        let records = journal.records_before(before, limit).unwrap_or_default();
+        records.into_iter().map(|r| r.invocation_id).collect()
+    };
+    // Ids order the listing (ids made in one millisecond need not be in creation order).
+    let mut newest_first = ids.clone();
+    newest_first.sort_by(|a, b| b.cmp(a));
+    assert_eq!(listed(None, 10), newest_first, "live ones are listed too");
+    assert_eq!(listed(None, 2), newest_first[..2]);
+    assert_eq!(listed(Some(&newest_first[1]), 2), newest_first[2..4]);
+    // A live record is current, a settled one is read back from the store.
+    let open = journal.record(&ids[1]).ok().flatten();
+    assert!(open.is_some_and(|r| r.outcome == Outcome::NotAttempted));
+    let settled = journal.record(&ids[2]).ok().flatten();
+    assert!(settled.is_some_and(|r| r.outcome == Outcome::Committed));
+}
+
+#[test]
 fn expired_results_are_removed_and_the_record_stays() {
     let Some(dir) = tempfile::tempdir().ok() else {
         return;

@@ -138,8 +138,8 @@ impl Writer {
                         }
                         set.events.extend(staged.events);
                         // Live states are served from memory and replayed from events after a
-                        // crash: store the record when it appears and when it settles only.
-                        if closed || !staged.was_open {
+                        // crash: the record is stored once, when it settles.
+                        if closed {
                             set.states.push(staged.state.clone());
                         }
                         if let Some(r) = result {
@@ -245,13 +245,10 @@ impl Writer {
             return Ok(Some((s, true)));
         }
         let stored = self.store.state(id).map_err(|e| self.storage_fault(e))?;
-        let Some(stored) = stored else {
-            return Ok(None);
-        };
-        if stored.progress.closed {
+        if let Some(stored) = stored.filter(|s| s.progress.closed) {
             return Ok(Some((Arc::new(stored), false)));
         }
-        // A stored open record may be stale: the events say what is true.
+        // Not settled (or never seen): the events say what is true.
         let events = self
             .store
             .events_of(id)
