@@ -41,6 +41,8 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 struct Origin {
     addr: SocketAddr,
     ca_pem: String,
+    /// The origin's TLS identity, also worn by the bare relay.
+    acceptor: tokio_rustls::TlsAcceptor,
 }
 
 async fn handle(
@@ -112,6 +114,7 @@ fn start_origin(rt: &tokio::runtime::Runtime) -> Origin {
         .unwrap();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let origin_acceptor = acceptor.clone();
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
@@ -136,7 +139,76 @@ fn start_origin(rt: &tokio::runtime::Runtime) -> Origin {
     Origin {
         addr,
         ca_pem: ca_cert.pem(),
+        acceptor: origin_acceptor,
     }
+}
+
+/// The floor under any intercepting proxy here: CONNECT, TLS in, HTTP/1.1 parse, TLS out,
+/// keep-alive upstream; no policy, no journal. On its own 2-thread runtime, as postern is.
+fn start_relay(origin: &Origin) -> SocketAddr {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = origin.acceptor.clone();
+    let upstream_tls = tls_client(origin.ca_pem.as_bytes());
+    let target = origin.addr;
+    std::thread::spawn(move || {
+        rt.block_on(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (acceptor, tls) = (acceptor.clone(), upstream_tls.clone());
+                tokio::spawn(relay_connection(tcp, acceptor, tls, target));
+            }
+        })
+    });
+    addr
+}
+
+async fn relay_connection(
+    mut tcp: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    tls: tokio_rustls::TlsConnector,
+    target: SocketAddr,
+) {
+    let _ = tcp.set_nodelay(true);
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if tcp.read_exact(&mut b).await.is_err() {
+            return;
+        }
+        head.push(b[0]);
+    }
+    if tcp.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.is_err() {
+        return;
+    }
+    let Ok(agent) = acceptor.accept(tcp).await else {
+        return;
+    };
+    let up = TcpStream::connect(target).await.unwrap();
+    up.set_nodelay(true).unwrap();
+    let name = rustls::pki_types::ServerName::try_from("origin.test").unwrap();
+    let up = tls.connect(name, up).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Incoming>(TokioIo::new(up))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let sender = Arc::new(tokio::sync::Mutex::new(sender));
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let sender = sender.clone();
+        async move { sender.lock().await.send_request(req).await }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(agent), service)
+        .await;
 }
 
 struct Postern {
@@ -380,6 +452,7 @@ fn main() {
         .unwrap();
     let origin = start_origin(&rt);
     let direct_tls = tls_client(origin.ca_pem.as_bytes());
+    let relay = start_relay(&origin);
     let fsync = start_postern(&origin, "fsync");
     let buffered = start_postern(&origin, "buffered");
     println!(
@@ -406,6 +479,22 @@ fn main() {
                 us(direct.p50),
                 us(direct.p99)
             );
+            if selected(&format!("{label} {concurrency} bare relay")) {
+                let cell = rt.block_on(load(
+                    origin.addr,
+                    Some(relay),
+                    direct_tls.clone(),
+                    concurrency,
+                    post,
+                ));
+                println!(
+                    "| {label} | {concurrency} | bare relay (no journal) | {:.0} | {} | {} | {:.2} | - |",
+                    cell.per_sec,
+                    us(cell.p50),
+                    us(cell.p99),
+                    cell.per_sec / direct.per_sec,
+                );
+            }
             for (name, p) in [("postern fsync", &fsync), ("postern buffered", &buffered)] {
                 if !selected(&format!("{label} {concurrency} {name}")) {
                     continue;
