@@ -64,21 +64,34 @@ impl FjallStore {
     /// Opens (or creates) the journal under `dir`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         // A proxy's journal is written far more than it is read: keep the block cache small.
+        // One background worker: with two, fjall 3.1 makes worker 0 hand every compaction
+        // request back to the queue, and it spins on it while worker 1 compacts (measured:
+        // ~7% of postern's CPU at c=32; one worker gave ~20% more requests/s).
         let db = Database::builder(dir)
             .manual_journal_persist(true)
             .cache_size(8 << 20)
+            .worker_threads(1)
             .open()?;
         // Small memtables: fjall's default (64 MiB per keyspace) would hold hundreds of MB
         // of already-durable journal in memory after a busy hour.
         let options = || KeyspaceCreateOptions::default().max_memtable_size(2 << 20);
         let ks = |name: &str| db.keyspace(name, options);
+        // Keyspaces keyed by invocation id settle out of key order, so their merges rewrite
+        // whole tables: 4 MiB tables instead of 64 MiB cut disk writes per request by
+        // 10-20% (measured at c=32). Events are keyed by seq and compact by moves.
+        let small = || {
+            options().compaction_strategy(std::sync::Arc::new(
+                fjall::compaction::Leveled::default().with_table_target_size(4 << 20),
+            ))
+        };
+        let ks_small = |name: &str| db.keyspace(name, small);
         Ok(Self {
             events: ks("events")?,
-            by_invocation: ks("by_invocation")?,
-            states: ks("states")?,
-            open: ks("open")?,
-            results: ks("results")?,
-            result_expiry: ks("result_expiry")?,
+            by_invocation: ks_small("by_invocation")?,
+            states: ks_small("states")?,
+            open: ks_small("open")?,
+            results: ks_small("results")?,
+            result_expiry: ks_small("result_expiry")?,
             db,
         })
     }
