@@ -33,6 +33,8 @@ fn run_time() -> Duration {
     Duration::from_secs(secs)
 }
 const BIN: &str = env!("CARGO_BIN_EXE_postern");
+/// Untimed requests per connection before a cell's clock starts.
+const WARMUP_REQUESTS: usize = 20;
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -322,7 +324,8 @@ struct Cell {
     per_sec: f64,
     p50: Duration,
     p99: Duration,
-    count: usize,
+    /// Every request the proxy served in the cell, warm-up included (for CPU per request).
+    served: usize,
 }
 
 async fn load(
@@ -332,30 +335,42 @@ async fn load(
     concurrency: usize,
     post: bool,
 ) -> Cell {
-    let started = Instant::now();
-    let deadline = started + run_time();
+    // Connections are opened and warmed (first upstream connection, leaf certificate)
+    // before the clock starts, as for the direct cells.
+    let ready = Arc::new(tokio::sync::Barrier::new(concurrency + 1));
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
         let tls = tls.clone();
+        let ready = ready.clone();
         tasks.push(tokio::spawn(async move {
             let mut sender = connect(target, via, &tls).await;
-            let mut lat = Vec::new();
             let body = Bytes::from(vec![b'x'; 1024]);
-            while Instant::now() < deadline {
-                let req = Request::builder()
+            let request = || {
+                Request::builder()
                     .method(if post { "POST" } else { "GET" })
                     .uri("/bench")
                     .header("host", format!("origin.test:{}", target.port()))
                     .body(Full::new(if post { body.clone() } else { Bytes::new() }))
-                    .unwrap();
+                    .unwrap()
+            };
+            for _ in 0..WARMUP_REQUESTS {
+                let resp = sender.send_request(request()).await.unwrap();
+                let _ = resp.into_body().collect().await.unwrap();
+            }
+            ready.wait().await;
+            let deadline = Instant::now() + run_time();
+            let mut lat = Vec::new();
+            while Instant::now() < deadline {
                 let t = Instant::now();
-                let resp = sender.send_request(req).await.unwrap();
+                let resp = sender.send_request(request()).await.unwrap();
                 let _ = resp.into_body().collect().await.unwrap();
                 lat.push(t.elapsed());
             }
             lat
         }));
     }
+    ready.wait().await;
+    let started = Instant::now();
     let mut all = Vec::new();
     for t in tasks {
         all.extend(t.await.unwrap());
@@ -371,7 +386,7 @@ async fn load(
         per_sec: all.len() as f64 / took.as_secs_f64(),
         p50: at(0.5),
         p99: at(0.99),
-        count: all.len(),
+        served: all.len() + concurrency * WARMUP_REQUESTS,
     }
 }
 
@@ -509,7 +524,7 @@ fn main() {
                     us(cell.p50),
                     us(cell.p99),
                     cell.per_sec / direct.per_sec,
-                    cpu / (cell.count.max(1) as f64 / 1000.0)
+                    cpu / (cell.served.max(1) as f64 / 1000.0)
                 );
             }
         }
