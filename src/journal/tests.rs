@@ -118,8 +118,8 @@ fn concurrent_appends_share_syncs_and_keep_one_unbroken_chain() {
 
 #[test]
 fn a_refused_append_writes_nothing_and_leaves_the_chain_whole() {
-    let Some(dir) = tempfile::tempdir().ok() else {
-        return;
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
     };
     let journal = open(dir.path());
     let id = new_invocation_id();
@@ -151,8 +151,8 @@ fn a_refused_append_writes_nothing_and_leaves_the_chain_whole() {
 
 #[test]
 fn the_result_is_committed_with_its_resolving_event() {
-    let Some(dir) = tempfile::tempdir().ok() else {
-        return;
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
     };
     let journal = open(dir.path());
     let id = new_invocation_id();
@@ -179,8 +179,8 @@ fn the_result_is_committed_with_its_resolving_event() {
 
 #[test]
 fn the_listing_merges_live_and_settled_records_newest_first() {
-    let Some(dir) = tempfile::tempdir().ok() else {
-        return;
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
     };
     let journal = open(dir.path());
     let rt = rt();
@@ -216,8 +216,8 @@ fn the_listing_merges_live_and_settled_records_newest_first() {
 
 #[test]
 fn expired_results_are_removed_and_the_record_stays() {
-    let Some(dir) = tempfile::tempdir().ok() else {
-        return;
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
     };
     let journal = open(dir.path());
     let id = new_invocation_id();
@@ -237,8 +237,8 @@ fn expired_results_are_removed_and_the_record_stays() {
 
 #[test]
 fn recovery_settles_every_live_invocation_by_what_is_durable() {
-    let Some(dir) = tempfile::tempdir().ok() else {
-        return;
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
     };
     let (before, dispatched, resolved, idempotent) = (
         new_invocation_id(),
@@ -312,6 +312,92 @@ fn recovery_settles_every_live_invocation_by_what_is_durable() {
     assert_eq!(again.ok(), Some(0));
 }
 
+/// Enough results to rotate memtables and compact tables many times over (2 MiB
+/// memtables, 4 MiB tables, one background worker): nothing may go missing.
+#[test]
+fn every_record_and_result_survives_flushes_compactions_and_a_restart() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    const N: usize = 1200;
+    let body = b64(&[b'r'; 16 << 10]);
+    let options = || JournalOptions {
+        durability: Durability::Buffered,
+        ..JournalOptions::default()
+    };
+    let ids: Vec<String> = (0..N).map(|_| new_invocation_id()).collect();
+    {
+        let Ok((journal, _)) = Journal::open(dir.path(), options()) else {
+            panic!("open");
+        };
+        let rt = rt();
+        let written = rt.block_on(async {
+            for chunk in ids.chunks(64) {
+                let mut tasks = Vec::new();
+                for id in chunk {
+                    let (journal, id, body) = (journal.clone(), id.clone(), body.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let (draft, mut result) = committed(&id, journal.result_expiry_ms());
+                        if let Payload::Http(h) = &mut result.payload {
+                            h.body_base64 = Some(body);
+                        }
+                        let drafts = vec![accepted("POST"), preflight(false), dispatch()];
+                        journal.append(&id, drafts).await?;
+                        journal.commit_result(&id, vec![draft], result).await?;
+                        let delivered = Body::ResultDelivered(Delivered::default());
+                        journal.append(&id, vec![Draft::observed(delivered)]).await
+                    }));
+                }
+                for t in tasks {
+                    t.await.map_err(|_| JournalError::Unavailable)??;
+                }
+            }
+            journal.flush().await
+        });
+        assert_eq!(written, Ok(()));
+    }
+    let tables = count_tables(&dir.path().join("keyspaces"));
+    assert!(
+        tables >= 6,
+        "only {tables} tables: the load never left the memtables"
+    );
+    let Ok((journal, report)) = Journal::open(dir.path(), options()) else {
+        panic!("reopen");
+    };
+    assert!(report.recovered.is_empty());
+    let audit = journal.verify().ok();
+    assert!(audit.is_some_and(|a| a.ok && a.events == (N * 5) as u64));
+    for id in &ids {
+        let record = journal.record(id).ok().flatten();
+        assert!(
+            record.is_some_and(|r| r.outcome == Outcome::Committed),
+            "{id}"
+        );
+        let result = journal.result(id).ok().flatten();
+        assert!(
+            result.is_some_and(|r| matches!(&r.payload, Payload::Http(h) if h.body_base64.as_ref().is_some_and(|b| b.len() == body.len()))),
+            "{id}"
+        );
+    }
+    let listed = journal.records_before(None, N + 10).unwrap_or_default();
+    assert_eq!(listed.len(), N);
+}
+
+/// Table files under every keyspace's `tables` directory.
+fn count_tables(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let in_tables = dir.file_name().is_some_and(|n| n == "tables");
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => count_tables(&e.path()),
+            _ => usize::from(in_tables),
+        })
+        .sum()
+}
+
 #[test]
 fn the_sync_rule_matches_the_spec() {
     use EventKind::*;
@@ -379,8 +465,8 @@ impl EventStore for FailingSync {
 
 #[test]
 fn a_failed_sync_stops_the_journal_and_refuses_dispatch() {
-    let Some(dir) = tempfile::tempdir().ok() else {
-        return;
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
     };
     let Ok(inner) = FjallStore::open(dir.path()) else {
         return;
@@ -410,8 +496,8 @@ fn a_failed_sync_stops_the_journal_and_refuses_dispatch() {
 
 #[test]
 fn low_free_space_releases_the_reserve_and_refuses_new_dispatches() {
-    let Some(dir) = tempfile::tempdir().ok() else {
-        return;
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
     };
     let health = Health::default();
     let guard = SpaceGuard {
