@@ -336,7 +336,7 @@ async fn load(
     post: bool,
 ) -> Cell {
     // Connections are opened and warmed (first upstream connection, leaf certificate)
-    // before the clock starts, as for the direct cells.
+    // before the clock starts, on every path alike.
     let ready = Arc::new(tokio::sync::Barrier::new(concurrency + 1));
     let mut tasks = Vec::new();
     for _ in 0..concurrency {

@@ -66,7 +66,7 @@ impl FjallStore {
         // A proxy's journal is written far more than it is read: keep the block cache small.
         // One background worker: with two, fjall 3.1 makes worker 0 hand every compaction
         // request back to the queue, and it spins on it while worker 1 compacts (measured:
-        // ~7% of postern's CPU at c=32; one worker gave ~20% more requests/s).
+        // ~7% of postern's CPU at c=32; one worker gave 19-29% more requests/s).
         let db = Database::builder(dir)
             .manual_journal_persist(true)
             .cache_size(8 << 20)
@@ -78,7 +78,7 @@ impl FjallStore {
         let ks = |name: &str| db.keyspace(name, options);
         // Keyspaces keyed by invocation id settle out of key order, so their merges rewrite
         // whole tables: 4 MiB tables instead of 64 MiB cut disk writes per request by
-        // 10-20% (measured at c=32). Events are keyed by seq and compact by moves.
+        // 8-15% (measured at c=32). Events are keyed by seq and compact by moves.
         let small = || {
             options().compaction_strategy(std::sync::Arc::new(
                 fjall::compaction::Leveled::default().with_table_target_size(4 << 20),
