@@ -33,6 +33,11 @@ fn run_time() -> Duration {
     Duration::from_secs(secs)
 }
 const BIN: &str = env!("CARGO_BIN_EXE_postern");
+
+/// The binary under test; `POSTERN_BENCH_BIN` points at another build for A/B runs.
+fn postern_bin() -> String {
+    std::env::var("POSTERN_BENCH_BIN").unwrap_or_else(|_| BIN.to_owned())
+}
 /// Untimed requests per connection before a cell's clock starts.
 const WARMUP_REQUESTS: usize = 20;
 
@@ -240,7 +245,7 @@ fn start_postern(origin: &Origin, durability: &str) -> Postern {
     );
     let cfg = home.path().join("postern.toml");
     std::fs::write(&cfg, config).unwrap();
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(postern_bin())
         .args(["serve", "--config"])
         .arg(&cfg)
         .env("POSTERN_HOME", home.path().join("home"))

@@ -32,7 +32,7 @@ pub fn run(
     home: &Home,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<ExitCode, CliError> {
-    let config = crate::config::load(config, env)?;
+    let config = crate::config::load_addresses(config, env)?;
     for line in lines(home, config.proxy.listen) {
         outln!("{line}");
     }

@@ -210,7 +210,7 @@ fn cli_admin(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> AdminTarget {
     let url = flag.clone().unwrap_or_else(|| {
-        let listen = crate::config::load(config.as_deref(), env)
+        let listen = crate::config::load_addresses(config.as_deref(), env)
             .map(|c| c.admin.listen.to_string())
             .unwrap_or_else(|_| "127.0.0.1:3129".into());
         format!("http://{listen}")

@@ -31,5 +31,13 @@ pub fn load(path: Option<&Path>, env: EnvLookup<'_>) -> Result<Config, ConfigErr
     }
 }
 
+/// For commands that only need the config's addresses (`postern env`, the operator CLI):
+/// an `env:` secret reference need not be set in the caller's shell, so its value is a
+/// placeholder. Never serve with a config loaded this way.
+pub fn load_addresses(path: Option<&Path>, env: EnvLookup<'_>) -> Result<Config, ConfigErrors> {
+    let placeholder = |name: &str| env(name).or_else(|| Some("(not set here)".to_owned()));
+    load(path, &placeholder)
+}
+
 #[cfg(test)]
 mod tests;

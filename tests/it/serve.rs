@@ -121,3 +121,51 @@ fn a_closed_stdout_does_not_take_the_daemon_down() {
     let _ = child.wait();
     assert!(alive, "postern serve died when its stdout closed");
 }
+
+/// The README quick start: only the daemon's environment holds the agent token, and the
+/// agent's shell runs `postern env --config` and `postern actions list --config` without it.
+#[test]
+fn env_and_the_operator_cli_read_addresses_without_the_daemons_secrets() {
+    let home = Home::new();
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let admin = free.local_addr().expect("addr");
+    drop(free);
+    let config = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"{admin}\"\n\
+         [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
+         [[agents]]\nid = \"ci\"\ntoken = \"env:QUICKSTART_AGENT_TOKEN\"\n"
+    );
+    let daemon = Daemon::start_with(
+        &home,
+        Some(&config),
+        &[("QUICKSTART_AGENT_TOKEN", "s3cret")],
+    );
+    let path = home.config(&config);
+    let shell = |args: &[&str]| {
+        Command::new(BIN)
+            .args(args)
+            .arg("--config")
+            .arg(&path)
+            .env("POSTERN_HOME", home.root())
+            .env_remove("QUICKSTART_AGENT_TOKEN")
+            .env_remove("POSTERN_CONFIG")
+            .env_remove("POSTERN_ADMIN")
+            .env_remove("POSTERN_ADMIN_TOKEN")
+            .output()
+            .expect("run postern")
+    };
+    let env = shell(&["env"]);
+    assert!(env.status.success(), "postern env: {}", stderr(&env));
+    let text = String::from_utf8_lossy(&env.stdout);
+    assert!(
+        text.contains("export HTTPS_PROXY=http://127.0.0.1:0"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("s3cret") && !text.contains("not set"),
+        "{text}"
+    );
+    let list = shell(&["actions", "list", "--json"]);
+    assert!(list.status.success(), "actions list: {}", stderr(&list));
+    assert_eq!(daemon.admin, format!("http://{admin}"));
+}
