@@ -18,7 +18,7 @@ use super::body::{DeliveryBody, DeliveryEnd, RequestBody};
 use super::inject::{Injection, ReflectionGuard};
 use super::pool::{Conn, Pool, Sender};
 use super::respond::{
-    self, POSTERN_CREDENTIAL, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody,
+    self, POSTERN_CREDENTIAL, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody, Relayed,
 };
 use super::stream::{StreamEnd, StreamPlan};
 use super::tap::Tap;
@@ -655,7 +655,10 @@ impl Exchange {
         let (mut parts, incoming) = resp.into_parts();
         let completion = framing(&parts.headers, parts.version);
         let journal = &self.proxy.config.journal;
+        // A bodiless response's Content-Length describes the representation: kept as sent.
+        let bodiless = bodiless(&self.method, status);
         let limit = match delivery_mode(route.delivery, &parts.headers, journal.buffer_limit) {
+            _ if bodiless => journal.buffer_limit.max(1),
             Delivery::Stream => 0,
             Delivery::Buffer => journal.buffer_limit.max(journal.max_result_bytes),
             Delivery::Auto => journal.buffer_limit,
@@ -744,7 +747,10 @@ impl Exchange {
         let (delivery, done) = DeliveryBody::new(body);
         parts.version = http::Version::HTTP_11;
         let mut out = Response::from_parts(parts, delivery.boxed());
-        out.headers_mut().remove(header::CONTENT_LENGTH);
+        out.extensions_mut().insert(Relayed);
+        if !bodiless {
+            out.headers_mut().remove(header::CONTENT_LENGTH);
+        }
         if let Ok(v) = HeaderValue::from_str(&self.id) {
             out.headers_mut().insert(POSTERN_INVOCATION, v);
         }
@@ -943,6 +949,14 @@ async fn collect(mut body: Incoming, idle: Duration, limit: u64) -> Result<Colle
             }
         }
     }
+}
+
+/// Responses that never carry a body (RFC 9110 §6.4.1).
+fn bodiless(method: &str, status: StatusCode) -> bool {
+    method == "HEAD"
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+        || status.is_informational()
 }
 
 /// `delivery = "auto"`: event streams and bodies declared larger than the buffer stream at once.

@@ -234,6 +234,7 @@ async fn intercept(
         let framing_conflict = conflict.load(Ordering::SeqCst)
             && req.headers().contains_key(header::TRANSFER_ENCODING);
         async move {
+            let head = req.method() == Method::HEAD;
             let path = req
                 .uri()
                 .path_and_query()
@@ -262,7 +263,7 @@ async fn intercept(
                     .await
                 }
             };
-            Ok::<_, Infallible>(resp)
+            Ok::<_, Infallible>(respond::fit_to_method(head, resp))
         }
     });
     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())

@@ -165,7 +165,9 @@ impl Authority {
         .map_err(gen_err)?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(resolver));
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        // `http/1.0` (curl --http1.0) is served by the HTTP/1 side; without it rustls would
+        // refuse the handshake with no_application_protocol.
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), b"http/1.0".to_vec()];
         Ok(Arc::new(config))
     }
 }

@@ -15,6 +15,22 @@ pub const POSTERN_DELIVERY: &str = "postern-delivery";
 pub const POSTERN_CREDENTIAL: &str = "postern-credential";
 pub const PROXY_STATUS: &str = "proxy-status";
 
+/// Marks a response whose head and body are the origin's.
+#[derive(Debug, Clone, Copy)]
+pub struct Relayed;
+
+/// A response to `HEAD` has no body (RFC 9110 §9.3.2). hyper drops one on HTTP/1.1, but on
+/// h2 a DATA frame after a HEAD is a protocol error for the agent, so postern's own responses
+/// (envelopes, challenges) lose theirs here. Relayed responses to HEAD are bodiless already
+/// and keep their delivery tracking.
+pub fn fit_to_method(head: bool, resp: Response<ProxyBody>) -> Response<ProxyBody> {
+    if !head || resp.extensions().get::<Relayed>().is_some() {
+        return resp;
+    }
+    let (parts, _) = resp.into_parts();
+    Response::from_parts(parts, full(Bytes::new()))
+}
+
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into())
         .map_err(|never| match never {})

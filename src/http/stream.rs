@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use super::body::{ChannelBody, Chunk};
 use super::exchange::{Exchange, Outgoing, body_error, stored_headers};
 use super::inject::ReflectionGuard;
-use super::respond::{POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME};
+use super::respond::{POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME, Relayed};
 use crate::config::Route;
 use crate::contract::{Code, Completion, Phase, StatusResolution, postern_outcome};
 use crate::journal::{
@@ -114,7 +114,8 @@ impl Exchange {
         }
         let (tx, rx) = mpsc::channel(32);
         let (body, done) = ChannelBody::new(rx);
-        let resp = Response::from_parts(parts, body.boxed());
+        let mut resp = Response::from_parts(parts, body.boxed());
+        resp.extensions_mut().insert(Relayed);
         let plan = StreamPlan {
             prefix,
             rest: Some(rest),

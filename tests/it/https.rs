@@ -46,6 +46,14 @@ impl Setup {
     fn url(&self, path: &str) -> String {
         format!("https://origin.test:{}{path}", self.port)
     }
+
+    /// curl through this postern, trusting its CA, with `flags` before the URL.
+    fn curl(&self, flags: &[&str], path: &str) -> (u16, String, String) {
+        let (ca, proxy, url) = (self.ca(), self.proxy(), self.url(path));
+        let mut args = flags.to_vec();
+        args.extend(["--cacert", &ca, "-x", &proxy, &url]);
+        curl(&args)
+    }
 }
 
 #[test]
@@ -460,4 +468,98 @@ fn git_reaches_the_origin_through_postern() {
         (refs["outcome"].as_str(), refs["agent"].as_str()),
         (Some("committed"), Some("ci"))
     );
+}
+
+fn header_of<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().rev().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// The kinds of an invocation's events, once `RESULT_DELIVERED` (recorded after the last
+/// byte went out) or a failure has landed.
+fn settled_kinds(daemon: &Daemon, id: &str) -> Vec<String> {
+    let url = daemon.url(&format!("/v1/invocations/{id}/events"));
+    let mut kinds = Vec::new();
+    for _ in 0..40 {
+        let (_, events) = get_json(&url, &[]);
+        kinds = events["events"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|e| e["kind"].as_str().unwrap_or("").to_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if kinds
+            .iter()
+            .any(|k| k == "RESULT_DELIVERED" || k == "FAILED")
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    kinds
+}
+
+#[test]
+fn head_keeps_the_origins_length_and_no_response_to_it_carries_a_body() {
+    let origin = echo_origin();
+    let home = Home::new();
+    let text = config(&origin, true).replace(
+        &format!("port = {} }}", origin.addr.port()),
+        &format!("port = {}, path_prefix = \"/open\" }}", origin.addr.port()),
+    );
+    assert!(text.contains("path_prefix"), "{text}");
+    let daemon = Daemon::start(&home, Some(&text));
+    let s = Setup {
+        home,
+        daemon,
+        port: origin.addr.port(),
+    };
+    for version in ["--http1.1", "--http2"] {
+        let (status, _, head) = s.curl(&[version, "-I"], "/open/x");
+        assert_eq!(status, 200, "{version}: {head}");
+        assert!(!head.contains("(curl:"), "{version}: {head}");
+        let length: usize = header_of(&head, "content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        assert!(
+            length > 20,
+            "the origin's Content-Length is kept ({version}): {head}"
+        );
+        assert_eq!(
+            header_of(&head, "postern-outcome"),
+            Some("outcome=committed, phase=remote_execution, retry=never"),
+            "{version}: {head}"
+        );
+        let id = header_of(&head, "postern-invocation").unwrap_or_default();
+        let kinds = settled_kinds(&s.daemon, id);
+        assert_eq!(
+            kinds.last().map(String::as_str),
+            Some("RESULT_DELIVERED"),
+            "{version}: {kinds:?}"
+        );
+    }
+    // postern's own error to a HEAD: the envelope's headers only (an h2 DATA frame would be
+    // a protocol error for the agent).
+    for version in ["--http1.1", "--http2"] {
+        let (status, _, head) = s.curl(&[version, "-I"], "/closed");
+        assert_eq!(status, 403, "{version}: {head}");
+        assert!(!head.contains("(curl:"), "{version}: {head}");
+        assert!(
+            header_of(&head, "proxy-status").is_some_and(|v| v.contains("http_request_denied")),
+            "{version}: {head}"
+        );
+    }
+}
+
+#[test]
+fn curl_http1_0_is_served_through_connect() {
+    let (s, _origin) = setup(true);
+    let (status, body, head) = s.curl(&["--http1.0"], "/old");
+    assert_eq!(status, 200, "{body}\n{head}");
+    let echo: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    assert_eq!(echo["path"], "/old", "{body}");
 }

@@ -123,7 +123,19 @@ async fn echo(req: Request<Incoming>) -> Response<Full<Bytes>> {
         "host": h("host").or_else(|| parts.uri.authority().map(|a| a.to_string())),
         "body": String::from_utf8_lossy(&body),
     });
-    let mut resp = Response::new(Full::new(Bytes::from(v.to_string())));
+    let text = v.to_string();
+    // HEAD: the length GET would have, no body (hyper's h2 server would send one).
+    let head = parts.method == hyper::Method::HEAD;
+    let length = text.len();
+    let mut resp = Response::new(Full::new(if head {
+        Bytes::new()
+    } else {
+        Bytes::from(text)
+    }));
+    if head {
+        resp.headers_mut()
+            .insert("content-length", length.to_string().parse().unwrap());
+    }
     resp.headers_mut()
         .insert("content-type", "application/json".parse().unwrap());
     if let Some(to) = parts.uri.query().and_then(|q| q.strip_prefix("redirect=")) {
