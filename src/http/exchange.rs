@@ -125,6 +125,9 @@ pub(super) struct Exchange {
     pub(super) injection: Option<Injection>,
     /// The agent can take trailers (h2, or HTTP/1.1 with `TE: trailers`).
     pub(super) agent_trailers: bool,
+    /// Body bytes handed to the origin (`REQUEST_SENT`) and to the agent (`RESULT_DELIVERED`).
+    request_bytes: u64,
+    pub(super) delivered_bytes: u64,
 }
 
 impl Exchange {
@@ -162,6 +165,8 @@ impl Exchange {
                         v.to_str()
                             .is_ok_and(|t| t.to_ascii_lowercase().contains("trailers"))
                     }),
+            request_bytes: 0,
+            delivered_bytes: 0,
         }
     }
 
@@ -279,7 +284,9 @@ impl Exchange {
     /// Nothing acts on `RESULT_DELIVERED`: it rides the next write without an ack.
     async fn delivered(&mut self) {
         let mut drafts = std::mem::take(&mut self.pending);
-        drafts.push(Draft::observed(Body::ResultDelivered(Delivered::default())));
+        drafts.push(Draft::observed(Body::ResultDelivered(Delivered {
+            bytes: self.delivered_bytes,
+        })));
         self.proxy.journal.enqueue(&self.id, drafts).await;
     }
 
@@ -500,6 +507,7 @@ impl Exchange {
         if let Err(out) = self.dispatch_boundary(drafts, dispatch).await {
             return out;
         }
+        self.request_bytes = body.len() as u64;
         let (tap, first_write) = Tap::new(dialed.stream);
         // A bodiless request is written when its head is: the tap sees that.
         let sent_rx = attach_body(&mut req, body).unwrap_or(first_write);
@@ -539,6 +547,7 @@ impl Exchange {
         if let Err(out) = self.dispatch_boundary(vec![], dispatch).await {
             return out;
         }
+        self.request_bytes = body.len() as u64;
         let sent_rx = attach_body(&mut req, body).unwrap_or_else(|| {
             // hyper writes a bodiless request as soon as it is sent on a ready connection.
             let (tx, rx) = oneshot::channel();
@@ -623,7 +632,8 @@ impl Exchange {
                 s = &mut sent_rx, if !written => {
                     written = true;
                     if matches!(s, Ok(DeliveryEnd::Delivered)) {
-                        let sent = Draft::observed(Body::RequestSent(RequestSent::default())).hop("origin");
+                        let sent = RequestSent { bytes: self.request_bytes };
+                        let sent = Draft::observed(Body::RequestSent(sent)).hop("origin");
                         self.proxy.journal.enqueue(&self.id, vec![sent]).await;
                     }
                     deadline.as_mut().reset(tokio::time::Instant::now() + response_timeout);
@@ -744,6 +754,7 @@ impl Exchange {
             resolution.retry,
             None,
         );
+        self.delivered_bytes = body.len() as u64;
         let (delivery, done) = DeliveryBody::new(body);
         parts.version = http::Version::HTTP_11;
         let mut out = Response::from_parts(parts, delivery.boxed());

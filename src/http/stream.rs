@@ -266,6 +266,7 @@ impl Exchange {
             complete: true,
             expires_at_ms: self.proxy.journal.result_expiry_ms(),
         };
+        self.delivered_bytes = tally.bytes;
         let mut drafts = std::mem::take(&mut self.pending);
         drafts.extend([complete, committed]);
         if self

@@ -52,16 +52,18 @@ impl Setup {
     }
 
     fn events(&self, id: &str) -> Vec<String> {
+        self.event_data(id)
+            .into_iter()
+            .map(|e| e["kind"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    fn event_data(&self, id: &str) -> Vec<Value> {
         let (_, v) = get_json(
             &self.daemon.url(&format!("/v1/invocations/{id}/events")),
             &[],
         );
-        v["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["kind"].as_str().unwrap().to_owned())
-            .collect()
+        v["events"].as_array().cloned().unwrap_or_default()
     }
 
     /// Waits until the record settles into the expected code (the exchange runs in its own task).
@@ -694,4 +696,34 @@ fn agents_read_their_own_invocations_through_postern_internal() {
         1,
         "reads through postern.internal are not invocations"
     );
+}
+
+#[test]
+fn sent_and_delivered_events_count_the_body_bytes() {
+    let origin = origins::responds("200 OK", &["content-type: application/json"], "{\"ok\":1}");
+    let s = setup(origin.port(), "");
+    let (status, body, head) = s.curl(&["--data-binary", "hello", &s.url("/bytes")]);
+    assert_eq!((status, body.as_str()), (200, "{\"ok\":1}"), "{head}");
+    let id = header(&head, "postern-invocation")
+        .unwrap_or_default()
+        .to_owned();
+    let mut events = s.event_data(&id);
+    for _ in 0..100 {
+        if events
+            .last()
+            .is_some_and(|e| e["kind"] == "RESULT_DELIVERED")
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        events = s.event_data(&id);
+    }
+    let bytes_of = |kind: &str| {
+        events
+            .iter()
+            .find(|e| e["kind"] == kind)
+            .map(|e| e["data"]["bytes"].clone())
+    };
+    assert_eq!(bytes_of("REQUEST_SENT"), Some(5.into()), "{events:?}");
+    assert_eq!(bytes_of("RESULT_DELIVERED"), Some(8.into()), "{events:?}");
 }

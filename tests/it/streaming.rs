@@ -174,4 +174,21 @@ fn a_body_past_the_buffer_limit_continues_as_a_stream() {
     assert_eq!(res["bytes"], 5000);
     let r: Value = get_json(&daemon.url(&format!("/v1/invocations/{id}")), &[]).1;
     assert_eq!(r["result"]["bytes"], 5000);
+    let events = format!("/v1/invocations/{id}/events");
+    let mut delivered = Value::Null;
+    for _ in 0..100 {
+        let (_, ev) = get_json(&daemon.url(&events), &[]);
+        if let Some(e) = ev["events"]
+            .as_array()
+            .and_then(|a| a.iter().find(|e| e["kind"] == "RESULT_DELIVERED"))
+        {
+            delivered = e["data"]["bytes"].clone();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        delivered, 5000,
+        "RESULT_DELIVERED counts the streamed bytes"
+    );
 }
