@@ -705,6 +705,12 @@ impl Exchange {
                 evidence.insert(name.replace('-', "_"), v.into());
             }
         }
+        if !bodiless && parts.headers.contains_key(header::CONTENT_LENGTH) {
+            // Redaction may change the length: the stored head says what the agent gets.
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        }
         let digest = sha256_tagged_digest(&Sha256::digest(&body));
         let stored = self.stored_result(
             status.as_u16(),

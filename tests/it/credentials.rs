@@ -136,6 +136,20 @@ fn the_credential_is_injected_and_its_echo_redacted() {
         serde_json::json!({"id": "gh", "version": 1, "mode": "header"})
     );
     assert_eq!(r["evidence"]["redactions"], 2);
+    let id = r["invocation_id"].as_str().unwrap_or_default();
+    let (_, res) = get_json(&s.daemon.url(&format!("/v1/invocations/{id}/result")), &[]);
+    let length = res["headers"].as_array().and_then(|h| {
+        h.iter()
+            .find(|kv| kv[0] == "content-length")
+            .and_then(|kv| kv[1].as_str())
+            .and_then(|v| v.parse::<usize>().ok())
+    });
+    assert_eq!(
+        length,
+        Some(body.len()),
+        "the stored head matches the redacted body: {res}"
+    );
+    assert_eq!(res["bytes"], body.len());
 }
 
 #[test]
