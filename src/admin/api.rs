@@ -17,12 +17,14 @@ use crate::contract::{Outcome, Phase};
 use crate::journal::{
     Body, Draft, Journal, JournalError, Payload, Reconciliation, Record, Source, unb64,
 };
+use crate::policy::approvals::{Approvals, Verdict};
 
 /// What the admin API serves from.
 pub struct AdminState {
     pub journal: Journal,
     pub registry: Registry,
     pub token: Option<SecretValue>,
+    pub approvals: Arc<Approvals>,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -137,10 +139,18 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
             Ok(report) => json_reply(StatusCode::OK, &json!(report)),
             Err(_) => storage_error(),
         },
-        (_, ["v1", "approvals", ..]) | (_, ["v1", "invocations", _, "retry"]) => error(
+        (&Method::GET, ["v1", "approvals"]) => json_reply(
+            StatusCode::OK,
+            &json!({"approvals": state.approvals.list()}),
+        ),
+        (&Method::POST, ["v1", "approvals", id, "approve"]) => {
+            answer(state, id, Verdict::Approve).await
+        }
+        (&Method::POST, ["v1", "approvals", id, "deny"]) => answer(state, id, Verdict::Deny).await,
+        (_, ["v1", "invocations", _, "retry"]) => error(
             StatusCode::NOT_IMPLEMENTED,
             "NOT_IMPLEMENTED",
-            "Approvals and retries are not available in this build yet.",
+            "Retries are not available in this build yet.",
         ),
         _ => error(
             StatusCode::NOT_FOUND,
@@ -410,6 +420,25 @@ async fn reconcile(state: &AdminState, id: &str, body: Value) -> Reply {
             &refusal.to_string(),
         ),
         Err(JournalError::Unavailable) => storage_error(),
+    }
+}
+
+/// An operator's verdict on a held request; replies with the record once it is journaled.
+async fn answer(state: &AdminState, id: &str, verdict: Verdict) -> Reply {
+    let Some(recorded) = state.approvals.answer(id, verdict) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NOT_PENDING",
+            "No request is waiting for approval under this id.",
+        );
+    };
+    match recorded.await {
+        Ok(record) => json_reply(StatusCode::OK, &record),
+        Err(_) => error(
+            StatusCode::CONFLICT,
+            "NOT_PENDING",
+            "The request stopped waiting before the answer was recorded.",
+        ),
     }
 }
 

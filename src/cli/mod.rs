@@ -85,6 +85,15 @@ pub enum Command {
         #[arg(long)]
         note: String,
     },
+    /// Let a request held for approval proceed (it dispatches unless something it bound changed).
+    Approve { id: String },
+    /// Refuse a request held for approval (APPROVAL_DENIED; never dispatched).
+    Deny { id: String },
+    /// The requests waiting for an operator's approval.
+    Approvals {
+        #[arg(long)]
+        json: bool,
+    },
     /// Journal audit.
     Audit {
         #[command(subcommand)]
@@ -161,6 +170,15 @@ pub fn main() -> ExitCode {
             &outcome,
             &note,
         ),
+        Command::Approve { id } => {
+            operator::answer(&cli_admin(&cli.admin, &cli.config, &env), &id, true)
+        }
+        Command::Deny { id } => {
+            operator::answer(&cli_admin(&cli.admin, &cli.config, &env), &id, false)
+        }
+        Command::Approvals { json } => {
+            operator::approvals(&cli_admin(&cli.admin, &cli.config, &env), json)
+        }
         Command::Audit {
             command: AuditCommand::Verify { json },
         } => operator::audit_verify(&cli_admin(&cli.admin, &cli.config, &env), &home, json),

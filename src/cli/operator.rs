@@ -173,6 +173,45 @@ pub fn reconcile(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `postern approve` / `postern deny`: answers a held request (SPEC §3.5).
+pub fn answer(target: &AdminTarget, id: &str, approve: bool) -> Result<ExitCode, CliError> {
+    let verb = if approve { "approve" } else { "deny" };
+    let path = format!("/v1/approvals/{}/{verb}", encode(id));
+    let (status, reply) = call(target, Method::POST, &path, Some(&json!({})))?;
+    if status != StatusCode::OK {
+        return Err(api_error(status, &reply));
+    }
+    match reply["code"].as_str() {
+        None => outln!("{id} {}", if approve { "approved" } else { "denied" }),
+        Some(code) => outln!("{id} not dispatched: {code} ({})", s(&reply["outcome"])),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `postern approvals`: the requests waiting for an answer, oldest first.
+pub fn approvals(target: &AdminTarget, json: bool) -> Result<ExitCode, CliError> {
+    let list = get(target, "/v1/approvals")?;
+    if json {
+        print_json(&list);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let held = list["approvals"].as_array().cloned().unwrap_or_default();
+    if held.is_empty() {
+        outln!("no requests wait for approval");
+    }
+    for h in &held {
+        outln!(
+            "{}  agent {}  route {}  expires {}  {}",
+            s(&h["invocation_id"]),
+            s(&h["agent"]),
+            s(&h["route"]),
+            s(&h["expires_at"]),
+            s(&h["fingerprint"])
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Asks the daemon; with no daemon running, opens the journal itself.
 pub fn audit_verify(target: &AdminTarget, home: &Home, json: bool) -> Result<ExitCode, CliError> {
     let report = match get(target, "/v1/audit/verify") {

@@ -125,10 +125,12 @@ async fn serve_until_stopped(
     let proxy_addr = proxy_listener.local_addr().unwrap_or(config.proxy.listen);
     let admin_addr = admin_listener.local_addr().unwrap_or(config.admin.listen);
     let front = FrontMetrics::default();
+    let approvals = Arc::new(crate::policy::approvals::Approvals::default());
     let state = Arc::new(AdminState {
         registry: admin::metrics::registry(journal.metrics(), &front),
         journal: journal.clone(),
         token: config.admin.token.clone(),
+        approvals: approvals.clone(),
     });
     let proxy = Arc::new(Proxy {
         config: config.clone(),
@@ -139,6 +141,7 @@ async fn serve_until_stopped(
         dns: crate::http::upstream::Dns::new(config.dns.as_ref()),
         vault,
         metrics: front,
+        approvals,
     });
     tokio::spawn(admin::serve(admin_listener, state));
     tokio::spawn(proxy_http::serve(proxy_listener, proxy));

@@ -23,7 +23,7 @@ use super::respond::{
 use super::stream::{StreamEnd, StreamPlan};
 use super::tap::Tap;
 use super::upstream::{Dialed, dial};
-use crate::config::{Delivery, Inject, Route, Scheme};
+use crate::config::{Approval, Delivery, Inject, Route, Scheme};
 use crate::contract::{
     Code, Completion, Envelope, Evidence, FailureContext, OperationFacts, Outcome, Phase,
     ResponseFacts, StatusResolution, classify_status, postern_outcome, resolve_failure,
@@ -114,7 +114,7 @@ fn refuse(code: Code, field: &'static str) -> Refuse {
 pub(super) struct Exchange {
     pub(super) proxy: Arc<Proxy>,
     pub(super) id: String,
-    agent: String,
+    pub(super) agent: String,
     target: Target,
     method: String,
     /// Drafts not yet appended: they travel with the next append.
@@ -202,7 +202,7 @@ impl Exchange {
     }
 
     /// An envelope computed without the journal (it could not record).
-    fn fallback(&self, code: Code) -> Response<ProxyBody> {
+    pub(super) fn fallback(&self, code: Code) -> Response<ProxyBody> {
         let ctx = FailureContext {
             phase_reached: if self.dispatched {
                 Phase::RemoteExecution
@@ -335,6 +335,7 @@ impl Exchange {
             &[("content-type", content_type)],
             &body,
         );
+        let held_fingerprint = fp.clone();
         let mut preflight = Preflight {
             route: route.id.clone(),
             fingerprint: fp,
@@ -361,6 +362,13 @@ impl Exchange {
             }
         } else {
             drafts.push(Draft::observed(Body::PreflightValidated(preflight)));
+        }
+        if route.approval == Approval::Required
+            && let Err(resp) = self
+                .await_approval(route, &held_fingerprint, credential, &mut drafts)
+                .await
+        {
+            return Outgoing::Respond(resp);
         }
         let key = Pool::key(route, &self.target);
         let pooled = self.proxy.pool.take(&key);

@@ -8,6 +8,7 @@
 //! delivery (`RESULT_DELIVERED`). Invariant: no request byte reaches the origin
 //! before `DISPATCH_STARTED` is durable.
 
+mod approval;
 mod body;
 mod exchange;
 mod front;
@@ -39,4 +40,6 @@ pub struct Proxy {
     pub pool: pool::Pool,
     pub vault: Arc<crate::vault::Vault>,
     pub metrics: FrontMetrics,
+    /// Requests held on `approval = "required"` routes, shared with the admin API.
+    pub approvals: Arc<crate::policy::approvals::Approvals>,
 }

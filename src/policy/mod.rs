@@ -1,7 +1,9 @@
 //! Policy before secrets: who the agent is, which route allows the request, and the
-//! request's fingerprint. Pure functions over the validated config.
+//! request's fingerprint (pure functions over the validated config); and the requests a
+//! route holds for an operator's approval.
 
 mod agents;
+pub mod approvals;
 mod fingerprint;
 mod routes;
 

@@ -1,37 +1,13 @@
 //! Credential injection from the vault, the reflection guard, and canary secrets
 //! that must never surface anywhere an agent or operator can read.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use serde_json::Value;
 
-use crate::support::{BIN, Daemon, Home, curl, get_json};
+use crate::support::{Daemon, Home, curl, get_json, secret_set};
 use crate::tls_origin::{TlsOrigin, echo_origin, echo_origin_for};
 
 const VAULT_KEY: &str = "vault-passphrase-for-tests";
 const CANARY: &str = "canary-7c1d9e-SECRET-value";
-
-fn secret_set(home: &Home, name: &str, value: &str, key: Option<&str>) -> std::process::Output {
-    let mut cmd = Command::new(BIN);
-    cmd.args(["secret", "set", name])
-        .env("POSTERN_HOME", home.root())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    match key {
-        Some(k) => cmd.env("POSTERN_VAULT_KEY", k),
-        None => cmd.env_remove("POSTERN_VAULT_KEY"),
-    };
-    let mut child = cmd.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{value}\n").as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
 
 fn base() -> String {
     "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n".into()

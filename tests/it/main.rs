@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod admin_api;
+mod approvals;
 mod audit;
 mod crash;
 mod credentials;

@@ -1,6 +1,6 @@
 //! Fixtures: a daemon in a temp home, the CLI, and curl.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
@@ -248,4 +248,26 @@ pub fn stderr(out: &Output) -> String {
 
 pub fn journal_dir(home: &Path) -> PathBuf {
     home.join("journal")
+}
+
+/// `postern secret set NAME` with the value on stdin.
+pub fn secret_set(home: &Home, name: &str, value: &str, key: Option<&str>) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["secret", "set", name])
+        .env("POSTERN_HOME", home.root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    match key {
+        Some(k) => cmd.env("POSTERN_VAULT_KEY", k),
+        None => cmd.env_remove("POSTERN_VAULT_KEY"),
+    };
+    let mut child = cmd.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{value}\n").as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
 }

@@ -1,0 +1,222 @@
+//! `approval = "required"`: the request waits before any connection for `postern approve`
+//! or `deny`, or until `approval_timeout`; nothing reaches the origin before an approval.
+
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::origins::{self, Origin};
+use crate::support::{Daemon, Home, curl, get_json, secret_set, stdout};
+
+const VAULT_KEY: &str = "vault-passphrase-for-approvals";
+
+fn config(port: u16, timeout: &str) -> String {
+    format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
+         [[credentials]]\nid = \"pay\"\nsecret = \"pay-key\"\ninject = {{ header = \"X-Api-Key\" }}\n\
+         [[routes]]\nid = \"payments\"\ncredential = \"pay\"\napproval = \"required\"\napproval_timeout = \"{timeout}\"\n\
+         match = {{ scheme = \"http\", host = \"origin.test\", port = {port} }}\nresolve = \"127.0.0.1:{port}\"\n"
+    )
+}
+
+struct Setup {
+    home: Home,
+    daemon: Daemon,
+    origin: Origin,
+}
+
+fn setup(timeout: &str) -> Setup {
+    let origin = origins::responds(
+        "201 Created",
+        &["content-type: application/json"],
+        "{\"paid\":1}",
+    );
+    let home = Home::new();
+    assert!(
+        secret_set(&home, "pay-key", "pay-key-v1", Some(VAULT_KEY))
+            .status
+            .success()
+    );
+    let daemon = Daemon::start_with(
+        &home,
+        Some(&config(origin.port(), timeout)),
+        &[("POSTERN_VAULT_KEY", VAULT_KEY)],
+    );
+    Setup {
+        home,
+        daemon,
+        origin,
+    }
+}
+
+impl Setup {
+    /// A POST that waits in postern; joined for its (status, body, head).
+    fn send(&self) -> JoinHandle<(u16, String, String)> {
+        let proxy = self.daemon.proxy.clone();
+        let url = format!("http://origin.test:{}/pay", self.origin.port());
+        std::thread::spawn(move || curl(&["-x", &proxy, "--data", "amount=5", &url]))
+    }
+
+    /// The one held request, once postern lists it.
+    fn held(&self) -> Value {
+        for _ in 0..200 {
+            let (_, list) = get_json(&self.daemon.url("/v1/approvals"), &[]);
+            if let Some(first) = list["approvals"].as_array().and_then(|a| a.first()) {
+                return first.clone();
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("no request was held for approval");
+    }
+
+    fn held_id(&self) -> String {
+        let held = self.held();
+        held["invocation_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// `postern approve|deny ID`, which must succeed; its stdout.
+    fn answer(&self, verb: &str, id: &str) -> String {
+        let out = self.daemon.cli(&[verb, id], &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{verb}: {err}");
+        stdout(&out)
+    }
+
+    fn kinds(&self, id: &str) -> Vec<(String, String)> {
+        let (_, ev) = get_json(
+            &self.daemon.url(&format!("/v1/invocations/{id}/events")),
+            &[],
+        );
+        ev["events"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|e| {
+                let field = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+                (field("kind"), field("source"))
+            })
+            .collect()
+    }
+}
+
+/// The envelope postern answered with, once the status is the expected one.
+fn envelope(reply: (u16, String, String), status: u16, code: &str) -> Value {
+    let (got, body, head) = reply;
+    assert_eq!(got, status, "{head}\n{body}");
+    let env: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    assert_eq!(env["error"]["code"], code, "{body}");
+    assert_eq!(env["error"]["outcome"], "not_attempted", "{body}");
+    env
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+#[test]
+fn an_approved_request_dispatches_only_after_the_approval() {
+    let s = setup("20s");
+    let pending = s.send();
+    let held = s.held();
+    let id = held["invocation_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(
+        (held["agent"].as_str(), held["route"].as_str()),
+        (Some("anonymous"), Some("payments"))
+    );
+    for field in ["fingerprint", "requested_at", "expires_at"] {
+        assert!(
+            held[field].as_str().is_some_and(|v| !v.is_empty()),
+            "{field}: {held}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(s.origin.hits(), 0, "nothing reaches the origin while held");
+    let listed = s.daemon.cli(&["approvals"], &[]);
+    assert!(stdout(&listed).contains(&id), "{}", stdout(&listed));
+    s.answer("approve", &id);
+    let (status, body, head) = pending.join().unwrap_or_default();
+    assert_eq!((status, body.as_str()), (201, "{\"paid\":1}"), "{head}");
+    assert_eq!(header(&head, "postern-invocation"), Some(id.as_str()));
+    assert_eq!(s.origin.hits(), 1);
+    assert!(
+        s.origin.last_request().contains("pay-key-v1"),
+        "the credential is injected"
+    );
+    let kinds = s.kinds(&id);
+    let at = |k: &str| kinds.iter().position(|(kind, _)| kind == k);
+    assert!(
+        at("APPROVAL_REQUESTED") < at("APPROVAL_GRANTED"),
+        "{kinds:?}"
+    );
+    assert!(at("APPROVAL_GRANTED") < at("DISPATCH_STARTED"), "{kinds:?}");
+    let granted = at("APPROVAL_GRANTED").map(|i| kinds[i].1.as_str());
+    assert_eq!(granted, Some("operator_attested"));
+    let again = s.daemon.cli(&["approve", &id], &[]);
+    assert!(
+        !again.status.success(),
+        "an answered request is no longer pending"
+    );
+}
+
+#[test]
+fn a_denied_request_never_reaches_the_origin() {
+    let s = setup("20s");
+    let pending = s.send();
+    let id = s.held_id();
+    let said = s.answer("deny", &id);
+    assert!(said.contains("APPROVAL_DENIED"), "{said}");
+    let reply = pending.join().unwrap_or_default();
+    let head = reply.2.clone();
+    let env = envelope(reply, 403, "APPROVAL_DENIED");
+    assert_eq!(env["error"]["retry"], "never");
+    assert!(
+        header(&head, "proxy-status").is_some_and(|v| v.contains("error=http_request_denied")),
+        "{head}"
+    );
+    assert_eq!(s.origin.hits(), 0);
+}
+
+#[test]
+fn an_unanswered_request_times_out_and_cannot_be_approved_later() {
+    let s = setup("400ms");
+    let env = envelope(s.send().join().unwrap_or_default(), 403, "APPROVAL_TIMEOUT");
+    assert_eq!(env["error"]["retry"], "after_correction");
+    assert_eq!(s.origin.hits(), 0);
+    let (_, list) = get_json(&s.daemon.url("/v1/approvals"), &[]);
+    assert_eq!(list["approvals"], serde_json::json!([]));
+    let id = env["invocation_id"].as_str().unwrap_or_default();
+    let late = s.daemon.cli(&["approve", id], &[]);
+    assert!(!late.status.success());
+}
+
+#[test]
+fn a_secret_rotated_while_held_is_a_changed_fingerprint() {
+    let s = setup("20s");
+    let pending = s.send();
+    let id = s.held_id();
+    let rotated = secret_set(&s.home, "pay-key", "pay-key-v2", Some(VAULT_KEY));
+    assert!(rotated.status.success());
+    s.answer("approve", &id);
+    envelope(
+        pending.join().unwrap_or_default(),
+        409,
+        "FINGERPRINT_CHANGED",
+    );
+    assert_eq!(
+        s.origin.hits(),
+        0,
+        "what was approved is not what would be sent"
+    );
+}
