@@ -80,6 +80,7 @@ fn init_tracing() {
 pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
     init_tracing();
     let config = load(config_path, env)?;
+    warn_unbuilt(&config);
     create_home(home)?;
     let authority = Arc::new(load_ca(home)?);
     let journal = open_journal(&config, home)?;
@@ -105,6 +106,24 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
         vault,
         home.clone(),
     ))
+}
+
+/// Route keys this build accepts but cannot honour yet: their requests are refused.
+fn warn_unbuilt(config: &Config) {
+    for r in &config.routes {
+        if r.via.is_some() {
+            errln!(
+                "postern: route {}: `via` upstream hops are not supported yet; its requests are refused (UNSUPPORTED_ACTION)",
+                r.id
+            );
+        }
+        if !r.intercept {
+            errln!(
+                "postern: route {}: `intercept = false` tunnels are not supported yet; its https requests are refused (UNSUPPORTED_ACTION)",
+                r.id
+            );
+        }
+    }
 }
 
 async fn bind(addr: std::net::SocketAddr, key: &str) -> Result<tokio::net::TcpListener, CliError> {

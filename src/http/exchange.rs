@@ -430,6 +430,9 @@ impl Exchange {
         }
         let route = match_route(config, &self.agent, &self.target, &self.method)
             .ok_or(refuse(Code::RouteDenied, "target"))?;
+        if !route_supported(route, self.target.scheme) {
+            return Err(refuse(Code::UnsupportedAction, "route"));
+        }
         for cred_id in &route.credentials {
             let Some(cred) = config.credentials.iter().find(|c| &c.id == cred_id) else {
                 continue;
@@ -974,6 +977,12 @@ async fn collect(mut body: Incoming, idle: Duration, limit: u64) -> Result<Colle
             }
         }
     }
+}
+
+/// `via` hops and `intercept = false` tunnels are not built yet: refusing such a route's
+/// requests beats sending them straight out (past the hop) or intercepting them anyway.
+pub(crate) fn route_supported(route: &Route, scheme: Scheme) -> bool {
+    route.via.is_none() && (route.intercept || scheme == Scheme::Http)
 }
 
 /// Responses that never carry a body (RFC 9110 §6.4.1).
