@@ -220,3 +220,28 @@ fn a_secret_rotated_while_held_is_a_changed_fingerprint() {
         "what was approved is not what would be sent"
     );
 }
+
+#[test]
+fn a_request_held_across_a_crash_is_settled_as_never_dispatched() {
+    let s = setup("20s");
+    let pending = s.send();
+    let id = s.held_id();
+    let Setup {
+        home,
+        daemon,
+        origin,
+    } = s;
+    drop(daemon); // SIGKILL while held
+    let _ = pending.join();
+    let again = Daemon::start_with(
+        &home,
+        Some(&config(origin.port(), "20s")),
+        &[("POSTERN_VAULT_KEY", VAULT_KEY)],
+    );
+    let (_, r) = get_json(&again.url(&format!("/v1/invocations/{id}")), &[]);
+    assert_eq!(r["code"], "BROKER_RESTARTED_BEFORE_DISPATCH", "{r}");
+    assert_eq!(r["outcome"], "not_attempted", "{r}");
+    let (_, list) = get_json(&again.url("/v1/approvals"), &[]);
+    assert_eq!(list["approvals"], serde_json::json!([]));
+    assert_eq!(origin.hits(), 0);
+}
