@@ -434,42 +434,6 @@ fn a_client_that_probes_without_credentials_retries_after_the_challenge() {
     );
 }
 
-#[test]
-fn git_reaches_the_origin_through_postern() {
-    let (s, _origin) = setup(true);
-    let out = std::process::Command::new("git")
-        .args(["ls-remote", &s.url("/team/repo.git")])
-        .env("https_proxy", s.proxy())
-        .env("HTTPS_PROXY", s.proxy())
-        .env("GIT_SSL_CAINFO", s.home.root().join("certs/bundle.pem"))
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env_remove("NO_PROXY")
-        .env_remove("no_proxy")
-        .output()
-        .expect("git must be installed");
-    // The echo origin is no git server: git fails on the reply, but only after postern relayed it.
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !err.contains("SSL") && !err.contains("certificate"),
-        "git did not trust postern's CA: {err}"
-    );
-    let (_, list) = get_json(&s.daemon.url("/v1/invocations"), &[]);
-    let all = list["invocations"].as_array().unwrap();
-    let refs = all
-        .iter()
-        .find(|r| {
-            r["target"]
-                .as_str()
-                .unwrap_or("")
-                .contains("/team/repo.git/info/refs")
-        })
-        .unwrap_or_else(|| panic!("git's first request is not in the journal: {list}"));
-    assert_eq!(
-        (refs["outcome"].as_str(), refs["agent"].as_str()),
-        (Some("committed"), Some("ci"))
-    );
-}
-
 fn header_of<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     head.lines().rev().find_map(|l| {
         let (k, v) = l.split_once(':')?;

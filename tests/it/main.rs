@@ -7,6 +7,7 @@ mod audit;
 mod crash;
 mod credentials;
 mod dns;
+mod git;
 mod http;
 mod https;
 mod origins;

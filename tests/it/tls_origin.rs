@@ -25,9 +25,14 @@ pub fn echo_origin() -> TlsOrigin {
     echo_origin_for("origin.test")
 }
 
-/// The echo origin under another name.
-pub fn echo_origin_for(name: &str) -> TlsOrigin {
-    let dir = tempfile::tempdir().unwrap();
+/// A test CA and a leaf it signed for `name`.
+pub struct Minted {
+    pub ca_pem: String,
+    pub leaf: rcgen::Certificate,
+    pub leaf_key: KeyPair,
+}
+
+pub fn mint(name: &str) -> Minted {
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::default();
     ca_params
@@ -39,9 +44,24 @@ pub fn echo_origin_for(name: &str) -> TlsOrigin {
     let leaf_key = KeyPair::generate().unwrap();
     let mut leaf = CertificateParams::new(vec![name.to_string()]).unwrap();
     leaf.distinguished_name.push(DnType::CommonName, name);
-    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
+    let leaf = leaf.signed_by(&leaf_key, &issuer).unwrap();
+    Minted {
+        ca_pem: ca_cert.pem(),
+        leaf,
+        leaf_key,
+    }
+}
+
+/// The echo origin under another name.
+pub fn echo_origin_for(name: &str) -> TlsOrigin {
+    let dir = tempfile::tempdir().unwrap();
+    let Minted {
+        ca_pem,
+        leaf: leaf_cert,
+        leaf_key,
+    } = mint(name);
     let ca_file = dir.path().join("upstream-ca.pem");
-    std::fs::write(&ca_file, ca_cert.pem()).unwrap();
+    std::fs::write(&ca_file, ca_pem).unwrap();
 
     let certs = vec![leaf_cert.der().clone()];
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());

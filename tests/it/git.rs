@@ -1,0 +1,205 @@
+//! Real git through postern: clone and push against `git http-backend` behind a loopback
+//! HTTPS origin (a small Python CGI bridge; `.ci/run` installs python3 and git).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::Value;
+
+use crate::support::{Daemon, Home, get_json};
+use crate::tls_origin::mint;
+
+/// Serves `git http-backend` for the repositories under argv[1] over TLS; prints its port.
+const BRIDGE: &str = r#"
+import http.server, ssl, subprocess, os, sys
+root, cert, key = sys.argv[1], sys.argv[2], sys.argv[3]
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def body(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = b""
+            while True:
+                n = int(self.rfile.readline().split(b";")[0], 16)
+                if n == 0:
+                    while self.rfile.readline() not in (b"\r\n", b""):
+                        pass
+                    return out
+                out += self.rfile.read(n)
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length", "0")))
+    def run(self):
+        path, _, query = self.path.partition("?")
+        data = self.body()
+        env = dict(os.environ, GIT_PROJECT_ROOT=root, GIT_HTTP_EXPORT_ALL="1", PATH_INFO=path,
+                   QUERY_STRING=query, REQUEST_METHOD=self.command, REMOTE_USER="agent",
+                   CONTENT_TYPE=self.headers.get("Content-Type", ""), CONTENT_LENGTH=str(len(data)),
+                   HTTP_CONTENT_ENCODING=self.headers.get("Content-Encoding", ""),
+                   GIT_PROTOCOL=self.headers.get("Git-Protocol", ""))
+        out = subprocess.run(["git", "http-backend"], input=data, env=env, capture_output=True).stdout
+        head, _, rest = out.partition(b"\r\n\r\n")
+        status, headers = 200, []
+        for line in head.split(b"\r\n"):
+            k, _, v = line.decode().partition(":")
+            if k.lower() == "status":
+                status = int(v.split()[0])
+            elif k:
+                headers.append((k, v.strip()))
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(rest)))
+        self.end_headers()
+        self.wfile.write(rest)
+    do_GET = run
+    do_POST = run
+    def log_message(self, *a):
+        pass
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+c.load_cert_chain(cert, key)
+s.socket = c.wrap_socket(s.socket, server_side=True)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#;
+
+struct Bridge {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn git(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new("git");
+    cmd.current_dir(dir)
+        .args(["-c", "user.name=agent", "-c", "user.email=agent@test"])
+        .args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output()
+        .expect("git must be installed (.ci/run installs it)")
+}
+
+fn ok(out: &Output, what: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{what}: {err}");
+}
+
+/// A bare repository `team/app.git` with one commit on `main`.
+fn seed(dir: &Path) {
+    let work = dir.join("seed");
+    std::fs::create_dir_all(&work).unwrap();
+    ok(&git(&work, &["init", "-q", "-b", "main"], &[]), "init");
+    std::fs::write(work.join("README"), "first\n").unwrap();
+    ok(&git(&work, &["add", "README"], &[]), "add");
+    ok(&git(&work, &["commit", "-qm", "first"], &[]), "commit");
+    let bare = dir.join("repos/team/app.git");
+    std::fs::create_dir_all(&bare).unwrap();
+    ok(
+        &git(&bare, &["init", "-q", "--bare", "-b", "main"], &[]),
+        "init --bare",
+    );
+    ok(
+        &git(&bare, &["config", "http.receivepack", "true"], &[]),
+        "receivepack",
+    );
+    let target = bare.display().to_string();
+    ok(
+        &git(&work, &["push", "-q", &target, "main"], &[]),
+        "seed push",
+    );
+}
+
+fn bridge(dir: &Path) -> Bridge {
+    let minted = mint("git.test");
+    std::fs::write(dir.join("ca.pem"), &minted.ca_pem).unwrap();
+    std::fs::write(dir.join("leaf.pem"), minted.leaf.pem()).unwrap();
+    std::fs::write(dir.join("leaf.key"), minted.leaf_key.serialize_pem()).unwrap();
+    std::fs::write(dir.join("bridge.py"), BRIDGE).unwrap();
+    let mut child = Command::new("python3")
+        .arg(dir.join("bridge.py"))
+        .arg(dir.join("repos"))
+        .arg(dir.join("leaf.pem"))
+        .arg(dir.join("leaf.key"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 must be installed (.ci/run installs it)");
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = BufReader::new(out).read_line(&mut line);
+    }
+    let port = line.trim().parse().unwrap_or(0);
+    assert_ne!(port, 0, "the git bridge did not start");
+    Bridge { child, port }
+}
+
+#[test]
+fn git_clones_and_pushes_through_postern() {
+    let work = tempfile::tempdir().unwrap();
+    seed(work.path());
+    let origin = bridge(work.path());
+    let home = Home::new();
+    let config = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
+         [[agents]]\nid = \"ci\"\ntoken = \"tok\"\n\
+         [[routes]]\nid = \"git\"\nmatch = {{ host = \"git.test\", port = {port}, path_prefix = \"/team/\" }}\n\
+         resolve = \"127.0.0.1:{port}\"\nupstream_ca = \"{ca}\"\n",
+        port = origin.port,
+        ca = work.path().join("ca.pem").display()
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    let proxy = daemon.proxy.replace("http://", "http://ci:tok@");
+    let bundle = home.root().join("certs/bundle.pem").display().to_string();
+    let envs = [
+        ("https_proxy", proxy.as_str()),
+        ("HTTPS_PROXY", proxy.as_str()),
+        ("GIT_SSL_CAINFO", bundle.as_str()),
+    ];
+    let url = format!("https://git.test:{}/team/app.git", origin.port);
+    ok(
+        &git(work.path(), &["clone", "-q", &url, "clone"], &envs),
+        "clone",
+    );
+    let clone = work.path().join("clone");
+    assert_eq!(
+        std::fs::read_to_string(clone.join("README")).unwrap_or_default(),
+        "first\n"
+    );
+    std::fs::write(clone.join("NOTES"), "from the agent\n").unwrap();
+    ok(&git(&clone, &["add", "NOTES"], &[]), "add");
+    ok(&git(&clone, &["commit", "-qm", "second"], &[]), "commit");
+    ok(
+        &git(&clone, &["push", "-q", "origin", "main"], &envs),
+        "push",
+    );
+    let bare = work.path().join("repos/team/app.git");
+    let log = git(&bare, &["log", "--format=%s", "main"], &[]);
+    assert_eq!(String::from_utf8_lossy(&log.stdout), "second\nfirst\n");
+    let (_, list) = get_json(&daemon.url("/v1/invocations?limit=50"), &[]);
+    let records = list["invocations"].as_array().cloned().unwrap_or_default();
+    let push = records
+        .iter()
+        .find(|r| {
+            r["target"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("/git-receive-pack"))
+        })
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(
+        (push["outcome"].as_str(), push["agent"].as_str()),
+        (Some("committed"), Some("ci")),
+        "{list}"
+    );
+}
