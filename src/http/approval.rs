@@ -78,13 +78,10 @@ impl Exchange {
             Err(_) => json!({"invocation_id": self.id, "error": "journal unavailable"}),
         };
         let _ = answer.recorded.send(record);
-        match (recorded, refusal) {
-            (Err(_), _) => Err(self.fallback(Code::JournalUnavailable)),
-            (Ok(a), Some(code)) => Err(match &a.state.record.envelope {
-                Some(env) => super::respond::envelope(env),
-                None => self.fallback(code),
-            }),
-            (Ok(_), None) => Ok(()),
+        match refusal {
+            Some(code) => Err(self.failure_response(&recorded, code)),
+            None if recorded.is_err() => Err(self.fallback(Code::JournalUnavailable)),
+            None => Ok(()),
         }
     }
 

@@ -33,7 +33,7 @@ use crate::journal::{
     Payload, Preflight, Protocol, RequestSent, ResponseComplete, ResponseStarted, ResultCommitted,
     Source, StoredResult, b64, new_invocation_id, sha256_tagged_digest,
 };
-use crate::policy::{Target, fingerprint, match_route};
+use crate::policy::{Target, fingerprint, match_route, route_is_built};
 
 /// A request as the front received it, with the agent already identified.
 pub struct Inbound {
@@ -188,7 +188,18 @@ impl Exchange {
         let code = failure.code;
         let mut drafts = drafts;
         drafts.push(Draft::observed(Body::Failed(failure)));
-        match self.record(drafts).await {
+        let recorded = self.record(drafts).await;
+        self.failure_response(&recorded, code)
+    }
+
+    /// The envelope the projection computed for a recorded failure, or one computed
+    /// without the journal when it could not record.
+    pub(super) fn failure_response(
+        &self,
+        recorded: &Result<Appended, JournalError>,
+        code: Code,
+    ) -> Response<ProxyBody> {
+        match recorded {
             Ok(a) => match &a.state.record.envelope {
                 Some(env) => respond::envelope(env),
                 None => self.fallback(code),
@@ -430,7 +441,7 @@ impl Exchange {
         }
         let route = match_route(config, &self.agent, &self.target, &self.method)
             .ok_or(refuse(Code::RouteDenied, "target"))?;
-        if !route_supported(route, self.target.scheme) {
+        if !route_is_built(route, self.target.scheme) {
             return Err(refuse(Code::UnsupportedAction, "route"));
         }
         for cred_id in &route.credentials {
@@ -977,12 +988,6 @@ async fn collect(mut body: Incoming, idle: Duration, limit: u64) -> Result<Colle
             }
         }
     }
-}
-
-/// `via` hops and `intercept = false` tunnels are not built yet: refusing such a route's
-/// requests beats sending them straight out (past the hop) or intercepting them anyway.
-pub(crate) fn route_supported(route: &Route, scheme: Scheme) -> bool {
-    route.via.is_none() && (route.intercept || scheme == Scheme::Http)
 }
 
 /// Responses that never carry a body (RFC 9110 §6.4.1).

@@ -9,4 +9,4 @@ mod routes;
 
 pub use agents::{AgentAuth, authenticate};
 pub use fingerprint::fingerprint;
-pub use routes::{Target, TargetError, match_route, route_exists_for_connect};
+pub use routes::{Target, TargetError, match_route, route_exists_for_connect, route_is_built};

@@ -158,6 +158,12 @@ pub fn route_exists_for_connect(config: &Config, agent: &str, host: &str, port: 
     })
 }
 
+/// `via` hops and `intercept = false` tunnels are not built yet: refusing such a route's
+/// requests beats sending them straight out (past the hop) or intercepting them anyway.
+pub fn route_is_built(route: &Route, scheme: Scheme) -> bool {
+    route.via.is_none() && (route.intercept || scheme == Scheme::Http)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -143,9 +143,14 @@ fn an_approved_request_dispatches_only_after_the_approval() {
     }
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(s.origin.hits(), 0, "nothing reaches the origin while held");
+    assert!(
+        !held.to_string().contains("pay-key-v1"),
+        "no secret in the listing"
+    );
     let listed = s.daemon.cli(&["approvals"], &[]);
     assert!(stdout(&listed).contains(&id), "{}", stdout(&listed));
-    s.answer("approve", &id);
+    let said = s.answer("approve", &id);
+    assert!(!said.contains("pay-key-v1"), "{said}");
     let (status, body, head) = pending.join().unwrap_or_default();
     assert_eq!((status, body.as_str()), (201, "{\"paid\":1}"), "{head}");
     assert_eq!(header(&head, "postern-invocation"), Some(id.as_str()));
@@ -155,14 +160,18 @@ fn an_approved_request_dispatches_only_after_the_approval() {
         "the credential is injected"
     );
     let kinds = s.kinds(&id);
-    let at = |k: &str| kinds.iter().position(|(kind, _)| kind == k);
+    let at = |k: &str| {
+        kinds
+            .iter()
+            .position(|(kind, _)| kind == k)
+            .unwrap_or_else(|| panic!("no {k}: {kinds:?}"))
+    };
     assert!(
         at("APPROVAL_REQUESTED") < at("APPROVAL_GRANTED"),
         "{kinds:?}"
     );
     assert!(at("APPROVAL_GRANTED") < at("DISPATCH_STARTED"), "{kinds:?}");
-    let granted = at("APPROVAL_GRANTED").map(|i| kinds[i].1.as_str());
-    assert_eq!(granted, Some("operator_attested"));
+    assert_eq!(kinds[at("APPROVAL_GRANTED")].1, "operator_attested");
     let again = s.daemon.cli(&["approve", &id], &[]);
     assert!(
         !again.status.success(),
