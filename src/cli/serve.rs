@@ -161,6 +161,7 @@ async fn serve_until_stopped(
         vault,
         metrics: front,
         approvals,
+        failed_logins: Default::default(),
     });
     tokio::spawn(admin::serve(admin_listener, state));
     tokio::spawn(proxy_http::serve(proxy_listener, proxy));

@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::codes::{Code, Outcome, Phase, Retry};
-use super::resolve::Resolution;
+use super::resolve::{FailureContext, OperationFacts, Resolution, resolve_failure};
 
 /// postern's answer for a failed invocation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
-    pub invocation_id: String,
+    /// `null` for a refusal postern did not journal (SPEC §3.1).
+    pub invocation_id: Option<String>,
     pub error: ErrorBody,
     pub evidence: Evidence,
 }
@@ -129,8 +130,15 @@ impl Envelope {
         field: Option<String>,
         evidence: Evidence,
     ) -> Self {
+        let mut env = Self::unjournaled(resolution, field, evidence);
+        env.invocation_id = Some(invocation_id.to_owned());
+        env
+    }
+
+    /// An envelope for a refusal that has no record (e.g. a rate-limited failed login).
+    pub fn unjournaled(resolution: Resolution, field: Option<String>, evidence: Evidence) -> Self {
         Self {
-            invocation_id: invocation_id.to_owned(),
+            invocation_id: None,
             error: ErrorBody {
                 code: resolution.code,
                 phase: resolution.phase,
@@ -162,6 +170,27 @@ impl Envelope {
     pub fn proxy_status(&self) -> String {
         proxy_status(self.error.code, &self.error.message)
     }
+}
+
+/// A validation refusal answered without a record: `invocation_id` is null.
+pub fn unjournaled_refusal(code: Code, field: &str) -> Envelope {
+    let ctx = FailureContext {
+        phase_reached: Phase::Validation,
+        current_outcome: Outcome::NotAttempted,
+        dispatched: false,
+        result_stored: false,
+        operation: OperationFacts::default(),
+        now_ms: 0,
+    };
+    let evidence = Evidence {
+        hop: "postern".into(),
+        ..Evidence::default()
+    };
+    Envelope::unjournaled(
+        resolve_failure(code, &ctx),
+        Some(field.to_owned()),
+        evidence,
+    )
 }
 
 /// `Postern-Outcome`: an RFC 8941 dictionary of tokens.
@@ -231,6 +260,10 @@ mod tests {
     fn envelope_has_the_pinned_shape() {
         let v = serde_json::to_value(sample()).unwrap_or_default();
         assert_eq!(v["invocation_id"], "act_01J");
+        let mut bare = sample();
+        bare.invocation_id = None;
+        let b = serde_json::to_value(bare).unwrap_or_default();
+        assert!(b["invocation_id"].is_null() && b["evidence"].is_object());
         assert_eq!(v["error"]["code"], "REMOTE_OUTCOME_UNKNOWN");
         assert_eq!(v["error"]["phase"], "remote_execution");
         assert_eq!(v["error"]["outcome"], "unknown");

@@ -13,7 +13,7 @@ pub use codes::{Code, CodeRow, Outcome, OutcomeRule, Phase, PhaseRule, Retry, Re
 pub use decide::{OperationView, RecordFacts, Verdict, decide};
 pub use envelope::{
     AttemptEvidence, Completion, CredentialEvidence, Envelope, ErrorBody, Evidence,
-    IdempotencyEvidence, Stage, postern_outcome, proxy_status,
+    IdempotencyEvidence, Stage, postern_outcome, proxy_status, unjournaled_refusal,
 };
 pub use resolve::{
     FailureContext, KeyWindow, OperationFacts, Resolution, is_resolved, resolve_failure,

@@ -2,6 +2,7 @@
 //! interception. It identifies the agent and hands each request to an exchange.
 
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -12,18 +13,19 @@ use tokio::net::TcpListener;
 
 use super::Proxy;
 use super::exchange::{self, Inbound};
+use super::failed_logins::{UNAUTHENTICATED, capped_target};
 use super::internal;
 use super::respond::{self, ProxyBody};
 use super::sniff::FramingSniffer;
 use crate::config::Scheme;
-use crate::contract::Code;
+use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Accepted, Body, Draft, Failure, Protocol, new_invocation_id};
 use crate::policy::{AgentAuth, Target, TargetError, authenticate, route_exists_for_connect};
 
 /// Accepts agent connections until the listener fails.
 pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "proxy accept failed");
@@ -38,7 +40,11 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
             let service = hyper::service::service_fn(move |req| {
                 let proxy = proxy.clone();
                 let framing_conflict = conflict.load(Ordering::SeqCst);
-                async move { Ok::<_, Infallible>(front_request(proxy, req, framing_conflict).await) }
+                async move {
+                    Ok::<_, Infallible>(
+                        front_request(proxy, req, framing_conflict, peer.ip()).await,
+                    )
+                }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -63,6 +69,18 @@ async fn refuse_early(
     code: Code,
     field: &str,
 ) -> Response<ProxyBody> {
+    let mut failure = Failure::of(code);
+    failure.field = Some(field.to_owned());
+    journal_refusal(proxy, agent, target, method, failure).await
+}
+
+async fn journal_refusal(
+    proxy: &Proxy,
+    agent: &str,
+    target: String,
+    method: &str,
+    failure: Failure,
+) -> Response<ProxyBody> {
     let id = new_invocation_id();
     let accepted = Draft::observed(Body::ActionAccepted(Accepted {
         agent: agent.to_owned(),
@@ -71,8 +89,6 @@ async fn refuse_early(
         target,
         command: None,
     }));
-    let mut failure = Failure::of(code);
-    failure.field = Some(field.to_owned());
     match proxy
         .journal
         .append(&id, vec![accepted, Draft::observed(Body::Failed(failure))])
@@ -86,7 +102,11 @@ async fn refuse_early(
     }
 }
 
-async fn identify(proxy: &Proxy, req: &Request<Incoming>) -> Result<String, Response<ProxyBody>> {
+async fn identify(
+    proxy: &Proxy,
+    req: &Request<Incoming>,
+    source: IpAddr,
+) -> Result<String, Response<ProxyBody>> {
     let header = req
         .headers()
         .get(header::PROXY_AUTHORIZATION)
@@ -98,28 +118,51 @@ async fn identify(proxy: &Proxy, req: &Request<Incoming>) -> Result<String, Resp
             proxy.metrics.auth_challenges.inc();
             Err(respond::challenge())
         }
-        AgentAuth::Wrong { claimed } => {
-            let agent = claimed.unwrap_or_else(|| "unknown".into());
-            let target = req.uri().to_string();
-            Err(refuse_early(
-                proxy,
-                &agent,
-                target,
-                req.method().as_str(),
-                Code::AgentUnauthenticated,
-                "headers.proxy-authorization",
-            )
-            .await)
-        }
+        AgentAuth::Wrong { claimed } => Err(failed_login(proxy, req, source, claimed).await),
     }
+}
+
+/// A wrong token: journaled as agent `unauthenticated` with a capped target, at a bounded
+/// rate per source; past it refused unjournaled (`invocation_id: null`) and counted.
+async fn failed_login(
+    proxy: &Proxy,
+    req: &Request<Incoming>,
+    source: IpAddr,
+    claimed: Option<String>,
+) -> Response<ProxyBody> {
+    const FIELD: &str = "headers.proxy-authorization";
+    proxy.metrics.auth_failures.inc();
+    if !proxy.failed_logins.may_journal(source) {
+        proxy.metrics.auth_failures_unjournaled.inc();
+        return respond::envelope(&unjournaled_refusal(Code::AgentUnauthenticated, FIELD));
+    }
+    let (target, truncated) = capped_target(&req.uri().to_string());
+    let (method, _) = capped_target(req.method().as_str());
+    let mut failure = Failure::of(Code::AgentUnauthenticated);
+    failure.field = Some(FIELD.to_owned());
+    if let Some(claimed) = claimed {
+        failure
+            .evidence
+            .insert("claimed_agent".into(), claimed.into());
+    }
+    failure
+        .evidence
+        .insert("source_address".into(), source.to_string().into());
+    if truncated {
+        failure
+            .evidence
+            .insert("target_truncated".into(), true.into());
+    }
+    journal_refusal(proxy, UNAUTHENTICATED, target, &method, failure).await
 }
 
 async fn front_request(
     proxy: Arc<Proxy>,
     req: Request<Incoming>,
     framing_conflict: bool,
+    source: IpAddr,
 ) -> Response<ProxyBody> {
-    let agent = match identify(&proxy, &req).await {
+    let agent = match identify(&proxy, &req, source).await {
         Ok(a) => a,
         Err(resp) => return resp,
     };

@@ -11,6 +11,7 @@
 mod approval;
 mod body;
 mod exchange;
+pub mod failed_logins;
 mod front;
 mod inject;
 mod internal;
@@ -42,4 +43,6 @@ pub struct Proxy {
     pub metrics: FrontMetrics,
     /// Requests held on `approval = "required"` routes, shared with the admin API.
     pub approvals: Arc<crate::policy::approvals::Approvals>,
+    /// Wrong-token refusals journaled per source address (bounded).
+    pub failed_logins: failed_logins::FailedLogins,
 }

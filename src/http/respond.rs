@@ -54,7 +54,9 @@ pub fn envelope(env: &Envelope) -> Response<ProxyBody> {
     );
     resp.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    set(&mut resp, POSTERN_INVOCATION, &env.invocation_id);
+    if let Some(id) = &env.invocation_id {
+        set(&mut resp, POSTERN_INVOCATION, id);
+    }
     set(&mut resp, POSTERN_OUTCOME, &env.postern_outcome());
     set(&mut resp, PROXY_STATUS, &env.proxy_status());
     if env.error.code == crate::contract::Code::AgentUnauthenticated {
@@ -68,26 +70,8 @@ pub fn envelope(env: &Envelope) -> Response<ProxyBody> {
 
 /// The `407` challenge to a request without credentials (counted, not journaled).
 pub fn challenge() -> Response<ProxyBody> {
-    let body = br#"{"error":{"code":"AGENT_UNAUTHENTICATED","phase":"validation","outcome":"not_attempted","retry":"after_correction","message":"Send Proxy-Authorization: Basic base64(agent:token)."}}"#;
-    let mut resp = Response::new(full(&body[..]));
-    *resp.status_mut() = StatusCode::PROXY_AUTHENTICATION_REQUIRED;
-    resp.headers_mut().insert(
-        header::PROXY_AUTHENTICATE,
-        HeaderValue::from_static("Basic realm=\"postern\""),
-    );
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    set(
-        &mut resp,
-        PROXY_STATUS,
-        "postern; error=http_request_denied; details=\"proxy credentials required\"",
-    );
-    set(
-        &mut resp,
-        POSTERN_OUTCOME,
-        "outcome=not_attempted, phase=validation, retry=after_correction, code=AGENT_UNAUTHENTICATED",
-    );
-    resp
+    envelope(&crate::contract::unjournaled_refusal(
+        crate::contract::Code::AgentUnauthenticated,
+        "headers.proxy-authorization",
+    ))
 }

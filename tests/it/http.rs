@@ -587,7 +587,11 @@ fn agents_authenticate_and_bad_tokens_are_journaled() {
     assert_eq!((status, body.as_str()), (200, "hi"));
     let (_, list) = get_json(&daemon.url("/v1/invocations?outcome=not_attempted"), &[]);
     assert_eq!(list["invocations"][0]["code"], "AGENT_UNAUTHENTICATED");
-    assert_eq!(list["invocations"][0]["agent"], "ci");
+    assert_eq!(
+        list["invocations"][0]["agent"], "unauthenticated",
+        "the claimed id is evidence, not the record's agent"
+    );
+    assert_eq!(list["invocations"][0]["evidence"]["claimed_agent"], "ci");
     let (_, list) = get_json(
         &daemon.url("/v1/invocations?agent=ci&outcome=committed"),
         &[],

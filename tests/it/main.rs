@@ -8,6 +8,7 @@ mod crash;
 mod credentials;
 mod dns;
 mod git;
+mod hostile_agents;
 mod http;
 mod https;
 mod origins;

@@ -1,0 +1,120 @@
+//! Agents that attack postern itself: failed-login floods and paths that origins read
+//! differently than a prefix match does.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::origins;
+use crate::support::{Daemon, Home, curl, get_json};
+
+fn config(port: u16) -> String {
+    format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
+         [[agents]]\nid = \"ci\"\ntoken = \"tok-123\"\n\
+         [[routes]]\nid = \"repos\"\nmatch = {{ scheme = \"http\", host = \"origin.test\", port = {port}, path_prefix = \"/repos\" }}\n\
+         resolve = \"127.0.0.1:{port}\"\n"
+    )
+}
+
+/// One request over a fresh connection; the whole response as text.
+fn raw_request(proxy: &str, head: &str) -> String {
+    let addr = proxy.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn json_body(response: &str) -> Value {
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or("");
+    serde_json::from_str(body).unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_failed_login_flood_cannot_fill_the_journal_or_wear_an_agents_name() {
+    let origin = origins::responds("200 OK", &[], "hi");
+    let home = Home::new();
+    let daemon = Daemon::start(&home, Some(&config(origin.port())));
+    let long_path = format!("/repos/{}", "a".repeat(7000));
+    let wrong = "Basic Y2k6d3Jvbmc="; // ci:wrong
+    let head = format!(
+        "GET http://origin.test:{}{long_path} HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {wrong}\r\nConnection: close\r\n\r\n",
+        origin.port()
+    );
+    let mut journaled = 0;
+    let mut unjournaled = 0;
+    for _ in 0..60 {
+        let resp = raw_request(&daemon.proxy, &head);
+        assert!(resp.starts_with("HTTP/1.1 407"), "{resp}");
+        let env = json_body(&resp);
+        assert_eq!(env["error"]["code"], "AGENT_UNAUTHENTICATED", "{resp}");
+        assert!(env["evidence"].is_object(), "{resp}");
+        match &env["invocation_id"] {
+            Value::String(id) => {
+                assert!(id.starts_with("act_"));
+                journaled += 1;
+            }
+            Value::Null => {
+                assert!(!resp.to_ascii_lowercase().contains("postern-invocation"));
+                unjournaled += 1;
+            }
+            other => panic!("invocation_id {other}"),
+        }
+    }
+    assert!(
+        (1..=10).contains(&journaled),
+        "journaled at a bounded rate: {journaled}"
+    );
+    assert_eq!(journaled + unjournaled, 60);
+
+    let (_, list) = get_json(&daemon.url("/v1/invocations?limit=100"), &[]);
+    let records = list["invocations"].as_array().unwrap();
+    assert_eq!(records.len(), journaled);
+    for r in records {
+        assert_eq!(r["agent"], "unauthenticated");
+        assert_eq!(r["evidence"]["claimed_agent"], "ci");
+        assert_eq!(r["evidence"]["target_truncated"], true);
+        assert!(r["target"].as_str().unwrap().len() < 300, "target capped");
+    }
+    let (_, mine) = get_json(&daemon.url("/v1/invocations?agent=ci"), &[]);
+    assert_eq!(
+        mine["invocations"].as_array().unwrap().len(),
+        0,
+        "failed logins never show in the claimed agent's view"
+    );
+    let (_, metrics, _) = curl(&[&daemon.url("/metrics")]);
+    assert!(
+        metrics.contains("postern_proxy_auth_failures_total 60"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "postern_proxy_auth_failures_unjournaled_total {unjournaled}"
+        )),
+        "{metrics}"
+    );
+    assert_eq!(origin.hits(), 0);
+}
+
+#[test]
+fn a_bare_challenge_is_an_unjournaled_envelope() {
+    let origin = origins::responds("200 OK", &[], "hi");
+    let home = Home::new();
+    let daemon = Daemon::start(&home, Some(&config(origin.port())));
+    let head = format!(
+        "GET http://origin.test:{}/repos/x HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n",
+        origin.port()
+    );
+    let resp = raw_request(&daemon.proxy, &head);
+    assert!(resp.starts_with("HTTP/1.1 407"), "{resp}");
+    let env = json_body(&resp);
+    assert!(env["invocation_id"].is_null(), "{resp}");
+    assert_eq!(env["error"]["retry"], "after_correction");
+    assert_eq!(env["evidence"]["dispatch_started"], false);
+}
