@@ -5,6 +5,7 @@
 mod agents;
 pub mod approvals;
 mod fingerprint;
+mod path;
 mod routes;
 
 pub use agents::{AgentAuth, authenticate};

@@ -1,5 +1,6 @@
 //! Default deny: a request matches a route or is refused before any DNS or secret.
 
+use super::path::normalize_path;
 use crate::config::{Config, Route, Scheme};
 
 /// The normalized destination of a request.
@@ -20,7 +21,7 @@ pub struct TargetError {
 }
 
 impl Target {
-    /// Builds and normalizes a target; refuses dot-segments and odd hosts.
+    /// Builds and normalizes a target; refuses odd hosts and paths origins read differently.
     pub fn new(
         scheme: Scheme,
         host: &str,
@@ -46,12 +47,19 @@ impl Target {
         } else {
             path_and_query
         };
-        let path = pq.split('?').next().unwrap_or("/");
-        if !path.starts_with('/') || has_dot_segment(path) {
+        let (path, query) = match pq.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (pq, None),
+        };
+        let Ok(path) = normalize_path(path) else {
             return Err(TargetError {
                 field: "target.path",
             });
-        }
+        };
+        let pq = match query {
+            Some(q) => format!("{path}?{q}"),
+            None => path,
+        };
         let port = port.unwrap_or(match scheme {
             Scheme::Https => 443,
             Scheme::Http => 80,
@@ -65,7 +73,7 @@ impl Target {
             scheme,
             host,
             port,
-            path_and_query: pq.to_owned(),
+            path_and_query: pq,
         })
     }
 
@@ -99,13 +107,6 @@ impl Target {
         };
         format!("{scheme}://{}{}", self.authority(), self.path_and_query)
     }
-}
-
-fn has_dot_segment(path: &str) -> bool {
-    path.split('/').any(|seg| {
-        let s = seg.to_ascii_lowercase().replace("%2e", ".");
-        s == "." || s == ".."
-    }) || path.to_ascii_lowercase().contains("%2f")
 }
 
 fn host_matches(pattern: &str, host: &str) -> bool {

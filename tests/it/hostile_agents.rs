@@ -118,3 +118,45 @@ fn a_bare_challenge_is_an_unjournaled_envelope() {
     assert_eq!(env["error"]["retry"], "after_correction");
     assert_eq!(env["evidence"]["dispatch_started"], false);
 }
+
+#[test]
+fn paths_origins_read_differently_are_refused_before_matching() {
+    let origin = origins::responds("200 OK", &[], "hi");
+    let home = Home::new();
+    let daemon = Daemon::start(&home, Some(&config(origin.port())));
+    let auth = "Basic Y2k6dG9rLTEyMw=="; // ci:tok-123
+    let send = |path: &str| {
+        raw_request(
+            &daemon.proxy,
+            &format!(
+                "GET http://origin.test:{}{path} HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {auth}\r\nConnection: close\r\n\r\n",
+                origin.port()
+            ),
+        )
+    };
+    for path in [
+        "/repos/..;/admin",
+        "/repos/..%3B/admin",
+        "/repos/..\\admin",
+        "/repos/%5c..%5cadmin",
+        "/repos/%2e%2e%5cadmin",
+        "/repos/%252e%252e/admin",
+        "/repos/%c0%ae%c0%ae/admin",
+        "/repos/%00/x",
+    ] {
+        let resp = send(path);
+        assert!(resp.starts_with("HTTP/1.1 400"), "{path}: {resp}");
+        let env = json_body(&resp);
+        assert_eq!(env["error"]["code"], "INVALID_TARGET", "{path}");
+        assert_eq!(env["error"]["field"], "target.path", "{path}");
+    }
+    assert_eq!(origin.hits(), 0, "nothing refused reached the origin");
+
+    let resp = send("//%72epos//a%2db");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(
+        origin.last_request().starts_with("GET /repos/a-b HTTP/1.1"),
+        "the origin gets the path that was matched: {}",
+        origin.last_request()
+    );
+}
