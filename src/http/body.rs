@@ -39,6 +39,15 @@ impl DeliveryBody {
     }
 }
 
+impl DeliveryBody {
+    /// The same bytes, untouched, with a fresh observer (for a request sent again).
+    pub fn reissue(mut self) -> (Self, oneshot::Receiver<DeliveryEnd>) {
+        let data = self.data.take().unwrap_or_default();
+        self.done = None;
+        Self::new(data)
+    }
+}
+
 impl Body for DeliveryBody {
     type Data = Bytes;
     type Error = std::io::Error;

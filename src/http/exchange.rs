@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use super::Proxy;
 use super::body::{DeliveryBody, DeliveryEnd, RequestBody};
 use super::inject::{Injection, ReflectionGuard};
-use super::pool::{Conn, Pool, Sender};
+use super::pool::{Conn, Pool, SendFailure, Sender};
 use super::respond::{
     self, POSTERN_CREDENTIAL, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody, Relayed,
 };
@@ -128,6 +128,8 @@ pub(super) struct Exchange {
     /// Body bytes handed to the origin (`REQUEST_SENT`) and to the agent (`RESULT_DELIVERED`).
     request_bytes: u64,
     pub(super) delivered_bytes: u64,
+    /// Connection stages recorded so far (numbers the stages of a fresh connection).
+    stages: u32,
 }
 
 impl Exchange {
@@ -167,6 +169,7 @@ impl Exchange {
                     }),
             request_bytes: 0,
             delivered_bytes: 0,
+            stages: 0,
         }
     }
 
@@ -382,7 +385,7 @@ impl Exchange {
             return Outgoing::Respond(resp);
         }
         let key = Pool::key(route, &self.target);
-        let pooled = self.proxy.pool.take(&key);
+        let pooled = self.proxy.pool.take_ready(&key).await;
         if pooled.is_some() {
             // No setup stage to wait for: preflight rides with DISPATCH_STARTED in one write.
             self.pending.append(&mut drafts);
@@ -520,6 +523,7 @@ impl Exchange {
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
         let drafts = attempt_drafts(&dialed.attempts);
+        self.stages = dialed.attempts.len() as u32;
         let dispatch = Dispatch {
             connection_id: None,
             reused_connection: false,
@@ -569,6 +573,7 @@ impl Exchange {
         if let Err(out) = self.dispatch_boundary(vec![], dispatch).await {
             return out;
         }
+        crate::journal::pause_before_send().await;
         self.request_bytes = body.len() as u64;
         let sent_rx = attach_body(&mut req, body).unwrap_or_else(|| {
             // hyper writes a bodiless request as soon as it is sent on a ready connection.
@@ -613,15 +618,112 @@ impl Exchange {
                 reply,
             )
             .await;
-        let resp = match waited {
-            Ok(r) => r,
-            Err((code, diag)) => return Outgoing::Respond(self.remote_failure(code, diag).await),
+        let (resp, conn) = match waited {
+            Ok(r) => (r, conn),
+            Err(HeadError::Failed(code, diag)) => {
+                return Outgoing::Respond(self.remote_failure(code, diag).await);
+            }
+            Err(HeadError::Unwritten(req, diag)) => {
+                match self.resend_unwritten(route, *req, diag, reply).await {
+                    Ok(sent) => sent,
+                    Err(out) => return out,
+                }
+            }
         };
         let out = self.receive(route, resp, reply).await;
         if matches!(out, Outgoing::Deliver { .. }) {
             self.proxy.pool.give(key, conn);
         }
         out
+    }
+
+    /// hyper handed the request back unwritten, which proves nothing was sent: it goes out
+    /// once more, in the same generation, on a fresh connection whose stages are recorded.
+    async fn resend_unwritten(
+        &mut self,
+        route: &Route,
+        req: Request<UpBody>,
+        why: String,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
+    ) -> Result<(Response<Incoming>, Conn), Outgoing> {
+        let unknown = |diag: String| (Code::RemoteOutcomeUnknown, diag);
+        let dialed = dial(route, &self.target, &self.proxy.tls, &self.proxy.dns).await;
+        let mut attempts = match &dialed {
+            Ok(d) => d.attempts.clone(),
+            Err(f) => f.attempts.clone(),
+        };
+        for a in &mut attempts {
+            a.n += self.stages;
+        }
+        if let Some(first) = attempts.first_mut() {
+            let prior = first
+                .diagnostic
+                .take()
+                .map(|d| format!("; {d}"))
+                .unwrap_or_default();
+            first.diagnostic = Some(format!(
+                "sent again: the request came back unwritten ({why}){prior}"
+            ));
+        }
+        let _ = self.record(attempt_drafts(&attempts)).await;
+        let failed = match dialed {
+            Err(f) => unknown(format!("{why}; a fresh connection failed: {}", f.code)),
+            Ok(d) if d.h2 != is_h2_request(&req) => {
+                unknown(format!("{why}; the origin changed protocol"))
+            }
+            Ok(d) => return self.send_fresh(route, d, req, reply).await,
+        };
+        Err(Outgoing::Respond(
+            self.remote_failure(failed.0, failed.1).await,
+        ))
+    }
+
+    async fn send_fresh(
+        &mut self,
+        route: &Route,
+        dialed: Dialed,
+        req: Request<UpBody>,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
+    ) -> Result<(Response<Incoming>, Conn), Outgoing> {
+        let (tap, first_write) = Tap::new(dialed.stream);
+        let (parts, body) = req.into_parts();
+        let (body, sent_rx) = match body {
+            UpBody::Full(b) => {
+                let (b, rx) = b.reissue();
+                (UpBody::Full(b), rx)
+            }
+            UpBody::Empty => (UpBody::Empty, first_write),
+        };
+        let mut conn = match Sender::handshake(tap, dialed.h2).await {
+            Ok(sender) => Conn {
+                sender,
+                address: dialed.address.to_string(),
+                tls: dialed.tls,
+            },
+            Err(diag) => {
+                let resp = self.remote_failure(Code::RemoteOutcomeUnknown, diag).await;
+                return Err(Outgoing::Respond(resp));
+            }
+        };
+        let req = Request::from_parts(parts, body);
+        let waited = self
+            .await_head(
+                &mut conn.sender,
+                req,
+                sent_rx,
+                route.response_timeout,
+                reply,
+            )
+            .await;
+        match waited {
+            Ok(resp) => Ok((resp, conn)),
+            Err(HeadError::Failed(code, diag)) => {
+                Err(Outgoing::Respond(self.remote_failure(code, diag).await))
+            }
+            Err(HeadError::Unwritten(_, diag)) => Err(Outgoing::Respond(
+                self.remote_failure(Code::RemoteOutcomeUnknown, diag).await,
+            )),
+        }
     }
 
     async fn remote_failure(&mut self, code: Code, diagnostic: String) -> Response<ProxyBody> {
@@ -638,7 +740,7 @@ impl Exchange {
         mut sent_rx: oneshot::Receiver<DeliveryEnd>,
         response_timeout: Duration,
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
-    ) -> Result<Response<Incoming>, (Code, String)> {
+    ) -> Result<Response<Incoming>, HeadError> {
         let send = sender.send(req);
         tokio::pin!(send);
         let mut written = false;
@@ -649,7 +751,10 @@ impl Exchange {
         loop {
             tokio::select! {
                 r = &mut send => {
-                    return r.map_err(|e| (Code::RemoteOutcomeUnknown, e));
+                    return r.map_err(|e| match e {
+                        SendFailure::Unwritten(req, diag) => HeadError::Unwritten(req, diag),
+                        SendFailure::Failed(diag) => HeadError::Failed(Code::RemoteOutcomeUnknown, diag),
+                    });
                 }
                 s = &mut sent_rx, if !written => {
                     written = true;
@@ -661,7 +766,7 @@ impl Exchange {
                     deadline.as_mut().reset(tokio::time::Instant::now() + response_timeout);
                 }
                 () = &mut deadline => {
-                    return Err((Code::RemoteTimeout, format!("no response head within {response_timeout:?}")));
+                    return Err(HeadError::Failed(Code::RemoteTimeout, format!("no response head within {response_timeout:?}")));
                 }
                 () = reply.closed(), if !cancelled => {
                     cancelled = true;
@@ -1035,6 +1140,19 @@ pub(super) fn body_error(e: &hyper::Error) -> String {
         source = s.source();
     }
     text
+}
+
+/// Why no response head arrived.
+enum HeadError {
+    /// hyper handed the request back unwritten.
+    Unwritten(Box<Request<UpBody>>, String),
+    /// It may have been written: the contract code and the transport's words.
+    Failed(Code, String),
+}
+
+/// An h2 request carries an absolute URI; an HTTP/1.1 one is origin-form.
+fn is_h2_request(req: &Request<UpBody>) -> bool {
+    req.uri().scheme().is_some()
 }
 
 /// What the exchange hands back to the front.

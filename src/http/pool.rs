@@ -15,6 +15,8 @@ use crate::journal::TlsIdentity;
 use crate::policy::Target;
 
 const MAX_IDLE_PER_KEY: usize = 64;
+/// How long a pooled connection may take to accept a request before it is passed over.
+const READY_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// An HTTP/1.1 or HTTP/2 client connection to one origin.
 pub enum Sender {
@@ -51,16 +53,42 @@ impl Sender {
         }
     }
 
+    /// Sends a request; hyper hands it back when it wrote none of it.
     pub async fn send(
         &mut self,
         req: http::Request<UpBody>,
-    ) -> Result<http::Response<Incoming>, String> {
+    ) -> Result<http::Response<Incoming>, SendFailure> {
         let r = match self {
-            Self::H1(s) => s.send_request(req).await,
-            Self::H2(s) => s.send_request(req).await,
+            Self::H1(s) => s.try_send_request(req).await,
+            Self::H2(s) => s.try_send_request(req).await,
         };
-        r.map_err(|e| body_error(&e))
+        r.map_err(|mut e| {
+            let diagnostic = body_error(e.error());
+            match e.take_message() {
+                Some(req) => SendFailure::Unwritten(Box::new(req), diagnostic),
+                None => SendFailure::Failed(diagnostic),
+            }
+        })
     }
+
+    /// Waits briefly until the connection takes a request; false if it will not.
+    async fn ready(&mut self) -> bool {
+        let ready = async {
+            match self {
+                Self::H1(s) => s.ready().await,
+                Self::H2(s) => s.ready().await,
+            }
+        };
+        matches!(tokio::time::timeout(READY_WAIT, ready).await, Ok(Ok(())))
+    }
+}
+
+/// Why a send failed.
+pub enum SendFailure {
+    /// hyper returned the request unwritten: proof that nothing was sent.
+    Unwritten(Box<http::Request<UpBody>>, String),
+    /// It may have been written.
+    Failed(String),
 }
 
 /// A connection and what its setup proved, kept for the evidence of later requests.
@@ -81,8 +109,18 @@ impl Pool {
         format!("{}|{}", route.id, target.authority())
     }
 
-    /// A connection that is ready for another request, if one is idle.
-    pub fn take(&self, key: &str) -> Option<Conn> {
+    /// An idle connection that takes a request now, checked before `DISPATCH_STARTED` so
+    /// a connection that cannot is never the one an invocation is dispatched on.
+    pub async fn take_ready(&self, key: &str) -> Option<Conn> {
+        while let Some(mut conn) = self.take(key) {
+            if conn.sender.ready().await {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    fn take(&self, key: &str) -> Option<Conn> {
         let mut idle = self.idle.lock().ok()?;
         let list = idle.get_mut(key)?;
         while let Some(conn) = list.pop() {

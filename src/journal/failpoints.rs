@@ -52,6 +52,21 @@ pub fn parse(spec: &str) -> Option<(EventKind, u32)> {
     Some((EventKind::parse(kind.trim())?, n))
 }
 
+/// `POSTERN_PAUSE_BEFORE_SEND_MS=<ms>`: waits between `DISPATCH_STARTED` on a pooled
+/// connection and handing the request to it, so a test can close that connection there.
+#[cfg(feature = "failpoints")]
+pub async fn pause_before_send() {
+    let ms = std::env::var("POSTERN_PAUSE_BEFORE_SEND_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(ms) = ms {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
+}
+
+#[cfg(not(feature = "failpoints"))]
+pub async fn pause_before_send() {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

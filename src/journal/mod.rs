@@ -10,6 +10,7 @@
 mod audit;
 mod event;
 mod failpoints;
+pub use failpoints::pause_before_send;
 mod fjall_store;
 mod health;
 mod metrics;

@@ -213,8 +213,18 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             reach(p, Phase::CredentialInjection);
         }
         Body::ConnectAttempt(c) => {
-            before_dispatch(p, kind)?;
-            reach(p, Phase::ConnectionSetup);
+            if p.closed {
+                return Err(Refusal::Closed(kind));
+            }
+            if p.dispatched_this_generation {
+                // Only a request the transport handed back unwritten goes out again on a
+                // fresh connection: its stages are evidence and change no outcome.
+                r.evidence
+                    .extra
+                    .insert("resent_unwritten".into(), true.into());
+            } else {
+                reach(p, Phase::ConnectionSetup);
+            }
             r.attempts += 1;
             r.evidence.attempt = Some(c.n);
             if !c.ok {

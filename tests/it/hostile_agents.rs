@@ -160,3 +160,37 @@ fn paths_origins_read_differently_are_refused_before_matching() {
         origin.last_request()
     );
 }
+
+/// An origin closes an idle pooled connection between `DISPATCH_STARTED` and the send
+/// (held open there by a test hook): hyper hands the request back unwritten, which proves
+/// nothing was sent, so it goes out on a fresh connection instead of being recorded as
+/// possibly executed.
+#[test]
+fn a_request_handed_back_unwritten_is_sent_on_a_fresh_connection() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let served = Arc::new(AtomicUsize::new(0));
+    let origin = origins::closes_idle_connections(Duration::from_millis(150), served.clone());
+    let home = Home::new();
+    let daemon = Daemon::start_with(
+        &home,
+        Some(&config(origin.port())),
+        &[("POSTERN_PAUSE_BEFORE_SEND_MS", "600")],
+    );
+    let proxy = daemon.proxy.replace("http://", "http://ci:tok-123@");
+    let url = format!("http://origin.test:{}/repos/x", origin.port());
+    let (status, body, _) = curl(&["-x", &proxy, &url]);
+    assert_eq!((status, body.as_str()), (200, "request 1"));
+    let (status, body, head) = curl(&["-x", &proxy, "-X", "POST", "--data", "once", &url]);
+    assert_eq!((status, body.as_str()), (200, "request 2"), "{head}");
+    assert_eq!(
+        served.load(Ordering::SeqCst),
+        2,
+        "each request reached the origin once"
+    );
+    let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);
+    let second = &list["invocations"][0];
+    assert_eq!(second["outcome"], "committed", "{second}");
+    assert_eq!(second["evidence"]["reused_connection"], true, "{second}");
+    assert_eq!(second["evidence"]["resent_unwritten"], true, "{second}");
+}

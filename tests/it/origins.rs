@@ -79,7 +79,12 @@ impl Origin {
 
 /// Reads a request head and its Content-Length body.
 pub fn read_request(stream: &mut TcpStream) -> Vec<u8> {
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    read_request_within(stream, Duration::from_secs(10))
+}
+
+/// Like `read_request`, giving up after `wait` without bytes.
+pub fn read_request_within(stream: &mut TcpStream, wait: Duration) -> Vec<u8> {
+    let _ = stream.set_read_timeout(Some(wait));
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -222,5 +227,22 @@ pub fn checks_dispatch_first(admin: Arc<Mutex<String>>) -> Origin {
             body.len()
         );
         write(s, r.as_bytes());
+    })
+}
+
+/// Keeps each connection for further requests (counted in `served`), closing it once
+/// `idle` passes without one, as origins with a short keep-alive timeout do.
+pub fn closes_idle_connections(idle: Duration, served: Arc<AtomicUsize>) -> Origin {
+    Origin::raw(move |s, _| {
+        loop {
+            let req = read_request_within(s, idle);
+            if req.is_empty() {
+                return;
+            }
+            let n = served.fetch_add(1, Ordering::SeqCst) + 1;
+            let body = format!("request {n}");
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+            write(s, format!("{head}{body}").as_bytes());
+        }
     })
 }
