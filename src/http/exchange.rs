@@ -609,14 +609,9 @@ impl Exchange {
         sent_rx: oneshot::Receiver<DeliveryEnd>,
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
+        let timeout = route.response_timeout;
         let waited = self
-            .await_head(
-                &mut conn.sender,
-                req,
-                sent_rx,
-                route.response_timeout,
-                reply,
-            )
+            .await_head(&mut conn.sender, req, sent_rx, timeout, reply)
             .await;
         let (resp, conn) = match waited {
             Ok(r) => (r, conn),
@@ -706,20 +701,16 @@ impl Exchange {
             }
         };
         let req = Request::from_parts(parts, body);
+        let timeout = route.response_timeout;
         let waited = self
-            .await_head(
-                &mut conn.sender,
-                req,
-                sent_rx,
-                route.response_timeout,
-                reply,
-            )
+            .await_head(&mut conn.sender, req, sent_rx, timeout, reply)
             .await;
         match waited {
             Ok(resp) => Ok((resp, conn)),
             Err(HeadError::Failed(code, diag)) => {
                 Err(Outgoing::Respond(self.remote_failure(code, diag).await))
             }
+            // Handed back a second time: give up, without a third connection.
             Err(HeadError::Unwritten(_, diag)) => Err(Outgoing::Respond(
                 self.remote_failure(Code::RemoteOutcomeUnknown, diag).await,
             )),
