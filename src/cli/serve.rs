@@ -18,7 +18,12 @@ const EXIT_STORAGE_FAULT: u8 = 70;
 type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 fn load(config_path: Option<&Path>, env: Env<'_>) -> Result<Config, CliError> {
-    Ok(config::load(config_path, env)?)
+    let config = config::load(config_path, env)?;
+    let problems = crate::policy::route_problems(&config);
+    if !problems.is_empty() {
+        return Err(config::ConfigErrors(problems).into());
+    }
+    Ok(config)
 }
 
 fn create_home(home: &Home) -> Result<(), CliError> {

@@ -33,7 +33,7 @@ use crate::journal::{
     Payload, Preflight, Protocol, RequestSent, ResponseComplete, ResponseStarted, ResultCommitted,
     Source, StoredResult, b64, new_invocation_id, sha256_tagged_digest,
 };
-use crate::policy::{Target, fingerprint, match_route, route_is_built};
+use crate::policy::{Target, denial_field, fingerprint, match_route, route_is_built};
 
 /// A request as the front received it, with the agent already identified.
 pub struct Inbound {
@@ -442,8 +442,11 @@ impl Exchange {
         if lengths.len() > 1 && lengths.windows(2).any(|w| w[0] != w[1]) {
             return Err(refuse(Code::MalformedRequest, "headers.content-length"));
         }
-        let route = match_route(config, &self.agent, &self.target, &self.method)
-            .ok_or(refuse(Code::RouteDenied, "target"))?;
+        let route =
+            match_route(config, &self.agent, &self.target, &self.method).ok_or_else(|| {
+                let field = denial_field(config, &self.agent, &self.target, &self.method);
+                refuse(Code::RouteDenied, field)
+            })?;
         if !route_is_built(route, self.target.scheme) {
             return Err(refuse(Code::UnsupportedAction, "route"));
         }

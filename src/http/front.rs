@@ -20,7 +20,9 @@ use super::sniff::FramingSniffer;
 use crate::config::Scheme;
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Accepted, Body, Draft, Failure, Protocol, new_invocation_id};
-use crate::policy::{AgentAuth, Target, TargetError, authenticate, route_exists_for_connect};
+use crate::policy::{
+    AgentAuth, Target, TargetError, authenticate, connect_denial_field, route_exists_for_connect,
+};
 
 /// Accepts agent connections until the listener fails.
 pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
@@ -164,10 +166,11 @@ async fn front_request(
 ) -> Response<ProxyBody> {
     let agent = match identify(&proxy, &req, source).await {
         Ok(a) => a,
+        Err(resp) if req.method() == Method::CONNECT => return respond::explain_in_reason(resp),
         Err(resp) => return resp,
     };
     if req.method() == Method::CONNECT {
-        return connect(proxy, agent, req).await;
+        return respond::explain_in_reason(connect(proxy, agent, req).await);
     }
     let uri = req.uri();
     if uri
@@ -235,8 +238,17 @@ async fn connect(
         .to_ascii_lowercase();
     let port = authority.port_u16().unwrap_or(443);
     let url = format!("https://{authority}/");
+    if host == internal::HOST {
+        let mut failure = Failure::of(Code::InvalidTarget);
+        failure.field = Some("target.scheme".into());
+        failure
+            .evidence
+            .insert("hint".into(), internal::HINT.into());
+        return journal_refusal(&proxy, &agent, url, "CONNECT", failure).await;
+    }
     if !route_exists_for_connect(&proxy.config, &agent, &host, port) {
-        return refuse_early(&proxy, &agent, url, "CONNECT", Code::RouteDenied, "target").await;
+        let field = connect_denial_field(&proxy.config, &agent, &host, port);
+        return refuse_early(&proxy, &agent, url, "CONNECT", Code::RouteDenied, field).await;
     }
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {

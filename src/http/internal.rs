@@ -10,6 +10,9 @@ use super::respond::{self, ProxyBody};
 
 pub const HOST: &str = "postern.internal";
 
+/// Said to an agent that asked for `https://postern.internal`.
+pub const HINT: &str = "postern.internal is served over plain http through the proxy: http://postern.internal/v1/invocations/{id}";
+
 fn json(status: StatusCode, value: &serde_json::Value) -> Response<ProxyBody> {
     let mut r = Response::new(respond::full(Bytes::from(value.to_string())));
     *r.status_mut() = status;

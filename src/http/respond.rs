@@ -75,3 +75,31 @@ pub fn challenge() -> Response<ProxyBody> {
         "headers.proxy-authorization",
     ))
 }
+
+/// Clients do not show the body of a refused `CONNECT` (Python: "Tunnel connection failed:
+/// 403 Forbidden"), so the code and the invocation id go into the reason phrase, which they
+/// print: `403 ROUTE_DENIED act_01…`.
+pub fn explain_in_reason(mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
+    if resp.status().is_success() {
+        return resp;
+    }
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let code = header(POSTERN_OUTCOME).and_then(|o| {
+        o.split(", ")
+            .find_map(|kv| kv.strip_prefix("code=").map(str::to_owned))
+    });
+    let Some(code) = code else { return resp };
+    let reason = match header(POSTERN_INVOCATION) {
+        Some(id) => format!("{code} {id}"),
+        None => code,
+    };
+    if let Ok(phrase) = hyper::ext::ReasonPhrase::try_from(reason) {
+        resp.extensions_mut().insert(phrase);
+    }
+    resp
+}

@@ -10,4 +10,7 @@ mod routes;
 
 pub use agents::{AgentAuth, authenticate};
 pub use fingerprint::fingerprint;
-pub use routes::{Target, TargetError, match_route, route_exists_for_connect, route_is_built};
+pub use routes::{
+    Specificity, Target, TargetError, connect_denial_field, denial_field, match_route,
+    route_exists_for_connect, route_is_built, route_problems, specificity,
+};

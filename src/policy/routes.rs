@@ -1,7 +1,7 @@
 //! Default deny: a request matches a route or is refused before any DNS or secret.
 
 use super::path::normalize_path;
-use crate::config::{Config, Route, Scheme};
+use crate::config::{Config, Problem, Route, Scheme};
 
 /// The normalized destination of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,22 +131,172 @@ fn agent_allowed(route: &Route, agent: &str) -> bool {
     route.agents.is_empty() || route.agents.iter().any(|a| a == agent)
 }
 
-/// The first route (in config order) that allows this request for this agent.
+/// The dimensions a route matches a request on, in the order a refusal names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dimension {
+    Scheme,
+    Port,
+    Path,
+    Method,
+    Agent,
+}
+
+impl Dimension {
+    fn field(self) -> &'static str {
+        match self {
+            Self::Scheme => "target.scheme",
+            Self::Port => "target.port",
+            Self::Path => "target.path",
+            Self::Method => "method",
+            Self::Agent => "agent",
+        }
+    }
+}
+
+/// The dimensions on which a route whose host matches does not allow this request.
+fn mismatches(r: &Route, agent: &str, target: &Target, method: &str) -> Vec<Dimension> {
+    let m = &r.matcher;
+    let checks = [
+        (Dimension::Scheme, m.scheme == target.scheme),
+        (Dimension::Port, m.port == target.port),
+        (Dimension::Path, path_matches(&m.path_prefix, target.path())),
+        (
+            Dimension::Method,
+            m.methods.is_empty() || m.methods.iter().any(|x| x == method),
+        ),
+        (Dimension::Agent, agent_allowed(r, agent)),
+    ];
+    checks
+        .into_iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(d, _)| d)
+        .collect()
+}
+
+/// How specific a route is; compared field by field, most specific first: an exact host
+/// over a wildcard (a longer wildcard over a shorter), then the longer path prefix, then
+/// explicit methods over any, then explicit agents over all. The table order never decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Specificity {
+    exact_host: bool,
+    host_len: usize,
+    path_len: usize,
+    explicit_methods: bool,
+    explicit_agents: bool,
+}
+
+pub fn specificity(r: &Route) -> Specificity {
+    let m = &r.matcher;
+    Specificity {
+        exact_host: !m.host.starts_with("*."),
+        host_len: m.host.len(),
+        path_len: m.path_prefix.len(),
+        explicit_methods: !m.methods.is_empty(),
+        explicit_agents: !r.agents.is_empty(),
+    }
+}
+
+/// The most specific route that allows this request for this agent (SPEC §3.1 default
+/// deny). Two equally specific routes that both match are refused at start.
 pub fn match_route<'a>(
     config: &'a Config,
     agent: &str,
     target: &Target,
     method: &str,
 ) -> Option<&'a Route> {
-    config.routes.iter().find(|r| {
-        let m = &r.matcher;
-        m.scheme == target.scheme
-            && m.port == target.port
-            && host_matches(&m.host, &target.host)
-            && (m.methods.is_empty() || m.methods.iter().any(|x| x == method))
-            && path_matches(&m.path_prefix, target.path())
-            && agent_allowed(r, agent)
-    })
+    config
+        .routes
+        .iter()
+        .filter(|r| {
+            host_matches(&r.matcher.host, &target.host)
+                && mismatches(r, agent, target, method).is_empty()
+        })
+        .max_by_key(|r| specificity(r))
+}
+
+/// What a `ROUTE_DENIED` asks the agent to correct: the one dimension of the closest
+/// route for this host that did not match, else the host.
+pub fn denial_field(config: &Config, agent: &str, target: &Target, method: &str) -> &'static str {
+    config
+        .routes
+        .iter()
+        .filter(|r| host_matches(&r.matcher.host, &target.host))
+        .map(|r| mismatches(r, agent, target, method))
+        .min_by_key(Vec::len)
+        .and_then(|dims| dims.first().map(|d| d.field()))
+        .unwrap_or("target.host")
+}
+
+/// `denial_field` for a `CONNECT`, where only scheme, port and agent are known yet.
+pub fn connect_denial_field(config: &Config, agent: &str, host: &str, port: u16) -> &'static str {
+    let Ok(target) = Target::new(Scheme::Https, host, Some(port), "/") else {
+        return "target.host";
+    };
+    config
+        .routes
+        .iter()
+        .filter(|r| host_matches(&r.matcher.host, &target.host))
+        .map(|r| {
+            let mut dims = mismatches(r, agent, &target, "CONNECT");
+            dims.retain(|d| matches!(d, Dimension::Scheme | Dimension::Port | Dimension::Agent));
+            dims
+        })
+        .min_by_key(Vec::len)
+        .and_then(|dims| dims.first().map(|d| d.field()))
+        .unwrap_or("target.host")
+}
+
+/// Config problems that matching would hide: a route that can never match, and two
+/// routes equally specific for some request (which applies would depend on table order).
+pub fn route_problems(config: &Config) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (i, r) in config.routes.iter().enumerate() {
+        let prefix = &r.matcher.path_prefix;
+        match normalize_path(prefix) {
+            Ok(n) if &n == prefix => {}
+            Ok(n) => problems.push(Problem {
+                path: format!("routes[{i}].match.path_prefix"),
+                message: format!(
+                    "never matches: request paths are normalized before matching; write `{n}`"
+                ),
+            }),
+            Err(_) => problems.push(Problem {
+                path: format!("routes[{i}].match.path_prefix"),
+                message: "never matches: postern refuses such paths (INVALID_TARGET)".into(),
+            }),
+        }
+        if let Some((j, other)) = config.routes[..i]
+            .iter()
+            .enumerate()
+            .find(|(_, o)| ambiguous(o, r))
+        {
+            problems.push(Problem {
+                path: format!("routes[{i}]"),
+                message: format!(
+                    "as specific as routes[{j}] (`{}`) for the same requests, so which one applies \
+                     would depend on their order: make one more specific (host, path_prefix, \
+                     methods, agents) or merge them",
+                    other.id
+                ),
+            });
+        }
+    }
+    problems
+}
+
+/// Both routes can match one request and neither is more specific.
+fn ambiguous(a: &Route, b: &Route) -> bool {
+    let (ma, mb) = (&a.matcher, &b.matcher);
+    let shared = |x: &[String], y: &[String]| {
+        (x.is_empty() && y.is_empty()) || x.iter().any(|v| y.contains(v))
+    };
+    specificity(a) == specificity(b)
+        && ma.scheme == mb.scheme
+        && ma.port == mb.port
+        && ma.host == mb.host
+        && ma.path_prefix == mb.path_prefix
+        && shared(&ma.methods, &mb.methods)
+        && shared(&a.agents, &b.agents)
 }
 
 /// Whether any https route could allow requests inside a `CONNECT` tunnel.
@@ -299,5 +449,95 @@ match = { host = "*.example.test", scheme = "http", port = 8080 }
             443
         ));
         assert!(!route_exists_for_connect(&c, "ci", "api.github.com", 444));
+    }
+
+    fn parse(text: &str) -> Config {
+        crate::config::parse(text, None, &|_| None).unwrap()
+    }
+
+    #[test]
+    fn the_most_specific_route_wins_whatever_the_table_order() {
+        let broad = "[[routes]]\nid = \"all\"\nmatch = { host = \"h.test\" }\n";
+        let admin = "[[routes]]\nid = \"admin\"\napproval = \"required\"\nmatch = { host = \"h.test\", path_prefix = \"/admin\" }\n";
+        let wild = "[[routes]]\nid = \"wild\"\nmatch = { host = \"*.test\", path_prefix = \"/admin/deploy\" }\n";
+        let post = "[[routes]]\nid = \"post\"\nmatch = { host = \"h.test\", path_prefix = \"/admin\", methods = [\"POST\"] }\n";
+        let deploy = t(Scheme::Https, "h.test", None, "/admin/deploy");
+        for text in [
+            format!("{broad}{admin}{wild}"),
+            format!("{wild}{admin}{broad}"),
+        ] {
+            let c = parse(&text);
+            assert!(route_problems(&c).is_empty(), "{:?}", route_problems(&c));
+            let id = |path: &str| {
+                let target = t(Scheme::Https, "h.test", None, path);
+                match_route(&c, "a", &target, "POST").map(|r| r.id.clone())
+            };
+            assert_eq!(
+                match_route(&c, "a", &deploy, "POST").map(|r| r.id.as_str()),
+                Some("admin"),
+                "exact host beats a wildcard"
+            );
+            assert_eq!(id("/admin"), Some("admin".into()));
+            assert_eq!(id("/other"), Some("all".into()));
+        }
+        let c = parse(&format!("{admin}{post}"));
+        assert_eq!(
+            match_route(&c, "a", &deploy, "POST").map(|r| r.id.as_str()),
+            Some("post")
+        );
+        assert_eq!(
+            match_route(&c, "a", &deploy, "GET").map(|r| r.id.as_str()),
+            Some("admin")
+        );
+    }
+
+    #[test]
+    fn equally_specific_overlapping_routes_and_unmatchable_prefixes_are_config_errors() {
+        let a = "[[routes]]\nid = \"a\"\nmatch = { host = \"h.test\", methods = [\"GET\", \"POST\"] }\n";
+        let b = "[[routes]]\nid = \"b\"\napproval = \"required\"\nmatch = { host = \"h.test\", methods = [\"POST\"] }\n";
+        let c = "[[routes]]\nid = \"c\"\nmatch = { host = \"h.test\", methods = [\"PUT\"] }\n";
+        let problems = route_problems(&parse(&format!("{a}{b}{c}")));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].path, "routes[1]");
+        assert!(problems[0].message.contains("routes[0] (`a`)"));
+        let odd = "[[routes]]\nid = \"odd\"\nmatch = { host = \"h.test\", path_prefix = \"/%61dmin\" }\n[[routes]]\nid = \"dots\"\nmatch = { host = \"h.test\", path_prefix = \"/a/../b\" }\n";
+        let problems = route_problems(&parse(odd));
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].message.contains("`/admin`"));
+        assert_eq!(problems[1].path, "routes[1].match.path_prefix");
+    }
+
+    #[test]
+    fn a_denial_names_what_did_not_match() {
+        let c = config();
+        let field = |agent: &str, scheme, port, path: &str, method: &str| {
+            denial_field(&c, agent, &t(scheme, "api.github.com", port, path), method)
+        };
+        assert_eq!(
+            field("ci", Scheme::Https, None, "/repos/x", "POST"),
+            "method"
+        );
+        assert_eq!(
+            field("other", Scheme::Https, None, "/repos/x", "GET"),
+            "agent"
+        );
+        assert_eq!(
+            field("ci", Scheme::Https, None, "/users", "GET"),
+            "target.path"
+        );
+        assert_eq!(
+            field("ci", Scheme::Https, Some(8443), "/repos", "GET"),
+            "target.port"
+        );
+        let elsewhere = t(Scheme::Https, "nowhere.test", None, "/");
+        assert_eq!(denial_field(&c, "ci", &elsewhere, "GET"), "target.host");
+        assert_eq!(
+            connect_denial_field(&c, "other", "api.github.com", 443),
+            "agent"
+        );
+        assert_eq!(
+            connect_denial_field(&c, "ci", "api.github.com", 444),
+            "target.port"
+        );
     }
 }

@@ -12,6 +12,7 @@ mod hostile_agents;
 mod http;
 mod https;
 mod origins;
+mod precedence;
 mod serve;
 mod streaming;
 mod support;
