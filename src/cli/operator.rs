@@ -139,10 +139,15 @@ pub fn decide(target: &AdminTarget, id: &str, json: bool) -> Result<ExitCode, Cl
         retry: parse(&r["retry"])
             .and_then(|o| Retry::parse(&o))
             .ok_or_else(|| CliError::Failed("the record has no readable retry".into()))?,
+        result_stored: false,
     };
     let op = OperationView {
         idempotent: r["evidence"]["idempotent"].as_bool().unwrap_or(false),
         fingerprint_equal: true,
+    };
+    let facts = RecordFacts {
+        result_stored: result_stored(target, id)?,
+        ..facts
     };
     let verdict = decide_verdict(facts, op);
     if json {
@@ -151,6 +156,13 @@ pub fn decide(target: &AdminTarget, id: &str, json: bool) -> Result<ExitCode, Cl
         outln!("{}", verdict.as_str());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether the daemon has a result stored for `id` (it may have expired or never existed).
+fn result_stored(target: &AdminTarget, id: &str) -> Result<bool, CliError> {
+    let path = format!("/v1/invocations/{}/result", encode(id));
+    let (status, _) = call(target, Method::GET, &path, None)?;
+    Ok(status == StatusCode::OK)
 }
 
 pub fn reconcile(

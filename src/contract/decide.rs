@@ -22,6 +22,9 @@ pub enum Verdict {
     RetryWhenAllowed,
     /// The recorded result is the answer.
     ReturnRecordedResult,
+    /// The outcome is settled (e.g. attested by an operator) but no result is stored:
+    /// nothing to fetch and nothing to repeat; the record is the answer.
+    ReturnRecordedOutcome,
 }
 
 impl Verdict {
@@ -34,6 +37,7 @@ impl Verdict {
             Self::RetrySameKey => "RETRY_SAME_KEY",
             Self::RetryWhenAllowed => "RETRY_WHEN_ALLOWED",
             Self::ReturnRecordedResult => "RETURN_RECORDED_RESULT",
+            Self::ReturnRecordedOutcome => "RETURN_RECORDED_OUTCOME",
         }
     }
 
@@ -49,6 +53,8 @@ pub struct RecordFacts {
     pub code: Option<Code>,
     pub outcome: Outcome,
     pub retry: Retry,
+    /// A result is stored under the invocation id (`postern result` finds it).
+    pub result_stored: bool,
 }
 
 /// What the caller knows about the operation it would repeat.
@@ -59,9 +65,9 @@ pub struct OperationView {
     pub fingerprint_equal: bool,
 }
 
-/// SPEC §1.7, branch for branch.
+/// SPEC §1.7, branch for branch; a verdict never points at a result that is not stored.
 pub fn decide(record: RecordFacts, operation: OperationView) -> Verdict {
-    if record.retry == Retry::FetchResult {
+    if record.retry == Retry::FetchResult && record.result_stored {
         return Verdict::Fetch;
     }
     if record.code == Some(Code::RetryBudgetExhausted) {
@@ -82,6 +88,9 @@ pub fn decide(record: RecordFacts, operation: OperationView) -> Verdict {
         }
         Outcome::Unknown => Verdict::Reconcile,
         Outcome::Rejected if record.retry == Retry::Backoff => Verdict::RetryWhenAllowed,
+        Outcome::Rejected | Outcome::Committed if !record.result_stored => {
+            Verdict::ReturnRecordedOutcome
+        }
         Outcome::Rejected | Outcome::Committed => Verdict::ReturnRecordedResult,
     }
 }
@@ -95,6 +104,7 @@ mod tests {
             code,
             outcome,
             retry,
+            result_stored: true,
         }
     }
 
@@ -196,6 +206,24 @@ mod tests {
                 assert_ne!(v, Verdict::RetryNewAttempt, "{retry} {code:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_verdict_never_points_at_a_result_that_is_not_stored() {
+        let reconciled = RecordFacts {
+            result_stored: false,
+            ..facts(None, Outcome::Committed, Retry::Never)
+        };
+        assert_eq!(decide(reconciled, PLAIN), Verdict::ReturnRecordedOutcome);
+        let lost = RecordFacts {
+            result_stored: false,
+            ..facts(
+                Some(Code::ResultDeliveryFailed),
+                Outcome::Committed,
+                Retry::FetchResult,
+            )
+        };
+        assert_eq!(decide(lost, PLAIN), Verdict::ReturnRecordedOutcome);
     }
 
     #[test]

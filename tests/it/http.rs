@@ -298,6 +298,35 @@ fn a_429_with_retry_after_backs_off_for_an_idempotent_request() {
 }
 
 #[test]
+fn after_a_reconcile_decide_never_points_at_a_result_that_is_not_stored() {
+    let origin = origins::closes_without_response();
+    let s = setup(origin.port(), "");
+    let (status, _, head) = s.curl(&["-X", "POST", "--data", "x", &s.url("/pay")]);
+    assert_eq!(status, 502);
+    let id = header(&head, "postern-invocation").unwrap().to_owned();
+    let verdict = |s: &Setup| {
+        let out = s.daemon.cli(&["decide", &id], &[]);
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(verdict(&s), "RECONCILE");
+    let out = s.daemon.cli(
+        &[
+            "reconcile",
+            &id,
+            "--outcome",
+            "committed",
+            "--note",
+            "ledger shows it",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(verdict(&s), "RETURN_RECORDED_OUTCOME");
+    let result = s.daemon.cli(&["result", &id], &[]);
+    assert!(!result.status.success(), "no result is stored: {result:?}");
+}
+
+#[test]
 fn a_202_keeps_its_location_as_evidence() {
     let origin = origins::responds(
         "202 Accepted",
