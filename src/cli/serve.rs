@@ -129,6 +129,15 @@ fn warn_unbuilt(config: &Config) {
             );
         }
     }
+    for t in &config.ssh_targets {
+        errln!(
+            "postern: ssh_targets {} ({}@{}:{}): SSH is not supported yet; this target is NOT served and no SSH front listens",
+            t.id,
+            t.user,
+            t.host,
+            t.port
+        );
+    }
 }
 
 async fn bind(addr: std::net::SocketAddr, key: &str) -> Result<tokio::net::TcpListener, CliError> {
