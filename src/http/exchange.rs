@@ -128,7 +128,7 @@ pub(super) struct Exchange {
     /// Body bytes handed to the origin (`REQUEST_SENT`) and to the agent (`RESULT_DELIVERED`).
     request_bytes: u64,
     pub(super) delivered_bytes: u64,
-    /// Connection stages recorded so far (numbers the stages of a fresh connection).
+    /// The last connection-setup attempt recorded (numbers those of a fresh connection).
     stages: u32,
 }
 
@@ -526,7 +526,7 @@ impl Exchange {
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
         let drafts = attempt_drafts(&dialed.attempts);
-        self.stages = dialed.attempts.len() as u32;
+        self.stages = dialed.attempts.last().map_or(0, |a| a.n);
         let dispatch = Dispatch {
             connection_id: None,
             reused_connection: false,

@@ -87,6 +87,8 @@ impl TlsClients {
     }
 }
 
+/// The stages of connection setup, numbered by attempt: dns, tcp_connect and
+/// tls_handshake of one try share `n`; each further address tried is a new attempt.
 struct Attempts {
     list: Vec<ConnectAttempt>,
 }
@@ -114,7 +116,13 @@ impl Attempts {
         address: Option<SocketAddr>,
         diagnostic: Option<String>,
     ) {
-        let n = self.list.len() as u32 + 1;
+        let last = self.list.last().map_or(1, |a| a.n);
+        let tcp_tried = self.list.iter().any(|a| a.stage == Stage::TcpConnect);
+        let n = if stage == Stage::TcpConnect && tcp_tried {
+            last + 1
+        } else {
+            last
+        };
         self.list.push(ConnectAttempt {
             n,
             stage,

@@ -62,6 +62,10 @@ pub struct Progress {
     pub idempotent: bool,
     pub safe_until_ms: Option<i64>,
     pub last_seq: u64,
+    /// The connection-setup attempt the latest `CONNECT_ATTEMPT` belongs to (0: none yet in
+    /// this generation): stages of one attempt (dns → tcp → tls) count once.
+    #[serde(default)]
+    pub attempt_n: u32,
 }
 
 /// Record plus progress: what the journal stores per invocation.
@@ -225,7 +229,10 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             } else {
                 reach(p, Phase::ConnectionSetup);
             }
-            r.attempts += 1;
+            if c.n != p.attempt_n {
+                p.attempt_n = c.n;
+                r.attempts += 1;
+            }
             r.evidence.attempt = Some(c.n);
             if !c.ok {
                 r.evidence.attempts.push(AttemptEvidence {
@@ -366,6 +373,7 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             r.evidence.attempts.clear();
             p.closed = false;
             p.dispatched_this_generation = false;
+            p.attempt_n = 0;
         }
     }
     Ok(())

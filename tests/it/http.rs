@@ -741,7 +741,7 @@ fn sent_and_delivered_events_count_the_body_bytes() {
         .unwrap_or_default()
         .to_owned();
     let mut events = s.event_data(&id);
-    for _ in 0..100 {
+    for _ in 0..500 {
         if events
             .last()
             .is_some_and(|e| e["kind"] == "RESULT_DELIVERED")
