@@ -73,17 +73,23 @@ fn open_journal(config: &Config, home: &Home) -> Result<Journal, CliError> {
     Ok(journal)
 }
 
-fn init_tracing() {
+/// Logs go to stderr, as text or (with `POSTERN_LOG_FORMAT=json`) one JSON object a line;
+/// `RUST_LOG` filters them (`postern::access=off` silences the access log).
+fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fjall=warn,lsm_tree=warn"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
 }
 
 pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
-    init_tracing();
+    init_tracing(env("POSTERN_LOG_FORMAT").as_deref() == Some("json"));
     let config = load(config_path, env)?;
     warn_unbuilt(&config);
     create_home(home)?;

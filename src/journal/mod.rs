@@ -7,6 +7,7 @@
 //! (with its result, durable) → `RESULT_DELIVERED`; or `FAILED` at any point.
 //! Transports append observations; `projection` folds them into the record.
 
+mod access;
 mod audit;
 mod event;
 mod failpoints;

@@ -223,6 +223,7 @@ impl Writer {
         let id = &state.record.invocation_id;
         if newly_closed {
             self.metrics.settled(&state.record);
+            super::access::settled(&state.record);
         }
         if let Ok(mut live) = self.live.lock() {
             if state.progress.closed {

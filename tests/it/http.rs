@@ -793,3 +793,46 @@ fn ssh_targets_that_are_not_served_are_named_at_start() {
         "{stderr}"
     );
 }
+
+#[test]
+fn each_settled_invocation_is_one_access_log_line_without_query_values() {
+    let origin = origins::responds("200 OK", &[], "ok");
+    let home = Home::new();
+    let daemon = Daemon::start_with(
+        &home,
+        Some(&route_to(origin.port(), "")),
+        &[("POSTERN_LOG_FORMAT", "json")],
+    );
+    let url = format!(
+        "http://origin.test:{}/items?q=private-value&n=2",
+        origin.port()
+    );
+    let (status, _, head) = curl(&["-x", &daemon.proxy, &url]);
+    assert_eq!(status, 200);
+    let id = header(&head, "postern-invocation").unwrap().to_owned();
+    let mut line = None;
+    for _ in 0..250 {
+        line = daemon
+            .stderr()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| v["target"] == "postern::access" && v["fields"]["invocation"] == id.as_str());
+        if line.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let line = line.unwrap_or_else(|| panic!("no access line: {}", daemon.stderr()));
+    let f = &line["fields"];
+    assert_eq!(f["agent"], "anonymous");
+    assert_eq!(f["route"], "origin");
+    assert_eq!(f["method"], "GET");
+    assert_eq!(f["status"], 200);
+    assert_eq!(f["outcome"], "committed");
+    assert_eq!(
+        f["target"],
+        format!("http://origin.test:{}/items?q=&n=", origin.port())
+    );
+    assert!(f["duration_ms"].is_number());
+    assert!(!daemon.stderr().contains("private-value"));
+}
