@@ -1,6 +1,7 @@
 //! Configuration in two steps: `raw` (as written, unknown keys refused) →
 //! `model` (validated; every problem reported with its key path in one run).
 
+mod decode;
 mod model;
 mod raw;
 mod units;

@@ -99,7 +99,8 @@ x = 1
         "routes[0].match.scheme",
         "routes[0].status_outcomes.409",
         "routes[0].status_outcomes.abc",
-        "routes[1]",
+        "routes[1].id",
+        "routes[1].match.hots",
         "surprise",
     ];
     want.sort();
@@ -107,10 +108,41 @@ x = 1
 }
 
 #[test]
+fn unknown_keys_type_and_value_errors_of_one_table_come_in_one_report() {
+    let text = r#"
+[journal]
+durability = "fsnc"
+[[credentials]]
+id = "gh"
+secret = "github-token"
+inject = { header = "Authorization", format = "Bearer {secret}" }
+[[routes]]
+id = "r"
+credentail = "gh"
+retry_budget = "three"
+connect_timeout = "5 seconds"
+match = { host = "x.test" }
+"#;
+    let Err(e) = parse(text, None, &env) else {
+        panic!("a bad config was accepted");
+    };
+    let report = e.to_string();
+    for line in [
+        "journal.durability: ",
+        "routes[0].credentail: unknown key (did you mean `credential`?)",
+        "routes[0].retry_budget: expected a whole number, got \"three\"",
+        "routes[0].connect_timeout: ",
+    ] {
+        assert!(report.contains(line), "{line} missing in:\n{report}");
+    }
+    assert_eq!(e.0.len(), 4, "{report}");
+}
+
+#[test]
 fn unknown_keys_are_refused() {
     assert_eq!(
         paths("[proxy]\nlisten = \"127.0.0.1:1\"\nlisten_too = 1\n"),
-        ["proxy"]
+        ["proxy.listen_too"]
     );
     let e = parse("[admin]\ntokn = \"x\"\n", None, &env)
         .err()

@@ -61,13 +61,9 @@ impl Checker<'_> {
     }
 
     fn item<T: DeserializeOwned>(&mut self, path: &str, v: &toml::Value) -> Option<T> {
-        match v.clone().try_into::<T>() {
-            Ok(t) => Some(t),
-            Err(e) => {
-                self.bad(path, e.message().trim().to_owned());
-                None
-            }
-        }
+        let (item, problems) = super::decode::decode(path, v);
+        self.problems.extend(problems);
+        item
     }
 
     fn list<T: DeserializeOwned>(&mut self, path: &str, v: Option<&toml::Value>) -> Vec<T> {

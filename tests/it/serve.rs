@@ -65,13 +65,21 @@ match = { host = "api.github.com", method = "GET" }
     let out = home.cli(&["serve", "--config", cfg.to_str().unwrap()], &[]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    for path in ["proxy.listen", "journal.durability", "routes[0]"] {
+    for path in [
+        "proxy.listen",
+        "journal.durability",
+        "routes[0].credential",
+        "routes[0].match.method",
+    ] {
         assert!(
             err.contains(&format!("  {path}: ")),
             "{path} missing from:\n{err}"
         );
     }
-    assert!(err.contains("unknown field `method`"), "{err}");
+    assert!(
+        err.contains("unknown key (did you mean `methods`?)"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -168,4 +176,33 @@ fn env_and_the_operator_cli_read_addresses_without_the_daemons_secrets() {
     let list = shell(&["actions", "list", "--json"]);
     assert!(list.status.success(), "actions list: {}", stderr(&list));
     assert_eq!(daemon.admin, format!("http://{admin}"));
+}
+
+/// One run names every problem of a config with its key path (issue: they came in rounds).
+#[test]
+fn a_bad_config_is_refused_with_every_problem_in_one_run() {
+    let home = Home::new();
+    let path = home.config(
+        "[journal]\ndurability = \"fsnc\"\n\
+         [[credentials]]\nid = \"gh\"\nsecret = \"github-token\"\ninject = { header = \"Authorization\", format = \"Bearer {secret}\" }\n\
+         [[routes]]\nid = \"r\"\ncredentail = \"gh\"\nretry_budget = \"three\"\nconnect_timeout = \"5 seconds\"\nmatch = { host = \"x.test\" }\n",
+    );
+    let out = Command::new(BIN)
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .env("POSTERN_HOME", home.root())
+        .env_remove("POSTERN_CONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    for line in [
+        "journal.durability:",
+        "routes[0].credentail: unknown key (did you mean `credential`?)",
+        "routes[0].retry_budget: expected a whole number, got \"three\"",
+        "routes[0].connect_timeout:",
+    ] {
+        assert!(err.contains(line), "{line} missing in:\n{err}");
+    }
 }
