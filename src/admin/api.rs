@@ -18,6 +18,7 @@ use crate::journal::{
     Body, Draft, Journal, JournalError, Payload, Reconciliation, Record, Source, unb64,
 };
 use crate::policy::approvals::{Approvals, Verdict};
+use crate::vault::{KeyState, Vault};
 
 /// What the admin API serves from.
 pub struct AdminState {
@@ -25,6 +26,9 @@ pub struct AdminState {
     pub registry: Registry,
     pub token: Option<SecretValue>,
     pub approvals: Arc<Approvals>,
+    pub vault: Arc<Vault>,
+    /// The vault entry names the configured credentials use.
+    pub secrets: Vec<String>,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -162,19 +166,26 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
 
 fn healthz(state: &AdminState) -> Reply {
     let health = state.journal.health();
-    if health.is_fatal() {
-        return json_reply(
+    let (status, overall, journal) = if health.is_fatal() {
+        (StatusCode::SERVICE_UNAVAILABLE, "failed", "storage_fault")
+    } else if health.refusing_dispatch() {
+        (
             StatusCode::SERVICE_UNAVAILABLE,
-            &json!({"status": "failed", "journal": "storage_fault"}),
-        );
-    }
-    if health.refusing_dispatch() {
-        return json_reply(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &json!({"status": "degraded", "journal": "refusing_dispatch"}),
-        );
-    }
-    json_reply(StatusCode::OK, &json!({"status": "ok", "journal": "ok"}))
+            "degraded",
+            "refusing_dispatch",
+        )
+    } else {
+        (StatusCode::OK, "ok", "ok")
+    };
+    let vault = match state.vault.key_state() {
+        Ok(KeyState::Opens | KeyState::Empty) => "ok",
+        _ => "locked",
+    };
+    let missing = state.vault.absent(&state.secrets).unwrap_or_default();
+    json_reply(
+        status,
+        &json!({"status": overall, "journal": journal, "vault": vault, "missing_secrets": missing}),
+    )
 }
 
 /// `?agent=&outcome=&phase=&limit=&cursor=`

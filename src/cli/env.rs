@@ -1,19 +1,33 @@
-//! `postern env`: the exports an agent needs (SPEC §5.1).
+//! `postern env [--agent ID]`: the exports an agent needs (SPEC §5.1).
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::ExitCode;
 
-use super::{CliError, Home};
+use super::{CliError, Env, Home, percent_encode};
+use crate::config::Config;
+
+/// Stands in for an `env:` reference that is not set in this shell; never a real token.
+const UNSET: &str = "\u{1}postern-unset:";
+
+/// Who the proxy URLs name: `ID:token@` (RFC 3986 userinfo, percent-encoded).
+pub struct Identity {
+    pub agent: String,
+    pub token: String,
+}
 
 /// `export` lines for curl, Python requests, Node and git.
-pub fn lines(home: &Home, proxy: SocketAddr) -> Vec<String> {
+pub fn lines(home: &Home, proxy: SocketAddr, identity: Option<&Identity>) -> Vec<String> {
     let certs = std::fs::canonicalize(home.certs_dir()).unwrap_or_else(|_| home.certs_dir());
     let bundle = certs.join("bundle.pem");
     let ca = certs.join("ca.pem");
-    let url = format!("http://{proxy}");
+    let userinfo = identity
+        .map(|i| format!("{}:{}@", percent_encode(&i.agent), percent_encode(&i.token)))
+        .unwrap_or_default();
+    let url = format!("http://{userinfo}{proxy}");
     let mut out = Vec::new();
     for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
-        out.push(format!("export {name}={url}"));
+        out.push(export(name, &url));
     }
     for name in [
         "SSL_CERT_FILE",
@@ -21,20 +35,98 @@ pub fn lines(home: &Home, proxy: SocketAddr) -> Vec<String> {
         "CURL_CA_BUNDLE",
         "GIT_SSL_CAINFO",
     ] {
-        out.push(format!("export {name}={}", bundle.display()));
+        out.push(export(name, &bundle.display().to_string()));
     }
-    out.push(format!("export NODE_EXTRA_CA_CERTS={}", ca.display()));
+    out.push(export("NODE_EXTRA_CA_CERTS", &ca.display().to_string()));
     out
 }
 
+/// One `export NAME=value` line that survives `eval` (paths may hold spaces).
+fn export(name: &str, value: &str) -> String {
+    let plain = value
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/_.:@%+=,-".contains(c));
+    if plain {
+        format!("export {name}={value}")
+    } else {
+        format!("export {name}='{}'", value.replace('\'', "'\\''"))
+    }
+}
+
 pub fn run(
-    config: Option<&std::path::Path>,
+    config: Option<&Path>,
     home: &Home,
-    env: &dyn Fn(&str) -> Option<String>,
+    agent: Option<&str>,
+    env: Env<'_>,
 ) -> Result<ExitCode, CliError> {
-    let config = crate::config::load_addresses(config, env)?;
-    for line in lines(home, config.proxy.listen) {
+    home.require().map_err(CliError::Failed)?;
+    // An `env:` token unset here is a placeholder plus a note, not a config error.
+    let lookup = |name: &str| {
+        env(name)
+            .filter(|v| !v.is_empty())
+            .or_else(|| Some(format!("{UNSET}{name}")))
+    };
+    let config = crate::config::load(config, &lookup)?;
+    let identity = match agent {
+        Some(id) => Some(identity(&config, id)?),
+        None => {
+            note_missing_agent(&config);
+            None
+        }
+    };
+    for line in lines(home, config.proxy.listen, identity.as_ref()) {
         outln!("{line}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn identity(config: &Config, id: &str) -> Result<Identity, CliError> {
+    let agent = config.agents.iter().find(|a| a.id == id).ok_or_else(|| {
+        let known: Vec<&str> = config.agents.iter().map(|a| a.id.as_str()).collect();
+        CliError::Failed(format!(
+            "no agent `{id}` in the config's [[agents]] (known: {})",
+            if known.is_empty() {
+                "none".to_owned()
+            } else {
+                known.join(", ")
+            }
+        ))
+    })?;
+    let token = match agent.token.expose().strip_prefix(UNSET) {
+        Some(var) => {
+            errln!(
+                "postern env: agent {id}'s token comes from {var}, which is not set in this shell; \
+                 the proxy URLs carry the placeholder {var}-is-not-set (set {var} and run again)"
+            );
+            format!("{var}-is-not-set")
+        }
+        None => agent.token.expose().to_owned(),
+    };
+    Ok(Identity {
+        agent: id.to_owned(),
+        token,
+    })
+}
+
+fn note_missing_agent(config: &Config) {
+    if let Some(first) = config.agents.first() {
+        errln!(
+            "postern env: this config has [[agents]]: without `--agent ID` (e.g. --agent {}) the proxy answers 407",
+            first.id
+        );
+    }
+}
+
+/// The line the `serve` banner shows for the agent's shell.
+pub fn eval_hint(config: &Config, config_flag: Option<&Path>, env: Env<'_>) -> String {
+    let mut cmd = "postern env".to_owned();
+    if let Some(agent) = config.agents.first() {
+        cmd.push_str(&format!(" --agent {}", agent.id));
+    }
+    let from_env = env("POSTERN_CONFIG").map(std::path::PathBuf::from);
+    if let Some(path) = config_flag.filter(|p| from_env.as_deref() != Some(*p)) {
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        cmd.push_str(&format!(" --config {}", path.display()));
+    }
+    format!("eval \"$({cmd})\"")
 }

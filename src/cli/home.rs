@@ -9,12 +9,26 @@ pub struct Home {
 }
 
 impl Home {
+    /// `POSTERN_HOME`, else `./.postern`; made absolute so that every path the CLI
+    /// prints (exports, messages) works from any directory.
     pub fn from_env(env: &dyn Fn(&str) -> Option<String>) -> Self {
         let root = env("POSTERN_HOME")
             .filter(|s| !s.is_empty())
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(".postern"));
+        let root = std::path::absolute(&root).unwrap_or(root);
         Self { root }
+    }
+
+    /// Fails, naming the directory, when it does not exist yet.
+    pub fn require(&self) -> Result<(), String> {
+        if self.root.is_dir() {
+            return Ok(());
+        }
+        Err(format!(
+            "the state directory {} does not exist (POSTERN_HOME; `postern init` or `postern serve` creates it)",
+            self.root.display()
+        ))
     }
 
     pub fn at(root: &Path) -> Self {
@@ -39,6 +53,22 @@ impl Home {
         }
         Ok(())
     }
+}
+
+/// Refuses a `POSTERN_VAULT_KEY` that does not open the vault (serve, secret): an error
+/// naming the file, never the key, instead of a locked vault found later.
+pub fn refuse_wrong_key(vault: &crate::vault::Vault) -> Result<(), super::CliError> {
+    use crate::vault::KeyState;
+    let state = vault
+        .key_state()
+        .map_err(|e| super::CliError::Failed(format!("cannot read the vault: {e}")))?;
+    if state == KeyState::WrongKey {
+        return Err(super::CliError::Failed(format!(
+            "POSTERN_VAULT_KEY does not open the vault at {} (it was sealed with another key)",
+            vault.path().display()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(unix)]

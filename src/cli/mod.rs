@@ -24,41 +24,83 @@ mod drill;
 mod env;
 mod home;
 mod operator;
+mod render;
 mod secret;
 mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::builder::PossibleValuesParser;
 use clap::{Parser, Subcommand};
 
 pub use home::Home;
+
+const ENVIRONMENT: &str = "\
+Environment:
+  POSTERN_HOME         state directory: journal, vault, CA, SSH host key (default ./.postern)
+  POSTERN_CONFIG       TOML config file, as --config (default: the embedded loopback config)
+  POSTERN_VAULT_KEY    passphrase that unlocks the vault (serve, secret)
+  POSTERN_ADMIN        the daemon's admin API URL, as --admin (default: the config's [admin] listen)
+  POSTERN_ADMIN_TOKEN  bearer token for the admin API";
 
 #[derive(Parser, Debug)]
 #[command(
     name = "postern",
     version,
-    about = "A credential-injecting forward proxy for AI agents with a durable action journal"
+    about = "A credential-injecting forward proxy for AI agents with a durable action journal",
+    after_help = ENVIRONMENT
 )]
 pub struct Cli {
     /// TOML config file (default: POSTERN_CONFIG, else the embedded default).
-    #[arg(long, global = true, env = "POSTERN_CONFIG")]
+    #[arg(
+        long,
+        global = true,
+        env = "POSTERN_CONFIG",
+        hide_env_values = true,
+        value_name = "FILE"
+    )]
     pub config: Option<PathBuf>,
-    /// The daemon's admin API URL (default: POSTERN_ADMIN, else the config's [admin] listen).
-    #[arg(long, global = true, env = "POSTERN_ADMIN")]
+    /// The daemon's admin API URL, for the commands that talk to the daemon
+    /// (default: POSTERN_ADMIN, else the config's [admin] listen).
+    #[arg(long, value_name = "URL")]
     pub admin: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// `--admin` on the commands that talk to the daemon (SPEC §5.5: before or after the subcommand).
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct AdminArgs {
+    /// The daemon's admin API URL (default: POSTERN_ADMIN, else the config's [admin] listen).
+    #[arg(long, global = true, value_name = "URL")]
+    pub admin: Option<String>,
+}
+
+/// An invocation id, as `postern actions list` prints it.
+#[derive(clap::Args, Debug)]
+pub struct IdArg {
+    /// The invocation id (act_<ULID>).
+    #[arg(value_name = "ID")]
+    pub id: String,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run postern: journal, recovery and the admin API.
+    /// Run the HTTP(S) proxy and the admin API (the SSH front is not built yet).
+    ///
+    /// Opens the journal and runs recovery, checks POSTERN_VAULT_KEY against the vault (a wrong
+    /// key is an error; missing secrets are named), creates the state directory and CA on first
+    /// start, and prints the listeners and the agent's `eval "$(postern env --agent ID)"` line.
     Serve,
     /// Create the state directory and CA (idempotent).
     Init,
-    /// Print the environment exports agents need.
-    Env,
+    /// Print the shell exports an agent needs: eval "$(postern env --agent ID)".
+    Env {
+        /// The agent whose id and token the proxy URLs carry (from [[agents]] in the config).
+        #[arg(long, value_name = "ID")]
+        agent: Option<String>,
+    },
     /// Manage the encrypted vault (POSTERN_VAULT_KEY unlocks it).
     Secret {
         #[command(subcommand)]
@@ -68,36 +110,73 @@ pub enum Command {
     Actions {
         #[command(subcommand)]
         command: ActionsCommand,
+        #[command(flatten)]
+        admin: AdminArgs,
     },
     /// Print the stored result of an invocation (never re-executes).
-    Result { id: String },
-    /// Print the decide() verdict for an invocation.
-    Decide {
-        id: String,
+    Result {
+        #[command(flatten)]
+        id: IdArg,
+        /// Print the admin API's JSON (body base64-encoded).
         #[arg(long)]
         json: bool,
+        /// Write the raw body (SSH: stdout) to FILE.
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Print the decide() verdict for an invocation.
+    Decide {
+        #[command(flatten)]
+        id: IdArg,
+        /// Print JSON: {"invocation_id","verdict"}.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
     },
     /// Operator-attested resolution of an unknown outcome.
     Reconcile {
-        id: String,
+        #[command(flatten)]
+        id: IdArg,
+        /// What the operator established happened remotely.
         #[arg(long, value_parser = ["committed", "rejected"])]
         outcome: String,
-        #[arg(long)]
+        /// How the outcome was established (journaled with the attestation).
+        #[arg(long, value_name = "TEXT")]
         note: String,
+        #[command(flatten)]
+        admin: AdminArgs,
     },
     /// Let a request held for approval proceed (it dispatches unless something it bound changed).
-    Approve { id: String },
+    Approve {
+        #[command(flatten)]
+        id: IdArg,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Refuse a request held for approval (APPROVAL_DENIED; never dispatched).
-    Deny { id: String },
-    /// The requests waiting for an operator's approval.
+    Deny {
+        #[command(flatten)]
+        id: IdArg,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// The requests waiting for an operator's approval: method, target, body preview.
     Approvals {
+        /// Print the admin API's JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
     },
     /// Journal audit.
     Audit {
         #[command(subcommand)]
         command: AuditCommand,
+        #[command(flatten)]
+        admin: AdminArgs,
     },
     /// Test hook: write one synthetic invocation's events (failpoints builds only).
     #[cfg(feature = "failpoints")]
@@ -108,31 +187,54 @@ pub enum Command {
 #[derive(Subcommand, Debug)]
 pub enum SecretCommand {
     /// Store the value read from stdin under NAME (raises its version).
-    Set { name: String },
-    /// Names and versions only.
+    Set {
+        /// The vault entry's name (letters, digits, '-', '_', '.'), as a credential's `secret`.
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
+    /// Names and versions only (with POSTERN_VAULT_KEY set, it is checked against the vault).
     List,
     /// Remove NAME.
-    Rm { name: String },
+    Rm {
+        /// The vault entry's name.
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
+}
+
+fn outcomes() -> PossibleValuesParser {
+    PossibleValuesParser::new(crate::contract::Outcome::ALL.iter().map(|o| o.as_str()))
+}
+
+fn phases() -> PossibleValuesParser {
+    PossibleValuesParser::new(crate::contract::Phase::ALL.iter().map(|p| p.as_str()))
 }
 
 #[derive(Subcommand, Debug)]
 pub enum ActionsCommand {
     /// Invocations, newest first.
     List {
-        #[arg(long)]
+        /// Only this agent's invocations.
+        #[arg(long, value_name = "ID")]
         agent: Option<String>,
-        #[arg(long)]
+        /// Only invocations with this outcome.
+        #[arg(long, value_parser = outcomes())]
         outcome: Option<String>,
-        #[arg(long)]
+        /// Only invocations that stopped in this phase.
+        #[arg(long, value_parser = phases())]
         phase: Option<String>,
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
+        /// At most this many invocations (1..1000).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        limit: u16,
+        /// Print the admin API's JSON.
         #[arg(long)]
         json: bool,
     },
     /// Record, envelope and events of one invocation.
     Show {
-        id: String,
+        #[command(flatten)]
+        id: IdArg,
+        /// Print the record with its "events" array as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -140,8 +242,9 @@ pub enum ActionsCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum AuditCommand {
-    /// Verify the hash chain; exits non-zero on any break.
+    /// Verify the hash chain; exits non-zero on any break (opens the journal itself when no daemon runs).
     Verify {
+        /// Print the verification report as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -152,40 +255,13 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let env = |name: &str| std::env::var(name).ok();
     let home = Home::from_env(&env);
-    let result = match cli.command {
-        Command::Serve => serve::run(cli.config.as_deref(), &home, &env),
-        Command::Init => serve::init(cli.config.as_deref(), &home, &env),
-        Command::Env => env::run(cli.config.as_deref(), &home, &env),
-        Command::Secret { command } => secret::run(&home, env("POSTERN_VAULT_KEY"), command),
-        Command::Actions { command } => {
-            operator::actions(&cli_admin(&cli.admin, &cli.config, &env), command)
-        }
-        Command::Result { id } => operator::result(&cli_admin(&cli.admin, &cli.config, &env), &id),
-        Command::Decide { id, json } => {
-            operator::decide(&cli_admin(&cli.admin, &cli.config, &env), &id, json)
-        }
-        Command::Reconcile { id, outcome, note } => operator::reconcile(
-            &cli_admin(&cli.admin, &cli.config, &env),
-            &id,
-            &outcome,
-            &note,
-        ),
-        Command::Approve { id } => {
-            operator::answer(&cli_admin(&cli.admin, &cli.config, &env), &id, true)
-        }
-        Command::Deny { id } => {
-            operator::answer(&cli_admin(&cli.admin, &cli.config, &env), &id, false)
-        }
-        Command::Approvals { json } => {
-            operator::approvals(&cli_admin(&cli.admin, &cli.config, &env), json)
-        }
-        Command::Audit {
-            command: AuditCommand::Verify { json },
-        } => operator::audit_verify(&cli_admin(&cli.admin, &cli.config, &env), &home, json),
-        #[cfg(feature = "failpoints")]
-        Command::Drill(args) => drill::run(&home, &args),
-    };
-    match result {
+    if cli.admin.is_some() && !talks_to_daemon(&cli.command) {
+        errln!(
+            "error: --admin is only for the commands that talk to the daemon (actions, result, decide, reconcile, approve, deny, approvals, audit)"
+        );
+        return ExitCode::from(2);
+    }
+    match run(cli, &home, &env) {
         Ok(code) => code,
         Err(e) => {
             errln!("postern: {e}");
@@ -193,6 +269,52 @@ pub fn main() -> ExitCode {
         }
     }
 }
+
+fn talks_to_daemon(command: &Command) -> bool {
+    match command {
+        Command::Serve | Command::Init | Command::Env { .. } | Command::Secret { .. } => false,
+        #[cfg(feature = "failpoints")]
+        Command::Drill(_) => false,
+        _ => true,
+    }
+}
+
+fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
+    let config = cli.config.as_deref();
+    let target = |sub: AdminArgs| cli_admin(sub.admin.or(cli.admin.clone()), config, env);
+    match cli.command {
+        Command::Serve => serve::run(config, home, env),
+        Command::Init => serve::init(config, home, env),
+        Command::Env { agent } => env::run(config, home, agent.as_deref(), env),
+        Command::Secret { command } => secret::run(home, env("POSTERN_VAULT_KEY"), command),
+        Command::Actions { command, admin } => operator::actions(&target(admin), command),
+        Command::Result {
+            id,
+            json,
+            output,
+            admin,
+        } => operator::result(&target(admin), &id.id, json, output.as_deref()),
+        Command::Decide { id, json, admin } => operator::decide(&target(admin), &id.id, json),
+        Command::Reconcile {
+            id,
+            outcome,
+            note,
+            admin,
+        } => operator::reconcile(&target(admin), &id.id, &outcome, &note),
+        Command::Approve { id, admin } => operator::answer(&target(admin), &id.id, true),
+        Command::Deny { id, admin } => operator::answer(&target(admin), &id.id, false),
+        Command::Approvals { json, admin } => operator::approvals(&target(admin), json),
+        Command::Audit {
+            command: AuditCommand::Verify { json },
+            admin,
+        } => operator::audit_verify(&target(admin), home, json),
+        #[cfg(feature = "failpoints")]
+        Command::Drill(args) => drill::run(home, &args),
+    }
+}
+
+/// How the CLI reads the process environment (tests pass their own).
+pub(crate) type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 /// A command failure, printed once on stderr.
 #[derive(Debug, thiserror::Error)]
@@ -222,19 +344,31 @@ pub struct AdminTarget {
     pub token: Option<String>,
 }
 
-fn cli_admin(
-    flag: &Option<String>,
-    config: &Option<PathBuf>,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> AdminTarget {
-    let url = flag.clone().unwrap_or_else(|| {
-        let listen = crate::config::load_addresses(config.as_deref(), env)
-            .map(|c| c.admin.listen.to_string())
-            .unwrap_or_else(|_| "127.0.0.1:3129".into());
-        format!("http://{listen}")
-    });
+fn cli_admin(flag: Option<String>, config: Option<&std::path::Path>, env: Env<'_>) -> AdminTarget {
+    let url = flag
+        .or_else(|| env("POSTERN_ADMIN").filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| {
+            let listen = crate::config::load_addresses(config, env)
+                .map(|c| c.admin.listen.to_string())
+                .unwrap_or_else(|_| "127.0.0.1:3129".into());
+            format!("http://{listen}")
+        });
     AdminTarget {
         url,
         token: env("POSTERN_ADMIN_TOKEN"),
     }
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters (a path segment, a query
+/// value, a URL's userinfo).
+pub(crate) fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

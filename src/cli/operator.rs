@@ -1,13 +1,16 @@
 //! Operator commands that talk to the running daemon.
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use super::client::{api_error, call};
-use super::{ActionsCommand, AdminTarget, CliError, Home};
+use super::render;
+use super::{ActionsCommand, AdminTarget, CliError, Home, percent_encode};
 use crate::contract::{Code, OperationView, Outcome, RecordFacts, Retry, decide as decide_verdict};
+use crate::journal::unb64;
 
 fn get(target: &AdminTarget, path: &str) -> Result<Value, CliError> {
     let (status, body) = call(target, Method::GET, path, None)?;
@@ -38,7 +41,7 @@ pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode
             let mut q = format!("limit={limit}");
             for (k, v) in [("agent", agent), ("outcome", outcome), ("phase", phase)] {
                 if let Some(v) = v {
-                    q.push_str(&format!("&{k}={}", encode(&v)));
+                    q.push_str(&format!("&{k}={}", percent_encode(&v)));
                 }
             }
             let body = get(target, &format!("/v1/invocations?{q}"))?;
@@ -70,7 +73,7 @@ pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         ActionsCommand::Show { id, json } => {
-            let id = encode(&id);
+            let id = percent_encode(&id.id);
             let mut record = get(target, &format!("/v1/invocations/{id}"))?;
             let events = get(target, &format!("/v1/invocations/{id}/events"))?;
             record["events"] = events["events"].clone();
@@ -122,14 +125,49 @@ fn print_show(r: &Value) {
     }
 }
 
-pub fn result(target: &AdminTarget, id: &str) -> Result<ExitCode, CliError> {
-    let body = get(target, &format!("/v1/invocations/{}/result", encode(id)))?;
-    print_json(&body);
+/// `postern result ID [--json] [--output FILE]`: the stored result, never re-executed.
+pub fn result(
+    target: &AdminTarget,
+    id: &str,
+    json: bool,
+    output: Option<&Path>,
+) -> Result<ExitCode, CliError> {
+    let body = get(
+        target,
+        &format!("/v1/invocations/{}/result", percent_encode(id)),
+    )?;
+    if json {
+        print_json(&body);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let saved = match output {
+        Some(path) => Some(save_body(&body, path)?),
+        None => None,
+    };
+    for line in render::result(&body, saved.as_deref()) {
+        outln!("{line}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
+/// Writes the raw HTTP body (SSH: stdout) to `path`; returns the path as shown.
+fn save_body(result: &Value, path: &Path) -> Result<String, CliError> {
+    let field = if result.get("status").is_some() {
+        "body_base64"
+    } else {
+        "stdout_base64"
+    };
+    let bytes = result[field]
+        .as_str()
+        .and_then(unb64)
+        .ok_or_else(|| CliError::Failed("only the digest of this body was kept".into()))?;
+    std::fs::write(path, bytes)
+        .map_err(|e| CliError::Failed(format!("cannot write {}: {e}", path.display())))?;
+    Ok(path.display().to_string())
+}
+
 pub fn decide(target: &AdminTarget, id: &str, json: bool) -> Result<ExitCode, CliError> {
-    let r = get(target, &format!("/v1/invocations/{}", encode(id)))?;
+    let r = get(target, &format!("/v1/invocations/{}", percent_encode(id)))?;
     let parse = |v: &Value| v.as_str().map(str::to_owned);
     let facts = RecordFacts {
         code: parse(&r["code"]).and_then(|c| Code::parse(&c)),
@@ -160,7 +198,7 @@ pub fn decide(target: &AdminTarget, id: &str, json: bool) -> Result<ExitCode, Cl
 
 /// Whether the daemon has a result stored for `id` (it may have expired or never existed).
 fn result_stored(target: &AdminTarget, id: &str) -> Result<bool, CliError> {
-    let path = format!("/v1/invocations/{}/result", encode(id));
+    let path = format!("/v1/invocations/{}/result", percent_encode(id));
     let (status, _) = call(target, Method::GET, &path, None)?;
     Ok(status == StatusCode::OK)
 }
@@ -172,7 +210,7 @@ pub fn reconcile(
     note: &str,
 ) -> Result<ExitCode, CliError> {
     let body = json!({"outcome": outcome, "note": note});
-    let path = format!("/v1/invocations/{}/reconcile", encode(id));
+    let path = format!("/v1/invocations/{}/reconcile", percent_encode(id));
     let (status, reply) = call(target, Method::POST, &path, Some(&body))?;
     if status != StatusCode::OK {
         return Err(api_error(status, &reply));
@@ -188,15 +226,12 @@ pub fn reconcile(
 /// `postern approve` / `postern deny`: answers a held request (SPEC §3.5).
 pub fn answer(target: &AdminTarget, id: &str, approve: bool) -> Result<ExitCode, CliError> {
     let verb = if approve { "approve" } else { "deny" };
-    let path = format!("/v1/approvals/{}/{verb}", encode(id));
+    let path = format!("/v1/approvals/{}/{verb}", percent_encode(id));
     let (status, reply) = call(target, Method::POST, &path, Some(&json!({})))?;
     if status != StatusCode::OK {
         return Err(api_error(status, &reply));
     }
-    match reply["code"].as_str() {
-        None => outln!("{id} {}", if approve { "approved" } else { "denied" }),
-        Some(code) => outln!("{id} not dispatched: {code} ({})", s(&reply["outcome"])),
-    }
+    outln!("{}", render::decision(id, approve, &reply));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -207,19 +242,8 @@ pub fn approvals(target: &AdminTarget, json: bool) -> Result<ExitCode, CliError>
         print_json(&list);
         return Ok(ExitCode::SUCCESS);
     }
-    let held = list["approvals"].as_array().cloned().unwrap_or_default();
-    if held.is_empty() {
-        outln!("no requests wait for approval");
-    }
-    for h in &held {
-        outln!(
-            "{}  agent {}  route {}  expires {}  {}",
-            s(&h["invocation_id"]),
-            s(&h["agent"]),
-            s(&h["route"]),
-            s(&h["expires_at"]),
-            s(&h["fingerprint"])
-        );
+    for line in render::approvals(&list) {
+        outln!("{line}");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -256,6 +280,7 @@ pub fn audit_verify(target: &AdminTarget, home: &Home, json: bool) -> Result<Exi
 }
 
 fn offline_verify(home: &Home) -> Result<Value, CliError> {
+    home.require().map_err(CliError::Failed)?;
     let dir = home.journal_dir();
     if !dir.exists() {
         return Err(CliError::Failed(format!("no journal at {}", dir.display())));
@@ -265,17 +290,4 @@ fn offline_verify(home: &Home) -> Result<Value, CliError> {
     let report = crate::journal::verify(&store)
         .map_err(|e| CliError::Failed(format!("cannot read the journal: {e}")))?;
     Ok(json!(report))
-}
-
-/// Percent-encodes a path segment or query value.
-fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }

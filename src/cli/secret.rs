@@ -11,10 +11,15 @@ pub fn run(
     passphrase: Option<String>,
     command: SecretCommand,
 ) -> Result<ExitCode, CliError> {
-    home.create()
-        .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", home.root.display())))?;
+    if matches!(command, SecretCommand::Set { .. }) {
+        home.create()
+            .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", home.root.display())))?;
+    } else {
+        home.require().map_err(CliError::Failed)?;
+    }
     let vault = Vault::new(&home.root, passphrase);
     let fail = |e: crate::vault::VaultError| CliError::Failed(e.to_string());
+    super::home::refuse_wrong_key(&vault)?;
     match command {
         SecretCommand::Set { name } => {
             if name.is_empty()
@@ -41,7 +46,14 @@ pub fn run(
             outln!("secret {name} set (version {version})");
         }
         SecretCommand::List => {
-            for (name, version) in vault.list().map_err(fail)? {
+            let entries = vault.list().map_err(fail)?;
+            if entries.is_empty() {
+                errln!(
+                    "postern: the vault at {} holds no secrets",
+                    vault.path().display()
+                );
+            }
+            for (name, version) in entries {
                 outln!("{name}\tversion {version}");
             }
         }

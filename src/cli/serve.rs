@@ -5,17 +5,16 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{CliError, Home};
+use super::{CliError, Env, Home};
 use crate::admin::{self, AdminState, metrics::FrontMetrics};
 use crate::config::{self, Config};
 use crate::http::mitm::{Authority, CaPaths};
 use crate::http::{self as proxy_http, Proxy};
 use crate::journal::{Durability, Journal, JournalOptions, SpaceGuard, StoreError};
+use crate::vault::{KeyState, Vault};
 
 /// Exit code after a storage fault: restart postern so recovery can run.
 const EXIT_STORAGE_FAULT: u8 = 70;
-
-type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 fn load(config_path: Option<&Path>, env: Env<'_>) -> Result<Config, CliError> {
     let config = config::load(config_path, env)?;
@@ -93,6 +92,8 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
     let config = load(config_path, env)?;
     warn_unbuilt(&config);
     create_home(home)?;
+    let vault = Arc::new(Vault::new(&home.root, env("POSTERN_VAULT_KEY")));
+    check_vault(&config, &vault)?;
     let authority = Arc::new(load_ca(home)?);
     let journal = open_journal(&config, home)?;
     SpaceGuard {
@@ -106,17 +107,61 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
         .enable_all()
         .build()
         .map_err(|e| CliError::Failed(format!("cannot start the runtime: {e}")))?;
-    let vault = Arc::new(crate::vault::Vault::new(
-        &home.root,
-        env("POSTERN_VAULT_KEY"),
-    ));
+    let hint = super::env::eval_hint(&config, config_path, env);
     runtime.block_on(serve_until_stopped(
         Arc::new(config),
         journal,
         authority,
         vault,
-        home.clone(),
+        Banner {
+            home: home.clone(),
+            hint,
+        },
     ))
+}
+
+/// A wrong key is an error here; a missing key or secret is a warning, since secrets may
+/// be added while postern runs (SPEC §5.5). Names only, never a value.
+fn check_vault(config: &Config, vault: &Vault) -> Result<(), CliError> {
+    super::home::refuse_wrong_key(vault)?;
+    if !config.credentials.is_empty() && vault.key_state().ok() == Some(KeyState::NoKey) {
+        errln!(
+            "postern: warning: POSTERN_VAULT_KEY is not set: the vault is locked and credentialed routes fail with VAULT_LOCKED"
+        );
+    }
+    let absent = vault.absent(&secret_names(config)).unwrap_or_default();
+    for c in config
+        .credentials
+        .iter()
+        .filter(|c| absent.contains(&c.secret))
+    {
+        errln!(
+            "postern: warning: credential {}: secret {} is not in the vault; its requests fail with CREDENTIAL_MISSING until `postern secret set {}`",
+            c.id,
+            c.secret,
+            c.secret
+        );
+    }
+    Ok(())
+}
+
+/// The vault entries the configured credentials use, each once.
+fn secret_names(config: &Config) -> Vec<String> {
+    let mut names: Vec<String> = config
+        .credentials
+        .iter()
+        .map(|c| c.secret.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// What the start banner shows besides the listeners.
+struct Banner {
+    home: Home,
+    /// `eval "$(postern env --agent ID …)"` for the agent's shell.
+    hint: String,
 }
 
 /// Route keys this build accepts but cannot honour yet: their requests are refused.
@@ -156,8 +201,8 @@ async fn serve_until_stopped(
     config: Arc<Config>,
     journal: Journal,
     authority: Arc<Authority>,
-    vault: Arc<crate::vault::Vault>,
-    home: Home,
+    vault: Arc<Vault>,
+    banner: Banner,
 ) -> Result<ExitCode, CliError> {
     let proxy_listener = bind(config.proxy.listen, "[proxy] listen").await?;
     let admin_listener = bind(config.admin.listen, "[admin] listen").await?;
@@ -170,6 +215,8 @@ async fn serve_until_stopped(
         journal: journal.clone(),
         token: config.admin.token.clone(),
         approvals: approvals.clone(),
+        vault: vault.clone(),
+        secrets: secret_names(&config),
     });
     let proxy = Arc::new(Proxy {
         config: config.clone(),
@@ -195,11 +242,14 @@ async fn serve_until_stopped(
     outln!("  admin    http://{admin_addr}");
     outln!(
         "  journal  {} (durability {durability})",
-        home.journal_dir().display()
+        banner.home.journal_dir().display()
     );
-    outln!("agent environment:");
-    for line in super::env::lines(&home, proxy_addr) {
-        outln!("  {line}");
+    outln!("agent environment (in the agent's shell):");
+    outln!("  {}", banner.hint);
+    if config.agents.is_empty() {
+        for line in super::env::lines(&banner.home, proxy_addr, None) {
+            outln!("  {line}");
+        }
     }
     let fatal = journal.health().clone();
     tokio::select! {

@@ -10,7 +10,7 @@ use super::respond::ProxyBody;
 use crate::config::Route;
 use crate::contract::Code;
 use crate::journal::{ApprovalAnswer, ApprovalRequest, Body, Draft, Failure, Source, rfc3339};
-use crate::policy::approvals::{Answer, Held, Verdict};
+use crate::policy::approvals::{Answer, Held, Verdict, preview};
 
 impl Exchange {
     /// Records `APPROVAL_REQUESTED` (with the preflight drafts) and waits for the answer.
@@ -19,6 +19,7 @@ impl Exchange {
         &mut self,
         route: &Route,
         fingerprint: &str,
+        body: &[u8],
         credential: Option<&str>,
         drafts: &mut Vec<Draft>,
     ) -> Result<(), Response<ProxyBody>> {
@@ -27,9 +28,13 @@ impl Exchange {
             invocation_id: self.id.clone(),
             agent: self.agent.clone(),
             route: route.id.clone(),
+            method: self.method.clone(),
+            target: self.target.url(),
             fingerprint: fingerprint.to_owned(),
             requested_at: rfc3339(now),
             expires_at: rfc3339(now + route.approval_timeout),
+            body_bytes: body.len(),
+            body_preview: preview(body),
         };
         drafts.push(Draft::observed(Body::ApprovalRequested(ApprovalRequest {
             fingerprint: held.fingerprint.clone(),

@@ -23,7 +23,7 @@ use super::respond::{
 use super::stream::{StreamEnd, StreamPlan};
 use super::tap::Tap;
 use super::upstream::{Dialed, dial};
-use crate::config::{Approval, Delivery, Inject, Route, Scheme};
+use crate::config::{Approval, Config, Delivery, Inject, Route, Scheme};
 use crate::contract::{
     Code, Completion, Envelope, Evidence, FailureContext, OperationFacts, Outcome, Phase,
     ResponseFacts, StatusResolution, classify_status, postern_outcome, resolve_failure,
@@ -104,6 +104,25 @@ struct Refuse {
     field: Option<&'static str>,
 }
 
+/// A credential that could not be had. The secret's name goes only to the event's internal
+/// `diagnostic` (the operator's view), never into the envelope (SPEC §1.8).
+fn credential_failure(config: &Config, credential: &str, code: Code) -> Failure {
+    let mut failure = Failure::of(code);
+    if code == Code::CredentialMissing {
+        failure.diagnostic = config
+            .credentials
+            .iter()
+            .find(|c| c.id == credential)
+            .map(|c| {
+                format!(
+                    "credential {}: secret {} is not in the vault",
+                    c.id, c.secret
+                )
+            });
+    }
+    failure
+}
+
 fn refuse(code: Code, field: &'static str) -> Refuse {
     Refuse {
         code,
@@ -115,8 +134,8 @@ pub(super) struct Exchange {
     pub(super) proxy: Arc<Proxy>,
     pub(super) id: String,
     pub(super) agent: String,
-    target: Target,
-    method: String,
+    pub(super) target: Target,
+    pub(super) method: String,
     /// Drafts not yet appended: they travel with the next append.
     pub(super) pending: Vec<Draft>,
     dispatched: bool,
@@ -371,7 +390,8 @@ impl Exchange {
                 }
                 Err(code) => {
                     let drafts = vec![Draft::observed(Body::PreflightValidated(preflight))];
-                    return Outgoing::Respond(self.fail(drafts, Failure::of(code)).await);
+                    let failure = credential_failure(&config, cred_id, code);
+                    return Outgoing::Respond(self.fail(drafts, failure).await);
                 }
             }
         } else {
@@ -379,7 +399,7 @@ impl Exchange {
         }
         if route.approval == Approval::Required
             && let Err(resp) = self
-                .await_approval(route, &held_fingerprint, credential, &mut drafts)
+                .await_approval(route, &held_fingerprint, &body, credential, &mut drafts)
                 .await
         {
             return Outgoing::Respond(resp);

@@ -37,7 +37,7 @@ pub use fjall_store::FjallStore;
 pub use health::Health;
 pub use metrics::JournalMetrics;
 pub use projection::{Progress, Record, Refusal, ResultSummary, State, apply, apply_body, replay};
-pub use result::{HttpResult, Payload, SshResult, StoredResult, b64, unb64};
+pub use result::{HttpResult, Payload, SshResult, StoredResult, as_text, b64, unb64};
 pub use space::SpaceGuard;
 pub use store::{EventStore, RawEvent, StoreError, WriteSet};
 pub use writer::{Appended, LiveStates, needs_sync_rule, rfc3339};

@@ -56,3 +56,35 @@ pub fn b64(bytes: &[u8]) -> String {
 pub fn unb64(text: &str) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD.decode(text).ok()
 }
+
+/// The bytes as text to show an operator, or `None` for binary: invalid UTF-8, or control
+/// characters other than tab and line breaks (a terminal must not interpret a body).
+/// A multi-byte character cut off at the end (a bounded preview) is dropped, not binary.
+pub fn as_text(bytes: &[u8]) -> Option<&str> {
+    let text = match std::str::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) if e.error_len().is_none() => {
+            std::str::from_utf8(bytes.get(..e.valid_up_to())?).ok()?
+        }
+        Err(_) => return None,
+    };
+    let printable = text
+        .chars()
+        .all(|c| !c.is_control() || matches!(c, '\t' | '\n' | '\r'));
+    printable.then_some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::as_text;
+
+    #[test]
+    fn text_is_printable_utf8_and_a_cut_character_is_dropped() {
+        assert_eq!(as_text(b"{\"a\":1}\n"), Some("{\"a\":1}\n"));
+        assert_eq!(as_text("h\u{e9}".as_bytes()), Some("h\u{e9}"));
+        assert_eq!(as_text(&"h\u{e9}".as_bytes()[..2]), Some("h"));
+        assert_eq!(as_text(b"\x00\x01bin"), None);
+        assert_eq!(as_text(b"\x1b[2J"), None);
+        assert_eq!(as_text(&[0xff, 0xfe]), None);
+    }
+}

@@ -8,15 +8,122 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-/// One held request, as `GET /v1/approvals` lists it (SPEC §5.5).
+/// One held request, as `GET /v1/approvals` lists it (SPEC §5.5), with what an operator
+/// needs to decide: method, target, body size and a bounded, redacted preview.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Held {
     pub invocation_id: String,
     pub agent: String,
     pub route: String,
+    pub method: String,
+    pub target: String,
     pub fingerprint: String,
     pub requested_at: String,
     pub expires_at: String,
+    pub body_bytes: usize,
+    pub body_preview: String,
+}
+
+/// How much of a body the preview shows.
+pub const PREVIEW_BYTES: usize = 256;
+
+/// Names whose values a preview never shows (form fields, JSON keys, header-like lines).
+const SENSITIVE: &[&str] = &[
+    "authorization",
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "api-key",
+    "cookie",
+    "credential",
+    "private_key",
+];
+
+const REDACTED: &str = "[redacted]";
+
+/// One line an operator can read: the first `PREVIEW_BYTES` of a text body with the values
+/// of sensitive-looking fields redacted, or `(binary, N bytes)`.
+pub fn preview(body: &[u8]) -> String {
+    let head = body.get(..PREVIEW_BYTES).unwrap_or(body);
+    let Some(text) = crate::journal::as_text(head) else {
+        return format!("(binary, {} bytes)", body.len());
+    };
+    // One line: line breaks shown escaped (as_text admits no other control character).
+    let mut line = redact(text)
+        .replace('\n', "\\n")
+        .replace('\r', "\\r")
+        .replace('\t', "\\t");
+    if head.len() < body.len() {
+        line.push('…');
+    }
+    line
+}
+
+/// Replaces the value after each sensitive name with `[redacted]`.
+fn redact(text: &str) -> String {
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let (mut copied, mut from) = (0, 0);
+    while let Some(key_end) = next_sensitive(&lower, from) {
+        from = key_end;
+        let Some((start, end)) = value_span(text.as_bytes(), key_end) else {
+            continue;
+        };
+        out.push_str(text.get(copied..start).unwrap_or_default());
+        out.push_str(REDACTED);
+        (copied, from) = (end, end);
+    }
+    out.push_str(text.get(copied..).unwrap_or_default());
+    out
+}
+
+/// The end of the earliest sensitive name at or after `from`.
+fn next_sensitive(lower: &str, from: usize) -> Option<usize> {
+    let rest = lower.get(from..)?;
+    SENSITIVE
+        .iter()
+        .filter_map(|k| rest.find(k).map(|at| (at, at + k.len())))
+        .min()
+        .map(|(_, end)| from + end)
+}
+
+/// The value after a name: the rest of the name, an optional closing quote, `=` or `:`,
+/// then a quoted or bare value. `None` when no separator follows.
+fn value_span(b: &[u8], mut i: usize) -> Option<(usize, usize)> {
+    let at = |i: usize| b.get(i).copied();
+    while at(i).is_some_and(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-') {
+        i += 1;
+    }
+    if matches!(at(i), Some(b'"' | b'\'')) {
+        i += 1;
+    }
+    while at(i) == Some(b' ') {
+        i += 1;
+    }
+    if !matches!(at(i), Some(b'=' | b':')) {
+        return None;
+    }
+    i += 1;
+    while at(i) == Some(b' ') {
+        i += 1;
+    }
+    let quote = at(i).filter(|c| *c == b'"' || *c == b'\'');
+    let start = i + usize::from(quote.is_some());
+    let mut end = start;
+    while let Some(c) = at(end) {
+        let stop = match quote {
+            Some(q) => c == q,
+            None => matches!(c, b'&' | b',' | b'}' | b']' | b'\n' | b'\r' | b';'),
+        };
+        if stop {
+            break;
+        }
+        end += 1;
+    }
+    Some((start, end))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,10 +192,34 @@ mod tests {
             invocation_id: id.into(),
             agent: "ci".into(),
             route: "pay".into(),
+            method: "POST".into(),
+            target: "https://pay.test/charge".into(),
             fingerprint: "sha256:x".into(),
             requested_at: at.into(),
             expires_at: at.into(),
+            body_bytes: 0,
+            body_preview: String::new(),
         }
+    }
+
+    #[test]
+    fn a_preview_redacts_sensitive_values_and_summarizes_binary() {
+        assert_eq!(
+            preview(b"amount=5&api_token=t-1&note=hi"),
+            "amount=5&api_token=[redacted]&note=hi"
+        );
+        assert_eq!(
+            preview(b"{\"user\": \"a\", \"Password\": \"p w\"}"),
+            "{\"user\": \"a\", \"Password\": \"[redacted]\"}"
+        );
+        assert_eq!(
+            preview(b"Authorization: Bearer x\nok"),
+            "Authorization: [redacted]\\nok"
+        );
+        assert_eq!(preview(b"tokens are fine"), "tokens are fine");
+        assert_eq!(preview(&[0, 1, 2, 255]), "(binary, 4 bytes)");
+        let long = "a".repeat(PREVIEW_BYTES + 10);
+        assert_eq!(preview(long.as_bytes()).chars().count(), PREVIEW_BYTES + 1);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use chacha20poly1305::aead::{Aead, Generate, KeyInit, Payload};
@@ -40,6 +40,19 @@ pub enum VaultError {
     DecryptFailed,
     #[error("vault file: {0}")]
     File(String),
+}
+
+/// What `POSTERN_VAULT_KEY` does to the vault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyState {
+    /// No key: the vault is locked.
+    NoKey,
+    /// A key and no vault file yet (the first `postern secret set` creates it).
+    Empty,
+    /// The key opens the vault.
+    Opens,
+    /// A key that does not open the vault (it was sealed under another).
+    WrongKey,
 }
 
 const CHECK: &[u8] = b"postern-vault-check";
@@ -168,19 +181,15 @@ impl Vault {
         Ok(cipher)
     }
 
-    /// Looks a secret up, reloading the file if it changed since the last look.
-    pub fn get(&self, name: &str) -> Result<Secret, VaultError> {
+    /// The loaded file, reloaded if it changed since the last look (`None`: no vault file).
+    fn current(&self) -> Result<MutexGuard<'_, Option<Loaded>>, VaultError> {
         let modified = file_stamp(&self.path);
         let mut guard = self.loaded.lock().map_err(|_| VaultError::Locked)?;
         let stale = guard.as_ref().is_none_or(|l| l.modified != modified);
         if stale {
             let Some(file) = self.read_file()? else {
                 *guard = None;
-                return Err(if self.passphrase.is_none() {
-                    VaultError::Locked
-                } else {
-                    VaultError::Missing(name.into())
-                });
+                return Ok(guard);
             };
             // Reuse the derived key when the salt is unchanged (argon2 is deliberately slow).
             let same_salt = guard
@@ -197,7 +206,19 @@ impl Vault {
                 cipher,
             });
         }
-        let loaded = guard.as_ref().ok_or(VaultError::Locked)?;
+        Ok(guard)
+    }
+
+    /// Looks a secret up, reloading the file if it changed since the last look.
+    pub fn get(&self, name: &str) -> Result<Secret, VaultError> {
+        let guard = self.current()?;
+        let Some(loaded) = guard.as_ref() else {
+            return Err(if self.passphrase.is_none() {
+                VaultError::Locked
+            } else {
+                VaultError::Missing(name.into())
+            });
+        };
         let cipher = loaded.cipher.as_ref().ok_or(VaultError::Locked)?;
         let entry = loaded
             .file
@@ -210,6 +231,34 @@ impl Vault {
             value,
             version: entry.version,
         })
+    }
+
+    /// Whether `POSTERN_VAULT_KEY` opens the vault; the daemon checks it at start so that a
+    /// wrong key is an error there, not a locked vault found at request time.
+    pub fn key_state(&self) -> Result<KeyState, VaultError> {
+        if self.passphrase.is_none() {
+            return Ok(KeyState::NoKey);
+        }
+        Ok(match self.current()?.as_ref() {
+            None => KeyState::Empty,
+            Some(l) if l.cipher.is_some() => KeyState::Opens,
+            Some(_) => KeyState::WrongKey,
+        })
+    }
+
+    /// Which of `names` have no entry (names are plaintext: no key needed).
+    pub fn absent(&self, names: &[String]) -> Result<Vec<String>, VaultError> {
+        let held = self.list()?;
+        Ok(names
+            .iter()
+            .filter(|n| !held.iter().any(|(h, _)| h == *n))
+            .cloned()
+            .collect())
+    }
+
+    /// The vault file's path, for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Names and versions: no key needed, no value shown.
@@ -324,6 +373,24 @@ mod tests {
         assert_eq!(
             Vault::new(dir.path(), None).set("a", "y").err(),
             Some(VaultError::Locked)
+        );
+    }
+
+    #[test]
+    fn the_key_state_tells_a_wrong_key_from_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = |key: Option<&str>| Vault::new(dir.path(), key.map(Into::into)).key_state();
+        assert_eq!(state(Some("right")), Ok(KeyState::Empty));
+        Vault::new(dir.path(), Some("right".into()))
+            .set("a", "x")
+            .unwrap();
+        assert_eq!(state(Some("right")), Ok(KeyState::Opens));
+        assert_eq!(state(Some("wrong")), Ok(KeyState::WrongKey));
+        assert_eq!(state(None), Ok(KeyState::NoKey));
+        let v = Vault::new(dir.path(), None);
+        assert_eq!(
+            v.absent(&["a".into(), "b".into()]),
+            Ok(vec!["b".to_owned()])
         );
     }
 

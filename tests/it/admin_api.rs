@@ -269,7 +269,12 @@ fn results_are_fetched_never_re_executed_with_range_support() {
         &[("POSTERN_ADMIN_TOKEN", CANARY)],
     );
     assert!(cli.status.success());
-    assert!(stdout(&cli).contains("eyJvayI6dHJ1ZX0="));
+    assert!(stdout(&cli).contains("{\"ok\":true}"), "{}", stdout(&cli));
+    let json = w.daemon.cli(
+        &["result", &w.committed, "--json"],
+        &[("POSTERN_ADMIN_TOKEN", CANARY)],
+    );
+    assert!(stdout(&json).contains("eyJvayI6dHJ1ZX0="));
 }
 
 #[test]

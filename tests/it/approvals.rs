@@ -21,13 +21,13 @@ fn config(port: u16, timeout: &str) -> String {
     )
 }
 
-struct Setup {
-    home: Home,
-    daemon: Daemon,
-    origin: Origin,
+pub struct Setup {
+    pub home: Home,
+    pub daemon: Daemon,
+    pub origin: Origin,
 }
 
-fn setup(timeout: &str) -> Setup {
+pub fn setup(timeout: &str) -> Setup {
     let origin = origins::responds(
         "201 Created",
         &["content-type: application/json"],
@@ -54,13 +54,24 @@ fn setup(timeout: &str) -> Setup {
 impl Setup {
     /// A POST that waits in postern; joined for its (status, body, head).
     fn send(&self) -> JoinHandle<(u16, String, String)> {
+        self.send_with(&["--data", "amount=5"])
+    }
+
+    /// A POST with these curl body arguments.
+    pub fn send_with(&self, body: &[&str]) -> JoinHandle<(u16, String, String)> {
         let proxy = self.daemon.proxy.clone();
         let url = format!("http://origin.test:{}/pay", self.origin.port());
-        std::thread::spawn(move || curl(&["-x", &proxy, "--data", "amount=5", &url]))
+        let mut args: Vec<String> = vec!["-x".into(), proxy];
+        args.extend(body.iter().map(|a| a.to_string()));
+        args.push(url);
+        std::thread::spawn(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            curl(&args)
+        })
     }
 
     /// The one held request, once postern lists it.
-    fn held(&self) -> Value {
+    pub fn held(&self) -> Value {
         for _ in 0..200 {
             let (_, list) = get_json(&self.daemon.url("/v1/approvals"), &[]);
             if let Some(first) = list["approvals"].as_array().and_then(|a| a.first()) {
@@ -87,7 +98,7 @@ impl Setup {
         stdout(&out)
     }
 
-    fn kinds(&self, id: &str) -> Vec<(String, String)> {
+    pub fn kinds(&self, id: &str) -> Vec<(String, String)> {
         let (_, ev) = get_json(
             &self.daemon.url(&format!("/v1/invocations/{id}/events")),
             &[],
@@ -103,6 +114,14 @@ impl Setup {
             })
             .collect()
     }
+}
+
+/// A listed request's invocation id.
+pub fn id_of(held: &Value) -> String {
+    held["invocation_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// The envelope postern answered with, once the status is the expected one.
@@ -127,10 +146,7 @@ fn an_approved_request_dispatches_only_after_the_approval() {
     let s = setup("20s");
     let pending = s.send();
     let held = s.held();
-    let id = held["invocation_id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let id = id_of(&held);
     assert_eq!(
         (held["agent"].as_str(), held["route"].as_str()),
         (Some("anonymous"), Some("payments"))

@@ -63,9 +63,9 @@ print(s.server_address[1], flush=True)
 s.serve_forever()
 "#;
 
-struct Bridge {
+pub struct Bridge {
     child: Child,
-    port: u16,
+    pub port: u16,
 }
 
 impl Drop for Bridge {
@@ -75,7 +75,7 @@ impl Drop for Bridge {
     }
 }
 
-fn git(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
+pub fn git(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new("git");
     cmd.current_dir(dir)
         .args(["-c", "user.name=agent", "-c", "user.email=agent@test"])
@@ -90,13 +90,13 @@ fn git(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
         .expect("git must be installed (.ci/run installs it)")
 }
 
-fn ok(out: &Output, what: &str) {
+pub fn ok(out: &Output, what: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{what}: {err}");
 }
 
 /// A bare repository `team/app.git` with one commit on `main`.
-fn seed(dir: &Path) {
+pub fn seed(dir: &Path) {
     let work = dir.join("seed");
     std::fs::create_dir_all(&work).unwrap();
     ok(&git(&work, &["init", "-q", "-b", "main"], &[]), "init");
@@ -120,7 +120,7 @@ fn seed(dir: &Path) {
     );
 }
 
-fn bridge(dir: &Path) -> Bridge {
+pub fn bridge(dir: &Path) -> Bridge {
     let minted = mint("git.test");
     std::fs::write(dir.join("ca.pem"), &minted.ca_pem).unwrap();
     std::fs::write(dir.join("leaf.pem"), minted.leaf.pem()).unwrap();

@@ -4,6 +4,7 @@
 mod admin_api;
 mod approvals;
 mod audit;
+mod cli;
 mod crash;
 mod credentials;
 mod dns;

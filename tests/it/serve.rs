@@ -2,19 +2,83 @@
 
 use std::process::Command;
 
-use crate::support::{BIN, Daemon, Home, TEST_CONFIG, get_json, stderr};
+use crate::support::{BIN, Daemon, Home, TEST_CONFIG, get_json, stderr, stdout};
 
+/// `cargo run -- serve` with the embedded default listens on 127.0.0.1:3128/3129, which a
+/// postern already running here may hold. So the README command runs in a fresh network
+/// namespace (`unshare -rn`) with its own loopback; only where none can be made does it run
+/// here, and then a busy port must be refused with a message naming it.
 #[test]
 fn the_readme_run_command_serves_healthz_with_the_embedded_default() {
     let home = Home::new();
-    // No --config and no POSTERN_CONFIG: the embedded default (admin on 127.0.0.1:3129).
-    let daemon = Daemon::start(&home, None);
-    assert_eq!(daemon.admin, "http://127.0.0.1:3129");
-    let (status, body) = get_json(&daemon.url("/healthz"), &[]);
-    assert_eq!(status, 200);
-    assert_eq!(body["status"], "ok");
-    assert!(home.root().join("journal").is_dir());
-    assert_eq!(daemon.terminate(), Some(0));
+    match readme_run_in_a_fresh_netns(&home) {
+        Some(out) => {
+            assert!(out.contains("admin    http://127.0.0.1:3129"), "{out}");
+            assert!(out.contains("healthz {\"journal\":\"ok\""), "{out}");
+            assert!(out.contains("\"status\":\"ok\""), "{out}");
+            assert!(out.contains("exit 0"), "{out}");
+            assert!(home.root().join("journal").is_dir());
+        }
+        None if default_ports_free() => {
+            let daemon = Daemon::start(&home, None);
+            assert_eq!(daemon.admin, "http://127.0.0.1:3129");
+            let (status, body) = get_json(&daemon.url("/healthz"), &[]);
+            assert_eq!((status, body["status"].as_str()), (200, Some("ok")));
+            assert_eq!(daemon.terminate(), Some(0));
+        }
+        None => {
+            let out = home.cli(&["serve"], &[]);
+            assert_eq!(out.status.code(), Some(1));
+            assert!(
+                stderr(&out).contains("cannot listen on 127.0.0.1:312"),
+                "{}",
+                stderr(&out)
+            );
+            eprintln!(
+                "no network namespace and the default ports are busy: only the refusal was checked"
+            );
+        }
+    }
+}
+
+/// Runs `postern serve` (no config) and `curl /healthz` inside `unshare -rn`; their output.
+fn readme_run_in_a_fresh_netns(home: &Home) -> Option<String> {
+    let usable = Command::new("unshare")
+        .args(["-rn", "ip", "link", "set", "lo", "up"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !usable {
+        return None;
+    }
+    let script = r#"ip link set lo up
+"$POSTERN_BIN" serve > "$HOME_DIR.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 200); do
+  body=$(curl -s http://127.0.0.1:3129/healthz) && break
+  sleep 0.1
+done
+echo "healthz $body"
+kill -TERM $pid
+wait $pid
+echo "exit $?"
+cat "$HOME_DIR.out"
+"#;
+    let out = Command::new("unshare")
+        .args(["-rn", "sh", "-c", script])
+        .current_dir(home.dir.path())
+        .env("POSTERN_BIN", BIN)
+        .env("POSTERN_HOME", home.root())
+        .env("HOME_DIR", home.root())
+        .env_remove("POSTERN_CONFIG")
+        .output()
+        .ok()?;
+    Some(format!("{}{}", stdout(&out), stderr(&out)))
+}
+
+fn default_ports_free() -> bool {
+    [3128, 3129, 2222]
+        .iter()
+        .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
 }
 
 #[test]

@@ -77,6 +77,8 @@ pub struct Daemon {
     pub home: PathBuf,
     pub stdout: Vec<String>,
     pub stderr_path: PathBuf,
+    /// The banner's (and any later) stdout lines after the admin line.
+    rest: std::sync::Mutex<mpsc::Receiver<String>>,
 }
 
 pub const TEST_CONFIG: &str = r#"
@@ -155,7 +157,22 @@ impl Daemon {
             home: home.root(),
             stdout: lines,
             stderr_path,
+            rest: std::sync::Mutex::new(rx),
         }
+    }
+
+    /// The stdout lines after the admin line, up to one containing `until`.
+    pub fn stdout_until(&self, until: &str) -> Vec<String> {
+        let rx = self.rest.lock().expect("stdout receiver");
+        let mut lines = Vec::new();
+        while let Ok(line) = rx.recv_timeout(Duration::from_secs(5)) {
+            let done = line.contains(until);
+            lines.push(line);
+            if done {
+                break;
+            }
+        }
+        lines
     }
 
     pub fn stderr(&self) -> String {
