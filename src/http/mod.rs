@@ -10,8 +10,10 @@
 
 mod approval;
 mod body;
+mod decode;
 mod exchange;
 mod front;
+pub mod guard;
 mod inject;
 mod internal;
 pub mod mitm;

@@ -11,6 +11,7 @@ mod git;
 mod http;
 mod https;
 mod origins;
+mod reflection;
 mod serve;
 mod streaming;
 mod support;
