@@ -8,7 +8,7 @@
 //! case and header names are lower-cased; a base64 form differing only in case is
 //! astronomically unlikely, and redacting it anyway is the safe side.
 
-use aho_corasick::{AhoCorasick, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
 use bytes::Bytes;
@@ -35,7 +35,11 @@ impl ReflectionGuard {
         if needles.is_empty() {
             return Some(Self::default());
         }
+        // Built per invocation. Measured (bench/http.rs, release): a contiguous NFA
+        // builds in ~0.19 ms and scans ~8 ms/MiB, a DFA ~0.66 ms and ~3.7 ms/MiB;
+        // API responses are mostly small, so the cheaper build wins until it is cached.
         let automaton = AhoCorasick::builder()
+            .kind(Some(AhoCorasickKind::ContiguousNFA))
             .match_kind(MatchKind::LeftmostLongest)
             .ascii_case_insensitive(true)
             .build(&needles)
