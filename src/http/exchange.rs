@@ -15,7 +15,9 @@ use tokio::sync::oneshot;
 
 use super::Proxy;
 use super::body::{DeliveryBody, DeliveryEnd, RequestBody};
-use super::inject::{Injection, ReflectionGuard};
+use super::decode;
+use super::guard::ReflectionGuard;
+use super::inject::Injection;
 use super::pool::{Conn, Pool, SendFailure, Sender};
 use super::respond::{
     self, POSTERN_CREDENTIAL, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody, Relayed,
@@ -513,6 +515,7 @@ impl Exchange {
         let mut path_and_query = self.target.path_and_query.clone();
         if let Some(injection) = &self.injection {
             injection.apply(&mut headers, &mut path_and_query)?;
+            decode::offer(&mut headers);
         }
         let uri = if h2 {
             format!("{}://{}{path_and_query}", "https", self.target.authority())
@@ -804,6 +807,8 @@ impl Exchange {
         .source(Source::RemoteResponse)
         .hop("origin");
         let (mut parts, incoming) = resp.into_parts();
+        // An origin's reason phrase is free text (it may echo the secret): never relayed.
+        parts.extensions.remove::<hyper::ext::ReasonPhrase>();
         let completion = framing(&parts.headers, parts.version);
         let journal = &self.proxy.config.journal;
         // A bodiless response's Content-Length describes the representation: kept as sent.
@@ -833,11 +838,23 @@ impl Exchange {
             return Outgoing::Respond(self.fail(vec![started], f).await);
         };
         let resolution = head.resolution;
-        let (body, body_hits) = head.guard.redact(&body);
+        let guarded = !head.guard.is_empty() && !bodiless;
+        let cap = journal.buffer_limit.max(journal.max_result_bytes);
+        let decoded = decode::for_guard(guarded, &mut parts.headers, &body, cap);
+        let (delivered, body_hits) = head.guard.redact(decoded.as_ref().unwrap_or(&Bytes::new()));
+        // A withheld body is recorded by the digest and length of what the origin sent.
+        let body = if decoded.is_ok() {
+            delivered.clone()
+        } else {
+            body
+        };
         let redactions = body_hits + head.header_hits;
         let mut evidence = serde_json::Map::new();
         if redactions > 0 {
             evidence.insert("redactions".into(), redactions.into());
+        }
+        if let Err(why) = &decoded {
+            evidence.insert("body_withheld".into(), why.as_str().into());
         }
         for name in ["location", "operation-location"] {
             if status == StatusCode::ACCEPTED
@@ -850,7 +867,7 @@ impl Exchange {
             // Redaction may change the length: the stored head says what the agent gets.
             parts
                 .headers
-                .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(delivered.len()));
         }
         let digest = sha256_tagged_digest(&Sha256::digest(&body));
         let stored = self.stored_result(
@@ -859,6 +876,7 @@ impl Exchange {
             &body,
             &digest,
             resolution.outcome,
+            decoded.is_ok(),
         );
         let complete = Draft::observed(Body::RemoteResponseComplete(ResponseComplete {
             completion,
@@ -901,8 +919,8 @@ impl Exchange {
             resolution.retry,
             None,
         );
-        self.delivered_bytes = body.len() as u64;
-        let (delivery, done) = DeliveryBody::new(body);
+        self.delivered_bytes = delivered.len() as u64;
+        let (delivery, done) = DeliveryBody::new(delivered);
         parts.version = http::Version::HTTP_11;
         let mut out = Response::from_parts(parts, delivery.boxed());
         out.extensions_mut().insert(Relayed);
@@ -933,11 +951,11 @@ impl Exchange {
         let resolution = classify_status(facts, &route.status_outcomes)?;
         strip_hop_by_hop(headers);
         strip_error_proxy_status(headers);
-        let guard = self
-            .injection
-            .as_ref()
-            .map(Injection::guard)
-            .unwrap_or_default();
+        // No guard for a credentialed route: nothing is relayed (the caller fails it).
+        let guard = match &self.injection {
+            Some(injection) => injection.guard()?,
+            None => ReflectionGuard::default(),
+        };
         let header_hits = guard.redact_headers(headers);
         Some(Head {
             resolution,
@@ -953,8 +971,9 @@ impl Exchange {
         body: &Bytes,
         digest: &str,
         outcome: Outcome,
+        keep: bool,
     ) -> StoredResult {
-        let keep = body.len() as u64 <= self.proxy.config.journal.max_result_bytes;
+        let keep = keep && body.len() as u64 <= self.proxy.config.journal.max_result_bytes;
         StoredResult {
             invocation_id: self.id.clone(),
             outcome,

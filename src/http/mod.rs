@@ -10,9 +10,11 @@
 
 mod approval;
 mod body;
+mod decode;
 mod exchange;
 pub mod failed_logins;
 mod front;
+pub mod guard;
 mod inject;
 mod internal;
 pub mod mitm;

@@ -12,8 +12,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::body::{ChannelBody, Chunk};
+use super::decode::{self, Decoder, Undecodable};
 use super::exchange::{Exchange, Outgoing, body_error, stored_headers};
-use super::inject::ReflectionGuard;
+use super::guard::ReflectionGuard;
 use super::respond::{POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME, Relayed};
 use crate::config::Route;
 use crate::contract::{Code, Completion, Phase, StatusResolution, postern_outcome};
@@ -33,6 +34,8 @@ pub struct StreamPlan {
     completion: Completion,
     guard: ReflectionGuard,
     header_hits: usize,
+    decoder: Option<Decoder>,
+    withheld: Option<Undecodable>,
     trailers: bool,
     idle: Duration,
 }
@@ -54,6 +57,8 @@ struct Tally {
     bytes: u64,
     hits: usize,
     carry: Vec<u8>,
+    decoder: Option<Decoder>,
+    withheld: Option<Undecodable>,
 }
 
 impl Tally {
@@ -67,6 +72,16 @@ impl Tally {
             } else {
                 self.stored.extend_from_slice(out);
             }
+        }
+    }
+
+    /// The plain bytes of coded ones (the end of the body when `coded` is `None`).
+    fn decode(&mut self, coded: Option<&[u8]>) -> Result<Bytes, Undecodable> {
+        match (&mut self.decoder, coded) {
+            (None, Some(data)) => Ok(Bytes::copy_from_slice(data)),
+            (None, None) => Ok(Bytes::new()),
+            (Some(d), Some(data)) => d.push(data),
+            (Some(d), None) => d.finish(),
         }
     }
 }
@@ -91,9 +106,20 @@ impl Exchange {
             );
         };
         let (resolution, guard, header_hits) = (head.resolution, head.guard, head.header_hits);
+        let (mut decoder, mut withheld) = (None, None);
         if !guard.is_empty() {
             // Redaction may change the length: frame the body with chunks instead.
             parts.headers.remove(header::CONTENT_LENGTH);
+            let journal = &self.proxy.config.journal;
+            let cap = journal.buffer_limit.max(journal.max_result_bytes);
+            match decode::decoder_for(&parts.headers, usize::try_from(cap).unwrap_or(usize::MAX)) {
+                Ok(d) => decoder = d,
+                Err(why) => withheld = Some(why),
+            }
+            parts.headers.remove(header::CONTENT_ENCODING);
+            if let Some(why) = withheld {
+                decode::mark_withheld(&mut parts.headers, why);
+            }
         }
         let stored = stored_headers(&parts.headers);
         let trailers = self.agent_trailers && !parts.headers.contains_key(header::CONTENT_LENGTH);
@@ -126,6 +152,8 @@ impl Exchange {
             completion,
             guard,
             header_hits,
+            decoder,
+            withheld,
             trailers,
             idle: route.idle_timeout,
         };
@@ -146,7 +174,10 @@ impl Exchange {
             bytes: 0,
             hits: plan.header_hits,
             carry: Vec::new(),
+            decoder: plan.decoder.take(),
+            withheld: plan.withheld,
         };
+        tally.keep = tally.withheld.is_none();
         if agent_gone {
             self.caller_cancelled().await;
         }
@@ -157,7 +188,7 @@ impl Exchange {
             &plan.guard,
             &plan.tx,
             &mut tally,
-            &plan.prefix,
+            Some(&plan.prefix),
             &mut agent_gone,
         )
         .await;
@@ -172,13 +203,17 @@ impl Exchange {
                 Ok(None) => break,
                 Ok(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
-                        self.forward(&plan.guard, &plan.tx, &mut tally, &data, &mut agent_gone)
+                        let data = Some(&data[..]);
+                        self.forward(&plan.guard, &plan.tx, &mut tally, data, &mut agent_gone)
                             .await;
                     }
                 }
             }
         }
-        let tail = Bytes::from(std::mem::take(&mut tally.carry));
+        self.forward(&plan.guard, &plan.tx, &mut tally, None, &mut agent_gone)
+            .await;
+        let (tail, hits) = plan.guard.finish(&mut tally.carry);
+        tally.hits += hits;
         tally.absorb(&tail);
         if !self.commit_stream(&plan, &mut tally).await {
             let _ = plan.tx.send(Chunk::Abort).await;
@@ -195,15 +230,42 @@ impl Exchange {
         guard: &ReflectionGuard,
         tx: &mpsc::Sender<Chunk>,
         tally: &mut Tally,
-        data: &[u8],
+        coded: Option<&[u8]>,
         agent_gone: &mut bool,
     ) {
-        let (out, hits) = guard.redact_stream(&mut tally.carry, data);
+        if tally.withheld.is_some() {
+            return;
+        }
+        let data = match tally.decode(coded) {
+            Ok(data) => data,
+            Err(why) => return self.withhold(tx, tally, why, agent_gone).await,
+        };
+        let (out, hits) = guard.redact_stream(&mut tally.carry, &data);
         tally.hits += hits;
         tally.absorb(&out);
         if !*agent_gone && !out.is_empty() && tx.send(Chunk::Data(out)).await.is_err() {
             *agent_gone = true;
             self.caller_cancelled().await;
+        }
+    }
+
+    /// The rest of the body cannot be decoded, so it is never relayed: the agent's
+    /// stream is aborted (it is visibly incomplete), and the upstream is still read to
+    /// its end so the invocation resolves; the stored result keeps no body.
+    async fn withhold(
+        &mut self,
+        tx: &mpsc::Sender<Chunk>,
+        tally: &mut Tally,
+        why: Undecodable,
+        agent_gone: &mut bool,
+    ) {
+        tally.withheld = Some(why);
+        tally.keep = false;
+        tally.stored = Vec::new();
+        tally.carry.clear();
+        if !*agent_gone {
+            let _ = tx.send(Chunk::Abort).await;
+            *agent_gone = true;
         }
     }
 
@@ -230,6 +292,9 @@ impl Exchange {
         evidence.insert("delivery".into(), "streamed".into());
         if tally.hits > 0 {
             evidence.insert("redactions".into(), tally.hits.into());
+        }
+        if let Some(why) = tally.withheld {
+            evidence.insert("body_withheld".into(), why.as_str().into());
         }
         let complete = Draft::observed(Body::RemoteResponseComplete(ResponseComplete {
             completion: plan.completion,

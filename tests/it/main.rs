@@ -14,6 +14,7 @@ mod http;
 mod https;
 mod origins;
 mod precedence;
+mod reflection;
 mod serve;
 mod streaming;
 mod support;
