@@ -229,6 +229,7 @@ async fn serve_until_stopped(
         metrics: front,
         approvals,
         failed_logins: Default::default(),
+        guards: Default::default(),
     });
     tokio::spawn(admin::serve(admin_listener, state));
     tokio::spawn(proxy_http::serve(proxy_listener, proxy));

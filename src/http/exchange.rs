@@ -953,8 +953,8 @@ impl Exchange {
         strip_error_proxy_status(headers);
         // No guard for a credentialed route: nothing is relayed (the caller fails it).
         let guard = match &self.injection {
-            Some(injection) => injection.guard()?,
-            None => ReflectionGuard::default(),
+            Some(injection) => injection.guard(&self.proxy.guards)?,
+            None => Arc::new(ReflectionGuard::default()),
         };
         let header_hits = guard.redact_headers(headers);
         Some(Head {
@@ -994,7 +994,7 @@ impl Exchange {
 /// A classified response head: its resolution and the reflection guard for its body.
 pub(super) struct Head {
     pub resolution: StatusResolution,
-    pub guard: ReflectionGuard,
+    pub guard: Arc<ReflectionGuard>,
     pub header_hits: usize,
 }
 

@@ -4,7 +4,9 @@
 use base64::Engine;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 
-use super::guard::{ReflectionGuard, pct_reserved};
+use std::sync::Arc;
+
+use super::guard::{GuardCache, ReflectionGuard, pct_reserved};
 
 use crate::config::{Config, Inject};
 use crate::contract::{Code, CredentialEvidence};
@@ -83,7 +85,11 @@ impl Injection {
 
     /// The guard against echoes of this secret and of the value it is injected as.
     /// `None` only if the automaton cannot be built (the response is then not relayed).
-    pub fn guard(&self) -> Option<ReflectionGuard> {
+    pub fn guard(&self, cache: &GuardCache) -> Option<Arc<ReflectionGuard>> {
+        cache.get(&self.id, self.secret.version, || self.build_guard())
+    }
+
+    fn build_guard(&self) -> Option<ReflectionGuard> {
         let value = &self.secret.value;
         let injected = match &self.inject {
             Inject::Header { format, .. } => format.replace("{secret}", value),

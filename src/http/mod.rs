@@ -47,4 +47,6 @@ pub struct Proxy {
     pub approvals: Arc<crate::policy::approvals::Approvals>,
     /// Wrong-token refusals journaled per source address (bounded).
     pub failed_logins: failed_logins::FailedLogins,
+    /// Reflection guards, one per credential version.
+    pub guards: guard::GuardCache,
 }

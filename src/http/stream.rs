@@ -32,7 +32,7 @@ pub struct StreamPlan {
     status: u16,
     stored_headers: Vec<(String, String)>,
     completion: Completion,
-    guard: ReflectionGuard,
+    guard: std::sync::Arc<ReflectionGuard>,
     header_hits: usize,
     decoder: Option<Decoder>,
     withheld: Option<Undecodable>,

@@ -228,3 +228,19 @@ fn building_the_guard_is_cheap() {
     eprintln!("guard construction: {each:?} each (debug build)");
     assert!(each < std::time::Duration::from_millis(50));
 }
+
+#[test]
+fn a_guard_is_built_once_per_credential_version() {
+    let cache = GuardCache::default();
+    let mut builds = 0;
+    let mut get = |version| {
+        cache.get("gh", version, || {
+            builds += 1;
+            ReflectionGuard::new(b"tok-abcdef", b"Bearer tok-abcdef")
+        })
+    };
+    let (a, b, c) = (get(1), get(1), get(2));
+    assert!(a.zip(b).is_some_and(|(a, b)| Arc::ptr_eq(&a, &b)));
+    assert!(c.is_some());
+    assert_eq!(builds, 2, "a rotation (new version) builds a new guard");
+}
