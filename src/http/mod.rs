@@ -10,9 +10,11 @@
 
 mod approval;
 mod body;
+pub mod budget;
 mod exchange;
 mod front;
 mod inject;
+mod intake;
 mod internal;
 pub mod mitm;
 mod pool;
@@ -42,4 +44,6 @@ pub struct Proxy {
     pub metrics: FrontMetrics,
     /// Requests held on `approval = "required"` routes, shared with the admin API.
     pub approvals: Arc<crate::policy::approvals::Approvals>,
+    /// Memory for buffered bodies, shared by requests and responses.
+    pub budget: budget::Budget,
 }

@@ -10,6 +10,7 @@ mod dns;
 mod git;
 mod http;
 mod https;
+mod limits;
 mod origins;
 mod serve;
 mod streaming;
