@@ -7,6 +7,10 @@
 //! 1,000 idle agent connections.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "procstat.rs"]
+mod procstat;
+
+use procstat::rss_mb;
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -441,16 +445,6 @@ fn cpu_seconds(pid: u32) -> f64 {
     let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
         + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
     ticks / 100.0
-}
-
-fn rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
 }
 
 /// Median and p99 delay between an SSE event's send time and its arrival.

@@ -13,5 +13,6 @@ pub mod config;
 pub mod contract;
 pub mod http;
 pub mod journal;
+pub mod listen;
 pub mod policy;
 pub mod vault;

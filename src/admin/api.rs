@@ -7,16 +7,16 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 
 use crate::config::SecretValue;
 use crate::contract::{Outcome, Phase};
 use crate::journal::{
     Body, Draft, Journal, JournalError, Payload, Reconciliation, Record, Source, unb64,
 };
+use crate::listen::Guarded;
 use crate::policy::approvals::{Approvals, Verdict};
 use crate::vault::{KeyState, Vault};
 
@@ -33,23 +33,23 @@ pub struct AdminState {
 
 type Reply = Response<Full<Bytes>>;
 
-/// Accepts connections until the listener fails.
-pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
+/// A client gets this long to send a request head (and to stay idle between requests).
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Accepts connections, at most `[admin] max_connections` at once.
+pub async fn serve(mut listener: Guarded, state: Arc<AdminState>) {
     loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "admin accept failed");
-                continue;
-            }
-        };
+        let (stream, slot) = listener.next().await;
         let state = state.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(handle(&state, req).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });

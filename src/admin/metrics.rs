@@ -1,6 +1,7 @@
 //! The Prometheus registry: journal metrics plus front-end counters.
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::journal::JournalMetrics;
@@ -14,16 +15,70 @@ pub struct FrontMetrics {
     pub auth_failures: Counter,
     /// Of those, the ones past the per-source journaling rate: refused, not journaled.
     pub auth_failures_unjournaled: Counter,
+    /// Agent connections refused at `[proxy] max_connections`.
+    pub proxy_refused: Counter,
+    /// Admin connections refused at `[admin] max_connections`.
+    pub admin_refused: Counter,
+    /// Failed `accept` calls on either listener (EMFILE, ENFILE…).
+    pub accept_errors: Counter,
+    /// Intercepted tunnels closed for `[proxy] tls_handshake_timeout`.
+    pub tls_handshake_timeouts: Counter,
+    /// Requests refused because the buffer budget stayed exhausted.
+    pub budget_refusals: Counter,
+    /// Responses streamed instead of buffered because the budget was exhausted.
+    pub budget_streamed: Counter,
+    /// Bytes currently reserved from `[proxy] buffer_budget`.
+    pub budget_in_use: Gauge,
 }
 
 /// Builds the registry served at `/metrics`.
 pub fn registry(journal: &JournalMetrics, front: &FrontMetrics) -> Registry {
     let mut registry = Registry::default();
     journal.register(&mut registry);
+    let counters = [
+        (
+            "postern_proxy_auth_challenges",
+            "407 challenges answered to requests without Proxy-Authorization",
+            &front.auth_challenges,
+        ),
+        (
+            "postern_proxy_connections_refused",
+            "agent connections refused at [proxy] max_connections",
+            &front.proxy_refused,
+        ),
+        (
+            "postern_admin_connections_refused",
+            "admin connections refused at [admin] max_connections",
+            &front.admin_refused,
+        ),
+        (
+            "postern_accept_errors",
+            "failed accept calls on the proxy and admin listeners",
+            &front.accept_errors,
+        ),
+        (
+            "postern_proxy_tls_handshake_timeouts",
+            "intercepted tunnels closed without a TLS handshake in time",
+            &front.tls_handshake_timeouts,
+        ),
+        (
+            "postern_buffer_budget_refusals",
+            "requests refused because the buffer budget was exhausted",
+            &front.budget_refusals,
+        ),
+        (
+            "postern_buffer_budget_streamed",
+            "responses streamed because the buffer budget was exhausted",
+            &front.budget_streamed,
+        ),
+    ];
+    for (name, help, counter) in counters {
+        registry.register(name, help, counter.clone());
+    }
     registry.register(
-        "postern_proxy_auth_challenges",
-        "407 challenges answered to requests without Proxy-Authorization",
-        front.auth_challenges.clone(),
+        "postern_buffer_budget_bytes_in_use",
+        "bytes reserved from [proxy] buffer_budget",
+        front.budget_in_use.clone(),
     );
     registry.register(
         "postern_proxy_auth_failures",

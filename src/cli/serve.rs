@@ -8,9 +8,11 @@ use std::time::Duration;
 use super::{CliError, Env, Home};
 use crate::admin::{self, AdminState, metrics::FrontMetrics};
 use crate::config::{self, Config};
+use crate::http::budget::Budget;
 use crate::http::mitm::{Authority, CaPaths};
 use crate::http::{self as proxy_http, Proxy};
 use crate::journal::{Durability, Journal, JournalOptions, SpaceGuard, StoreError};
+use crate::listen::{self, Guarded};
 use crate::vault::{KeyState, Vault};
 
 /// Exit code after a storage fault: restart postern so recovery can run.
@@ -209,6 +211,7 @@ async fn serve_until_stopped(
     let proxy_addr = proxy_listener.local_addr().unwrap_or(config.proxy.listen);
     let admin_addr = admin_listener.local_addr().unwrap_or(config.admin.listen);
     let front = FrontMetrics::default();
+    let (proxy_listener, admin_listener) = guard(&config, proxy_listener, admin_listener, &front);
     let approvals = Arc::new(crate::policy::approvals::Approvals::default());
     let state = Arc::new(AdminState {
         registry: admin::metrics::registry(journal.metrics(), &front),
@@ -226,6 +229,7 @@ async fn serve_until_stopped(
         pool: Default::default(),
         dns: crate::http::upstream::Dns::new(config.dns.as_ref()),
         vault,
+        budget: Budget::new(config.proxy.buffer_budget, config.proxy.buffer_wait, &front),
         metrics: front,
         approvals,
         failed_logins: Default::default(),
@@ -267,6 +271,33 @@ async fn serve_until_stopped(
             Ok(ExitCode::from(EXIT_STORAGE_FAULT))
         }
     }
+}
+
+/// Caps both listeners; the proxy's cap leaves descriptors for upstreams and the admin API.
+fn guard(
+    config: &Config,
+    proxy: tokio::net::TcpListener,
+    admin: tokio::net::TcpListener,
+    front: &FrontMetrics,
+) -> (Guarded, Guarded) {
+    let nofile = listen::raise_nofile();
+    let admin_cap = config.admin.max_connections;
+    let derived = listen::proxy_cap(None, nofile, admin_cap);
+    let cap = listen::proxy_cap(config.proxy.max_connections, nofile, admin_cap);
+    if cap > derived {
+        tracing::warn!(
+            max_connections = cap,
+            safe = derived,
+            nofile = nofile.unwrap_or(0),
+            "[proxy] max_connections exceeds what the descriptor limit can hold with upstreams"
+        );
+    }
+    tracing::info!(proxy = cap, admin = admin_cap, "connection caps");
+    let proxy = Guarded::new(proxy, cap, "proxy", front.proxy_refused.clone())
+        .count_errors(front.accept_errors.clone());
+    let admin = Guarded::new(admin, admin_cap, "admin", front.admin_refused.clone())
+        .count_errors(front.accept_errors.clone());
+    (proxy, admin)
 }
 
 async fn expire_results(journal: Journal) {

@@ -57,6 +57,18 @@ pub struct Config {
 pub struct ProxyConfig {
     pub listen: SocketAddr,
     pub max_request_bytes: u64,
+    /// Open agent connections; `None`: derived from `RLIMIT_NOFILE` at start.
+    pub max_connections: Option<usize>,
+    /// Longest wait for a complete request head (also the HTTP/1 keep-alive idle time).
+    pub header_read_timeout: Duration,
+    /// Longest wait for the agent's TLS handshake after `CONNECT … 200`.
+    pub tls_handshake_timeout: Duration,
+    /// Longest gap between request body bytes before dispatch.
+    pub request_body_timeout: Duration,
+    /// Bytes held in memory at once: request bodies and buffered responses together.
+    pub buffer_budget: u64,
+    /// How long a request body waits for budget before it is refused.
+    pub buffer_wait: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -68,6 +80,7 @@ pub struct SshConfig {
 pub struct AdminConfig {
     pub listen: SocketAddr,
     pub token: Option<SecretValue>,
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone)]

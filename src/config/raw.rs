@@ -11,6 +11,12 @@ use super::units::Quantity;
 pub struct RawProxy {
     pub listen: Option<String>,
     pub max_request_bytes: Option<Quantity>,
+    pub max_connections: Option<u32>,
+    pub header_read_timeout: Option<Quantity>,
+    pub tls_handshake_timeout: Option<Quantity>,
+    pub request_body_timeout: Option<Quantity>,
+    pub buffer_budget: Option<Quantity>,
+    pub buffer_wait: Option<Quantity>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -24,6 +30,7 @@ pub struct RawSsh {
 pub struct RawAdmin {
     pub listen: Option<String>,
     pub token: Option<String>,
+    pub max_connections: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -201,3 +201,34 @@ fn syntax_errors_are_reported() {
     let e = parse("[proxy\n", None, &env).err();
     assert!(e.is_some_and(|e| e.0.len() == 1 && e.0[0].path == "(file)"));
 }
+
+#[test]
+fn limits_have_defaults_and_bad_values_name_their_keys() {
+    let c = parse("", None, &env).ok();
+    assert!(c.as_ref().is_some_and(|c| {
+        let p = &c.proxy;
+        p.max_connections.is_none()
+            && p.header_read_timeout == std::time::Duration::from_secs(10)
+            && p.tls_handshake_timeout == std::time::Duration::from_secs(10)
+            && p.request_body_timeout == std::time::Duration::from_secs(30)
+            && p.buffer_budget == 256 << 20
+            && c.admin.max_connections == 32
+    }));
+    let mut got = paths(
+        "[proxy]\nmax_connections = 0\nheader_read_timeout = \"0s\"\ntls_handshake_timeout = \"soon\"\n\
+         request_body_timeout = \"1x\"\nmax_request_bytes = \"2MiB\"\nbuffer_budget = \"1MiB\"\n\
+         [admin]\nmax_connections = 0\n",
+    );
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "admin.max_connections",
+            "proxy.buffer_budget",
+            "proxy.header_read_timeout",
+            "proxy.max_connections",
+            "proxy.request_body_timeout",
+            "proxy.tls_handshake_timeout",
+        ]
+    );
+}

@@ -101,6 +101,28 @@ impl Checker<'_> {
         }
     }
 
+    /// A duration that must not be zero (a zero timeout would refuse everything).
+    fn timeout(&mut self, path: &str, v: &Option<Quantity>, default: Duration) -> Duration {
+        let d = self.duration(path, v.as_ref(), default);
+        if d.is_zero() {
+            self.bad(path, "must be longer than 0");
+            return default;
+        }
+        d
+    }
+
+    /// A count of at least 1.
+    fn count(&mut self, path: &str, v: Option<u32>, default: usize) -> usize {
+        match v {
+            None => default,
+            Some(0) => {
+                self.bad(path, "must be at least 1");
+                default
+            }
+            Some(n) => n as usize,
+        }
+    }
+
     fn size(&mut self, path: &str, v: Option<&Quantity>, default: u64) -> u64 {
         match v.map(parse_size) {
             None => default,
@@ -208,14 +230,7 @@ pub fn parse(
 
     let config = Config {
         source: source.map(Path::to_path_buf),
-        proxy: ProxyConfig {
-            listen: c.addr("proxy.listen", proxy.listen.as_deref(), "127.0.0.1:3128"),
-            max_request_bytes: c.size(
-                "proxy.max_request_bytes",
-                proxy.max_request_bytes.as_ref(),
-                16 << 20,
-            ),
-        },
+        proxy: proxy_config(&mut c, &proxy),
         ssh: SshConfig {
             listen: c.addr("ssh.listen", ssh.listen.as_deref(), "127.0.0.1:2222"),
         },
@@ -225,6 +240,7 @@ pub fn parse(
                 .token
                 .as_deref()
                 .and_then(|t| c.secret("admin.token", t)),
+            max_connections: c.count("admin.max_connections", admin.max_connections, 32),
         },
         journal: journal_config(&mut c, &journal),
         dns: dns.map(|d| DnsConfig {
@@ -287,6 +303,46 @@ pub fn parse(
         Ok(config)
     } else {
         Err(ConfigErrors(c.problems))
+    }
+}
+
+fn proxy_config(c: &mut Checker<'_>, p: &RawProxy) -> ProxyConfig {
+    let max_request_bytes = c.size(
+        "proxy.max_request_bytes",
+        p.max_request_bytes.as_ref(),
+        16 << 20,
+    );
+    let buffer_budget = c.size("proxy.buffer_budget", p.buffer_budget.as_ref(), 256 << 20);
+    if buffer_budget < max_request_bytes {
+        c.bad(
+            "proxy.buffer_budget",
+            "must be at least proxy.max_request_bytes (a body that may be sent must fit)",
+        );
+    }
+    let secs = Duration::from_secs;
+    ProxyConfig {
+        listen: c.addr("proxy.listen", p.listen.as_deref(), "127.0.0.1:3128"),
+        max_request_bytes,
+        max_connections: p
+            .max_connections
+            .map(|n| c.count("proxy.max_connections", Some(n), 1)),
+        header_read_timeout: c.timeout(
+            "proxy.header_read_timeout",
+            &p.header_read_timeout,
+            secs(10),
+        ),
+        tls_handshake_timeout: c.timeout(
+            "proxy.tls_handshake_timeout",
+            &p.tls_handshake_timeout,
+            secs(10),
+        ),
+        request_body_timeout: c.timeout(
+            "proxy.request_body_timeout",
+            &p.request_body_timeout,
+            secs(30),
+        ),
+        buffer_budget,
+        buffer_wait: c.duration("proxy.buffer_wait", p.buffer_wait.as_ref(), secs(2)),
     }
 }
 

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use sha2::{Digest, Sha256};
@@ -15,9 +15,11 @@ use tokio::sync::oneshot;
 
 use super::Proxy;
 use super::body::{DeliveryBody, DeliveryEnd, RequestBody};
+use super::budget::Reservation;
 use super::decode;
 use super::guard::ReflectionGuard;
 use super::inject::Injection;
+use super::intake::Collected;
 use super::pool::{Conn, Pool, SendFailure, Sender};
 use super::respond::{
     self, POSTERN_CREDENTIAL, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody, Relayed,
@@ -151,6 +153,8 @@ pub(super) struct Exchange {
     pub(super) delivered_bytes: u64,
     /// The last connection-setup attempt recorded (numbers those of a fresh connection).
     stages: u32,
+    /// Buffer budget held for this exchange's bodies; released when it ends.
+    pub(super) held: Reservation,
 }
 
 impl Exchange {
@@ -191,6 +195,7 @@ impl Exchange {
             request_bytes: 0,
             delivered_bytes: 0,
             stages: 0,
+            held: Reservation::default(),
         }
     }
 
@@ -354,9 +359,9 @@ impl Exchange {
             Ok(c) => c,
             Err(r) => return Outgoing::Respond(self.refused(r).await),
         };
-        let body = match read_body(body, &parts.headers, config.proxy.max_request_bytes).await {
+        let body = match self.intake(body, &parts.headers).await {
             Ok(b) => b,
-            Err(r) => return Outgoing::Respond(self.refused(r).await),
+            Err(resp) => return Outgoing::Respond(resp),
         };
         let idempotent = route.idempotent_methods.contains(&self.method);
         let content_type = parts
@@ -651,6 +656,8 @@ impl Exchange {
                 }
             }
         };
+        // The request body was handed over: its bytes are no longer held.
+        self.held = Reservation::default();
         let out = self.receive(route, resp, reply).await;
         if matches!(out, Outgoing::Deliver { .. }) {
             self.proxy.pool.give(key, conn);
@@ -810,7 +817,8 @@ impl Exchange {
         // An origin's reason phrase is free text (it may echo the secret): never relayed.
         parts.extensions.remove::<hyper::ext::ReasonPhrase>();
         let completion = framing(&parts.headers, parts.version);
-        let journal = &self.proxy.config.journal;
+        let config = self.proxy.config.clone();
+        let journal = &config.journal;
         // A bodiless response's Content-Length describes the representation: kept as sent.
         let bodiless = bodiless(&self.method, status);
         let limit = match delivery_mode(route.delivery, &parts.headers, journal.buffer_limit) {
@@ -819,7 +827,7 @@ impl Exchange {
             Delivery::Buffer => journal.buffer_limit.max(journal.max_result_bytes),
             Delivery::Auto => journal.buffer_limit,
         };
-        let collected = collect(incoming, route.idle_timeout, limit).await;
+        let collected = self.collect(incoming, route.idle_timeout, limit).await;
         let body = match collected {
             Ok(Collected::Complete(b)) => b,
             Ok(Collected::Partial(prefix, rest)) => {
@@ -1068,27 +1076,6 @@ fn select_credential<'r>(route: &'r Route, headers: &HeaderMap) -> Result<Option
     }
 }
 
-async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64) -> Result<Bytes, Refuse> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(refuse(Code::PayloadLimit, "body"));
-    }
-    match Limited::new(body, limit as usize).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(refuse(Code::PayloadLimit, "body"))
-        }
-        Err(_) => Err(refuse(Code::MalformedRequest, "body")),
-    }
-}
-
-/// Reads a body to its end; an idle gap, a short body or bad framing is an error.
 /// Puts the agent's body on the upstream request; `None` for an empty body.
 fn attach_body(req: &mut Request<UpBody>, body: Bytes) -> Option<oneshot::Receiver<DeliveryEnd>> {
     if body.is_empty() {
@@ -1097,35 +1084,6 @@ fn attach_body(req: &mut Request<UpBody>, body: Bytes) -> Option<oneshot::Receiv
     let (b, rx) = RequestBody::new(body);
     *req.body_mut() = UpBody::Full(b);
     Some(rx)
-}
-
-/// A body read up to a limit: all of it, or the first part and the rest still to come.
-enum Collected {
-    Complete(Bytes),
-    Partial(Bytes, Incoming),
-}
-
-/// Reads a body to its end or past `limit`; an idle gap, a short body or bad framing is an error.
-async fn collect(mut body: Incoming, idle: Duration, limit: u64) -> Result<Collected, String> {
-    let mut buf = BytesMut::new();
-    if limit == 0 {
-        return Ok(Collected::Partial(Bytes::new(), body));
-    }
-    loop {
-        match tokio::time::timeout(idle, body.frame()).await {
-            Err(_) => return Err(format!("no body bytes for {idle:?}")),
-            Ok(None) => return Ok(Collected::Complete(buf.freeze())),
-            Ok(Some(Err(e))) => return Err(body_error(&e)),
-            Ok(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
-                    buf.extend_from_slice(&data);
-                    if buf.len() as u64 > limit {
-                        return Ok(Collected::Partial(buf.freeze(), body));
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// Responses that never carry a body (RFC 9110 §6.4.1).

@@ -8,8 +8,7 @@ use std::sync::atomic::Ordering;
 
 use http::{Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use super::Proxy;
 use super::exchange::{self, Inbound};
@@ -20,35 +19,37 @@ use super::sniff::FramingSniffer;
 use crate::config::Scheme;
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Accepted, Body, Draft, Failure, Protocol, new_invocation_id};
+use crate::listen::{Guarded, Slot};
 use crate::policy::{
     AgentAuth, Target, TargetError, authenticate, connect_denial_field, route_exists_for_connect,
 };
 
-/// Accepts agent connections until the listener fails.
-pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
+/// Accepts agent connections, at most `[proxy] max_connections` at once. A connection's
+/// slot is shared with the tunnel a `CONNECT` on it opens, so the tunnel counts too.
+pub async fn serve(mut listener: Guarded, proxy: Arc<Proxy>) {
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "proxy accept failed");
-                continue;
-            }
-        };
+        let (stream, slot) = listener.next().await;
+        let source = stream
+            .peer_addr()
+            .map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
         let _ = stream.set_nodelay(true);
         let proxy = proxy.clone();
+        let slot = Arc::new(slot);
         tokio::spawn(async move {
             let stream = FramingSniffer::new(stream);
             let conflict = stream.conflict.clone();
+            let header_timeout = proxy.config.proxy.header_read_timeout;
             let service = hyper::service::service_fn(move |req| {
-                let proxy = proxy.clone();
+                let (proxy, slot) = (proxy.clone(), slot.clone());
                 let framing_conflict = conflict.load(Ordering::SeqCst);
                 async move {
-                    Ok::<_, Infallible>(
-                        front_request(proxy, req, framing_conflict, peer.ip()).await,
-                    )
+                    let from = Peer { source, slot };
+                    Ok::<_, Infallible>(front_request(proxy, req, framing_conflict, from).await)
                 }
             });
             let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
                 .serve_connection(TokioIo::new(stream), service)
                 .with_upgrades()
                 .await;
@@ -60,6 +61,12 @@ fn plain(status: StatusCode) -> Response<ProxyBody> {
     let mut r = Response::new(respond::full(&b""[..]));
     *r.status_mut() = status;
     r
+}
+
+/// Where an agent connection comes from: its address, and its place under the cap.
+struct Peer {
+    source: IpAddr,
+    slot: Arc<Slot>,
 }
 
 /// Journals a refusal that happened before any exchange could start.
@@ -162,15 +169,15 @@ async fn front_request(
     proxy: Arc<Proxy>,
     req: Request<Incoming>,
     framing_conflict: bool,
-    source: IpAddr,
+    from: Peer,
 ) -> Response<ProxyBody> {
-    let agent = match identify(&proxy, &req, source).await {
+    let agent = match identify(&proxy, &req, from.source).await {
         Ok(a) => a,
         Err(resp) if req.method() == Method::CONNECT => return respond::explain_in_reason(resp),
         Err(resp) => return resp,
     };
     if req.method() == Method::CONNECT {
-        return respond::explain_in_reason(connect(proxy, agent, req).await);
+        return respond::explain_in_reason(connect(proxy, agent, req, from.slot).await);
     }
     let uri = req.uri();
     if uri
@@ -218,6 +225,7 @@ async fn connect(
     proxy: Arc<Proxy>,
     agent: String,
     mut req: Request<Incoming>,
+    slot: Arc<Slot>,
 ) -> Response<ProxyBody> {
     let authority = req.uri().authority().cloned();
     let Some(authority) = authority else {
@@ -252,6 +260,7 @@ async fn connect(
     }
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
+        let _slot = slot;
         let Ok(upgraded) = upgrade.await else { return };
         intercept(proxy, agent, host, port, TokioIo::new(upgraded)).await;
     });
@@ -273,13 +282,11 @@ async fn intercept(
             return;
         }
     };
-    let tls = match tokio_rustls::TlsAcceptor::from(config).accept(io).await {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::debug!(error = %e, "agent TLS handshake failed");
-            return;
-        }
+    let Some(tls) = handshake(&proxy, config, io).await else {
+        return;
     };
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let proxy_header_timeout = proxy.config.proxy.header_read_timeout;
     let tls = FramingSniffer::new(tls);
     let conflict = tls.conflict.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -321,7 +328,37 @@ async fn intercept(
             Ok::<_, Infallible>(respond::fit_to_method(head, resp))
         }
     });
-    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-        .serve_connection(TokioIo::new(tls), service)
-        .await;
+    // The protocol comes from ALPN, so no connection waits unbounded for a preface.
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(proxy_header_timeout);
+    let builder = if h2 {
+        builder.http2_only()
+    } else {
+        builder.http1_only()
+    };
+    let _ = builder.serve_connection(TokioIo::new(tls), service).await;
+}
+
+/// The agent's TLS handshake, bounded by `[proxy] tls_handshake_timeout`.
+async fn handshake(
+    proxy: &Proxy,
+    config: Arc<rustls::ServerConfig>,
+    io: TokioIo<hyper::upgrade::Upgraded>,
+) -> Option<tokio_rustls::server::TlsStream<TokioIo<hyper::upgrade::Upgraded>>> {
+    let limit = proxy.config.proxy.tls_handshake_timeout;
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(io);
+    match tokio::time::timeout(limit, accept).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "agent TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            proxy.metrics.tls_handshake_timeouts.inc();
+            None
+        }
+    }
 }

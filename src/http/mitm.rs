@@ -149,14 +149,15 @@ impl Authority {
         ))
     }
 
-    /// A TLS server config that presents a leaf for the SNI name, or `fallback`.
+    /// A TLS server config that presents a leaf for the `CONNECT` host only: a ClientHello
+    /// naming another host fails the handshake (no leaf minted); no SNI (an IP) gets it too.
     pub fn server_config(
         self: &Arc<Self>,
-        fallback: &str,
+        connect_host: &str,
     ) -> Result<Arc<rustls::ServerConfig>, MitmError> {
         let resolver = LeafResolver {
             authority: self.clone(),
-            fallback: fallback.to_owned(),
+            host: connect_host.to_owned(),
         };
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
@@ -175,13 +176,19 @@ impl Authority {
 #[derive(Debug)]
 struct LeafResolver {
     authority: Arc<Authority>,
-    fallback: String,
+    /// The `CONNECT` authority's host, the only name a leaf is minted for.
+    host: String,
 }
 
 impl ResolvesServerCert for LeafResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let host = hello.server_name().unwrap_or(&self.fallback);
-        self.authority.leaf(host).ok()
+        if let Some(sni) = hello.server_name()
+            && !sni.eq_ignore_ascii_case(&self.host)
+        {
+            tracing::debug!("TLS SNI does not name the CONNECT host; handshake refused");
+            return None;
+        }
+        self.authority.leaf(&self.host).ok()
     }
 }
 

@@ -10,12 +10,14 @@
 
 mod approval;
 mod body;
+pub mod budget;
 mod decode;
 mod exchange;
 pub mod failed_logins;
 mod front;
 pub mod guard;
 mod inject;
+mod intake;
 mod internal;
 pub mod mitm;
 mod pool;
@@ -49,4 +51,6 @@ pub struct Proxy {
     pub failed_logins: failed_logins::FailedLogins,
     /// Reflection guards, one per credential version.
     pub guards: guard::GuardCache,
+    /// Memory for buffered bodies, shared by requests and responses.
+    pub budget: budget::Budget,
 }

@@ -12,6 +12,7 @@ mod git;
 mod hostile_agents;
 mod http;
 mod https;
+mod limits;
 mod origins;
 mod precedence;
 mod reflection;

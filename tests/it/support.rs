@@ -10,6 +10,12 @@ use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_postern");
 
+/// The daemon under test; `POSTERN_IT_BIN` points at another build (e.g. to check that a
+/// new test fails on an older binary).
+pub fn daemon_bin() -> String {
+    std::env::var("POSTERN_IT_BIN").unwrap_or_else(|_| BIN.to_owned())
+}
+
 /// A state directory and config file of one test.
 pub struct Home {
     pub dir: tempfile::TempDir,
@@ -99,12 +105,29 @@ impl Daemon {
     }
 
     pub fn start_with(home: &Home, config: Option<&str>, envs: &[(&str, &str)]) -> Self {
+        Self::start_wrapped(home, config, envs, &[])
+    }
+
+    /// Starts `postern serve` as the last arguments of `wrapper` (e.g. `sh -c 'ulimit …'`).
+    pub fn start_wrapped(
+        home: &Home,
+        config: Option<&str>,
+        envs: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Self {
         let stderr_path = home
             .dir
             .path()
             .join(format!("serve-{}.stderr", std::process::id()));
         let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(daemon_bin());
+                c
+            }
+            None => Command::new(daemon_bin()),
+        };
         cmd.arg("serve")
             .env("POSTERN_HOME", home.root())
             .env_remove("POSTERN_CONFIG")

@@ -1,0 +1,176 @@
+//! Bodies read into memory, under the buffer budget: the agent's request body before
+//! dispatch (with `request_body_timeout` as the longest gap between its bytes) and the
+//! origin's response up to the buffering limit. A request that cannot get budget in time
+//! is refused (`JOURNAL_UNAVAILABLE`, 503, `Retry-After`); a response that cannot is
+//! streamed instead, which holds only a bounded channel.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, Response, header};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::budget::Reservation;
+use super::exchange::{Exchange, body_error};
+use super::respond::{self, ProxyBody};
+use crate::contract::Code;
+use crate::journal::{Body, Draft, Failure};
+
+const BUDGET_MESSAGE: &str =
+    "postern's buffer budget for request bodies is exhausted right now; retry later.";
+
+/// Why a request body was not taken.
+enum BodyError {
+    TooLarge,
+    Malformed,
+    Stalled(Duration),
+    Budget,
+}
+
+/// A body read up to a limit: all of it, or the first part and the rest still to come.
+pub(super) enum Collected {
+    Complete(Bytes),
+    Partial(Bytes, Incoming),
+}
+
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+}
+
+impl Exchange {
+    /// Reads the agent's body whole; on failure records it and answers with the envelope.
+    pub(super) async fn intake(
+        &mut self,
+        body: Incoming,
+        headers: &HeaderMap,
+    ) -> Result<Bytes, Response<ProxyBody>> {
+        match self.read_body(body, headers).await {
+            Ok(b) => Ok(b),
+            Err(e) => Err(self.body_refused(e).await),
+        }
+    }
+
+    async fn read_body(
+        &mut self,
+        mut body: Incoming,
+        headers: &HeaderMap,
+    ) -> Result<Bytes, BodyError> {
+        let limit = self.proxy.config.proxy.max_request_bytes;
+        let gap = self.proxy.config.proxy.request_body_timeout;
+        let budget = &self.proxy.budget;
+        let declared = declared_length(headers);
+        if declared.is_some_and(|n| n > limit) {
+            return Err(BodyError::TooLarge);
+        }
+        // A declared length is reserved whole up front; chunked bodies as bytes arrive.
+        if let Some(n) = declared.filter(|n| *n > 0) {
+            self.held
+                .merge(budget.reserve(n).await.ok_or(BodyError::Budget)?);
+        }
+        let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+        loop {
+            let frame = match tokio::time::timeout(gap, body.frame()).await {
+                Err(_) => return Err(BodyError::Stalled(gap)),
+                Ok(None) => return Ok(buf.freeze()),
+                Ok(Some(Err(_))) => return Err(BodyError::Malformed),
+                Ok(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if buf.len() as u64 + data.len() as u64 > limit {
+                return Err(BodyError::TooLarge);
+            }
+            if declared.is_none() {
+                let more = budget.reserve(data.len() as u64).await;
+                self.held.merge(more.ok_or(BodyError::Budget)?);
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+
+    async fn body_refused(&mut self, e: BodyError) -> Response<ProxyBody> {
+        self.held = Reservation::default();
+        let mut failure = Failure::of(match e {
+            BodyError::TooLarge => Code::PayloadLimit,
+            BodyError::Malformed | BodyError::Stalled(_) => Code::MalformedRequest,
+            BodyError::Budget => Code::JournalUnavailable,
+        });
+        failure.field = Some("body".into());
+        match e {
+            BodyError::Stalled(gap) => {
+                failure.diagnostic = Some(format!("no request body bytes for {gap:?}"));
+            }
+            BodyError::Budget => {
+                self.proxy.budget.refused.inc();
+                failure
+                    .evidence
+                    .insert("reason".into(), "buffer_budget_exhausted".into());
+                return self.budget_refused(failure).await;
+            }
+            BodyError::TooLarge | BodyError::Malformed => {}
+        }
+        self.fail(vec![], failure).await
+    }
+
+    /// `JOURNAL_UNAVAILABLE` whose message names the budget, with `Retry-After`.
+    async fn budget_refused(&mut self, failure: Failure) -> Response<ProxyBody> {
+        let recorded = self
+            .record(vec![Draft::observed(Body::Failed(failure))])
+            .await;
+        let envelope = recorded
+            .as_ref()
+            .ok()
+            .and_then(|a| a.state.record.envelope.clone());
+        let mut resp = match envelope {
+            Some(mut env) => {
+                env.error.message = BUDGET_MESSAGE.into();
+                respond::envelope(&env)
+            }
+            None => self.fallback(Code::JournalUnavailable),
+        };
+        let retry_after = self.proxy.budget.wait.as_secs().max(1);
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+        resp
+    }
+
+    /// Reads a response to its end or past `limit`, reserving budget as bytes arrive;
+    /// without budget the rest is streamed. An idle gap, a short body or bad framing is an error.
+    pub(super) async fn collect(
+        &mut self,
+        mut body: Incoming,
+        idle: Duration,
+        limit: u64,
+    ) -> Result<Collected, String> {
+        let mut buf = BytesMut::new();
+        if limit == 0 {
+            return Ok(Collected::Partial(Bytes::new(), body));
+        }
+        loop {
+            let frame = match tokio::time::timeout(idle, body.frame()).await {
+                Err(_) => return Err(format!("no body bytes for {idle:?}")),
+                Ok(None) => return Ok(Collected::Complete(buf.freeze())),
+                Ok(Some(Err(e))) => return Err(body_error(&e)),
+                Ok(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let Some(more) = self.proxy.budget.try_reserve(data.len() as u64) else {
+                self.proxy.budget.streamed.inc();
+                buf.extend_from_slice(&data);
+                return Ok(Collected::Partial(buf.freeze(), body));
+            };
+            self.held.merge(more);
+            buf.extend_from_slice(&data);
+            if buf.len() as u64 > limit {
+                return Ok(Collected::Partial(buf.freeze(), body));
+            }
+        }
+    }
+}

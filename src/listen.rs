@@ -1,0 +1,203 @@
+//! The guard in front of every listener (proxy and admin): a connection cap, accept-error
+//! backoff and throttled log lines, so no client can exhaust postern's file descriptors
+//! or make its accept loop spin.
+//!
+//! File descriptor rule: at start the soft `RLIMIT_NOFILE` is raised to the hard limit.
+//! Unless configured, the proxy's cap is `(nofile − admin cap − FD_RESERVE) / 2`: each agent
+//! connection may hold an upstream connection too, and the reserve keeps the journal, the
+//! listeners and the admin API answerable when the proxy is full.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Descriptors kept outside both caps: journal files, listeners, DNS, logs.
+pub const FD_RESERVE: u64 = 64;
+
+/// Sent to a connection over the cap before it is closed.
+const REFUSAL: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n";
+
+const BACKOFF_START: Duration = Duration::from_millis(5);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+const LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the soft limit now in force.
+pub fn raise_nofile() -> Option<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            return limit.maximum;
+        }
+    }
+    limit.current
+}
+
+/// The proxy's connection cap: configured, or derived from the descriptor limit.
+pub fn proxy_cap(configured: Option<usize>, nofile: Option<u64>, admin_cap: usize) -> usize {
+    if let Some(n) = configured {
+        return n;
+    }
+    let Some(nofile) = nofile else {
+        return 65_536;
+    };
+    let spare = nofile.saturating_sub(admin_cap as u64 + FD_RESERVE);
+    usize::try_from(spare / 2).unwrap_or(usize::MAX).max(1)
+}
+
+/// One line per interval for a repeated event, with how many happened since the last.
+#[derive(Debug)]
+pub struct Throttle {
+    every: Duration,
+    last: Option<Instant>,
+    count: u64,
+}
+
+impl Throttle {
+    pub fn new(every: Duration) -> Self {
+        Self {
+            every,
+            last: None,
+            count: 0,
+        }
+    }
+
+    /// Counts one event; `Some(n)` when a line is due (n events since the last line).
+    pub fn hit(&mut self, now: Instant) -> Option<u64> {
+        self.count += 1;
+        let due = self
+            .last
+            .is_none_or(|t| now.duration_since(t) >= self.every);
+        if !due {
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.count))
+    }
+}
+
+/// Doubling sleeps after accept errors, reset by the next success.
+#[derive(Debug, Default)]
+struct Backoff(Option<Duration>);
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let d = self.0.map_or(BACKOFF_START, |d| (d * 2).min(BACKOFF_MAX));
+        self.0 = Some(d);
+        d
+    }
+}
+
+/// A connection's place under the cap; dropping it frees the place.
+#[derive(Debug)]
+pub struct Slot(#[allow(dead_code)] OwnedSemaphorePermit);
+
+/// A listener that admits at most `cap` connections at once.
+pub struct Guarded {
+    inner: TcpListener,
+    slots: Arc<Semaphore>,
+    refused: Counter,
+    errors: Counter,
+    name: &'static str,
+    backoff: Backoff,
+    error_log: Throttle,
+    refusal_log: Throttle,
+}
+
+impl Guarded {
+    pub fn new(inner: TcpListener, cap: usize, name: &'static str, refused: Counter) -> Self {
+        Self {
+            inner,
+            slots: Arc::new(Semaphore::new(cap.min(Semaphore::MAX_PERMITS))),
+            refused,
+            errors: Counter::default(),
+            name,
+            backoff: Backoff::default(),
+            error_log: Throttle::new(LOG_EVERY),
+            refusal_log: Throttle::new(LOG_EVERY),
+        }
+    }
+
+    /// Counts accept errors in this counter as well.
+    pub fn count_errors(mut self, errors: Counter) -> Self {
+        self.errors = errors;
+        self
+    }
+
+    /// The next admitted connection. Connections over the cap get a `503` and are closed;
+    /// accept errors (EMFILE, ENFILE…) sleep with a growing delay instead of spinning.
+    pub async fn next(&mut self) -> (TcpStream, Slot) {
+        loop {
+            match self.inner.accept().await {
+                Ok((stream, _)) => {
+                    self.backoff = Backoff::default();
+                    match self.slots.clone().try_acquire_owned() {
+                        Ok(permit) => return (stream, Slot(permit)),
+                        Err(_) => self.refuse(stream),
+                    }
+                }
+                Err(e) => {
+                    self.errors.inc();
+                    if let Some(n) = self.error_log.hit(Instant::now()) {
+                        tracing::warn!(listener = self.name, error = %e, repeated = n, "accept failed; backing off");
+                    }
+                    tokio::time::sleep(self.backoff.next()).await;
+                }
+            }
+        }
+    }
+
+    fn refuse(&mut self, stream: TcpStream) {
+        self.refused.inc();
+        // Best effort: a full socket buffer just gets the close.
+        let _ = stream.try_write(REFUSAL);
+        if let Some(n) = self.refusal_log.hit(Instant::now()) {
+            tracing::warn!(
+                listener = self.name,
+                refused = n,
+                "connection cap reached; refusing connections"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_throttle_writes_one_line_per_interval_with_the_count() {
+        let mut t = Throttle::new(Duration::from_secs(5));
+        let start = Instant::now();
+        assert_eq!(t.hit(start), Some(1));
+        for i in 0..1000 {
+            assert_eq!(t.hit(start + Duration::from_millis(i)), None);
+        }
+        assert_eq!(t.hit(start + Duration::from_secs(5)), Some(1001));
+    }
+
+    #[test]
+    fn backoff_grows_to_a_ceiling() {
+        let mut b = Backoff::default();
+        let first = b.next();
+        let later: Vec<Duration> = (0..20).map(|_| b.next()).collect();
+        assert_eq!(first, BACKOFF_START);
+        assert!(later.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(later.last(), Some(&BACKOFF_MAX));
+    }
+
+    #[test]
+    fn the_derived_cap_leaves_room_for_upstreams_and_the_admin() {
+        assert_eq!(proxy_cap(Some(7), Some(1024), 32), 7);
+        assert_eq!(proxy_cap(None, Some(512), 32), (512 - 32 - 64) / 2);
+        assert_eq!(proxy_cap(None, Some(10), 32), 1);
+    }
+}

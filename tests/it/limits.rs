@@ -1,0 +1,422 @@
+//! No client can take postern down: connection caps, agent-side timeouts, the buffer
+//! budget and leaf minting only for the CONNECT host. Scripted peers are raw loopback
+//! sockets; assertions are "closed within a generous bound", never timing targets.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::origins::{self, Origin};
+use crate::support::{Daemon, Home, curl, get_json};
+use crate::tls_origin::{TlsOrigin, echo_origin};
+
+fn base(proxy: &str) -> String {
+    format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n{proxy}\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n"
+    )
+}
+
+/// An `http` route to `origin.test:<port>` pinned to loopback.
+fn http_config(port: u16, proxy: &str) -> String {
+    format!(
+        "{}\n[[routes]]\nid = \"origin\"\nmatch = {{ scheme = \"http\", host = \"origin.test\", port = {port} }}\nresolve = \"127.0.0.1:{port}\"\n",
+        base(proxy)
+    )
+}
+
+/// An intercepted `https` route to the TLS echo origin.
+fn https_config(origin: &TlsOrigin, proxy: &str) -> String {
+    format!(
+        "{}\n[[routes]]\nid = \"secure\"\nmatch = {{ host = \"origin.test\", port = {} }}\nresolve = \"{}\"\nupstream_ca = \"{}\"\n",
+        base(proxy),
+        origin.addr.port(),
+        origin.addr,
+        origin.ca_file.display()
+    )
+}
+
+fn proxy_addr(daemon: &Daemon) -> String {
+    daemon.proxy.trim_start_matches("http://").to_owned()
+}
+
+fn open(daemon: &Daemon) -> TcpStream {
+    TcpStream::connect(proxy_addr(daemon)).unwrap()
+}
+
+/// Reads until postern closes the connection (EOF or reset); how long that took, or
+/// `None` if it stayed open for `bound`. Whatever was sent first is returned too.
+fn closed_within(stream: &mut TcpStream, bound: Duration) -> (Option<Duration>, String) {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < bound {
+        stream
+            .set_read_timeout(Some(
+                bound
+                    .saturating_sub(start.elapsed())
+                    .max(Duration::from_millis(1)),
+            ))
+            .unwrap();
+        match stream.read(&mut buf) {
+            Ok(0) => return (Some(start.elapsed()), String::from_utf8_lossy(&got).into()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break;
+            }
+            Err(_) => return (Some(start.elapsed()), String::from_utf8_lossy(&got).into()),
+        }
+    }
+    (None, String::from_utf8_lossy(&got).into())
+}
+
+/// Reads a response head byte by byte (so no byte after it is consumed).
+fn read_head(stream: &mut TcpStream) -> String {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 16_384 {
+        match stream.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// The envelope's `error` members named by `keys` ("" when absent).
+fn facts<'a>(e: &'a Value, keys: &[&str]) -> Vec<&'a str> {
+    keys.iter()
+        .map(|k| e["error"][*k].as_str().unwrap_or(""))
+        .collect()
+}
+
+fn healthz(daemon: &Daemon) -> u16 {
+    curl(&["--max-time", "5", &daemon.url("/healthz")]).0
+}
+
+fn metric(daemon: &Daemon, name: &str) -> f64 {
+    let (_, text, _) = curl(&[&daemon.url("/metrics")]);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(-1.0)
+}
+
+fn ok_origin() -> Origin {
+    origins::responds("200 OK", &[], "hello")
+}
+
+fn through(daemon: &Daemon, port: u16) -> u16 {
+    curl(&["-x", &daemon.proxy, &format!("http://origin.test:{port}/")]).0
+}
+
+#[test]
+fn the_connection_cap_refuses_quickly_and_the_admin_still_answers() {
+    let origin = ok_origin();
+    let home = Home::new();
+    let config = http_config(
+        origin.port(),
+        "max_connections = 4\nheader_read_timeout = \"60s\"",
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    let idle: Vec<TcpStream> = (0..4).map(|_| open(&daemon)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+
+    let mut extra = open(&daemon);
+    let (closed, said) = closed_within(&mut extra, Duration::from_secs(5));
+    assert!(closed.is_some(), "a connection over the cap stays open");
+    assert!(
+        said.is_empty() || said.starts_with("HTTP/1.1 503"),
+        "{said}"
+    );
+    assert_eq!(healthz(&daemon), 200, "the admin listener has its own cap");
+    assert_eq!(
+        metric(&daemon, "postern_proxy_connections_refused_total"),
+        1.0
+    );
+
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(through(&daemon, origin.port()), 200, "slots come back");
+}
+
+#[test]
+fn a_low_descriptor_limit_neither_spins_nor_floods_the_log() {
+    let origin = ok_origin();
+    let home = Home::new();
+    let config = http_config(origin.port(), "");
+    let wrapper = ["sh", "-c", "ulimit -n 160 && exec \"$@\"", "sh"];
+    let mut daemon = Daemon::start_wrapped(&home, Some(&config), &[], &wrapper);
+    // A full accept backlog makes connect wait for SYN retries: bounded, and stop there.
+    let addr: std::net::SocketAddr = proxy_addr(&daemon).parse().unwrap();
+    let idle: Vec<TcpStream> = (0..300)
+        .map_while(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok())
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let health = healthz(&daemon);
+    let log = std::fs::metadata(&daemon.stderr_path).map_or(0, |m| m.len());
+    if log >= 64 * 1024 {
+        // Keep a flooded log out of the failure report.
+        let _ = daemon.child.kill();
+        let _ = std::fs::write(&daemon.stderr_path, "(flooded log truncated by the test)\n");
+    }
+    assert!(log < 64 * 1024, "the log grew to {log} bytes in 2 s");
+    assert_eq!(health, 200, "health answers while agents hold every slot");
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(through(&daemon, origin.port()), 200);
+}
+
+#[test]
+fn a_head_sent_byte_by_byte_is_cut_off_after_the_header_read_timeout() {
+    let origin = ok_origin();
+    let home = Home::new();
+    let config = http_config(origin.port(), "header_read_timeout = \"500ms\"");
+    let daemon = Daemon::start(&home, Some(&config));
+    let mut stream = open(&daemon);
+    let mut writer = stream.try_clone().unwrap();
+    let head = format!(
+        "GET http://origin.test:{}/ HTTP/1.1\r\nHost: origin.test\r\nX-Pad: {}\r\n\r\n",
+        origin.port(),
+        "a".repeat(200)
+    );
+    std::thread::spawn(move || {
+        for b in head.bytes() {
+            if writer.write_all(&[b]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let (closed, _) = closed_within(&mut stream, Duration::from_secs(8));
+    assert!(
+        closed.is_some_and(|d| d < Duration::from_secs(5)),
+        "slowloris head kept open: {closed:?}"
+    );
+    assert_eq!(origin.hits(), 0);
+}
+
+#[test]
+fn a_tunnel_without_a_client_hello_is_closed_after_the_tls_handshake_timeout() {
+    let origin = echo_origin();
+    let home = Home::new();
+    let daemon = Daemon::start(
+        &home,
+        Some(&https_config(&origin, "tls_handshake_timeout = \"500ms\"")),
+    );
+    let mut stream = open(&daemon);
+    let port = origin.addr.port();
+    write!(
+        stream,
+        "CONNECT origin.test:{port} HTTP/1.1\r\nHost: origin.test:{port}\r\n\r\n"
+    )
+    .unwrap();
+    assert!(read_head(&mut stream).starts_with("HTTP/1.1 200"));
+    let (closed, _) = closed_within(&mut stream, Duration::from_secs(8));
+    assert!(
+        closed.is_some_and(|d| d < Duration::from_secs(5)),
+        "silent tunnel kept open: {closed:?}"
+    );
+    assert_eq!(
+        metric(&daemon, "postern_proxy_tls_handshake_timeouts_total"),
+        1.0
+    );
+}
+
+#[test]
+fn a_stalled_request_body_is_refused_and_journaled_before_dispatch() {
+    let origin = ok_origin();
+    let home = Home::new();
+    let config = http_config(origin.port(), "request_body_timeout = \"500ms\"");
+    let daemon = Daemon::start(&home, Some(&config));
+    let mut stream = open(&daemon);
+    let port = origin.port();
+    write!(stream, "POST http://origin.test:{port}/x HTTP/1.1\r\nHost: origin.test:{port}\r\nContent-Length: 100\r\n\r\n0123456789").unwrap();
+    let (closed, said) = closed_within(&mut stream, Duration::from_secs(8));
+    assert!(
+        closed.is_some_and(|d| d < Duration::from_secs(5)),
+        "{closed:?}"
+    );
+    assert!(said.starts_with("HTTP/1.1 400"), "{said}");
+    let body = said
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    let e: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(
+        facts(&e, &["code", "field", "outcome"]),
+        ["MALFORMED_REQUEST", "body", "not_attempted"]
+    );
+    let id = e["invocation_id"].as_str().unwrap();
+    let (_, record) = get_json(&daemon.url(&format!("/v1/invocations/{id}")), &[]);
+    assert_eq!(record["code"], "MALFORMED_REQUEST", "{record}");
+    assert_eq!(origin.hits(), 0, "nothing was sent");
+}
+
+/// A raw upload that declares `len` bytes, sends `sent` of them and waits.
+fn held_upload(daemon: &Daemon, port: u16, len: usize, sent: usize) -> TcpStream {
+    let mut s = open(daemon);
+    write!(s, "POST http://origin.test:{port}/up HTTP/1.1\r\nHost: origin.test:{port}\r\nContent-Length: {len}\r\n\r\n").unwrap();
+    s.write_all(&vec![b'a'; sent]).unwrap();
+    s
+}
+
+fn upload(daemon: &Daemon, port: u16, file: &std::path::Path) -> (u16, String, String) {
+    let data = format!("@{}", file.display());
+    curl(&[
+        "-x",
+        &daemon.proxy,
+        "-H",
+        "Expect:",
+        "--data-binary",
+        &data,
+        &format!("http://origin.test:{port}/up"),
+    ])
+}
+
+#[test]
+fn uploads_beyond_the_buffer_budget_are_refused_with_retry_after_and_one_within_it_works() {
+    let origin = ok_origin();
+    let home = Home::new();
+    let limits = "buffer_budget = \"1MiB\"\nmax_request_bytes = \"1MiB\"\nbuffer_wait = \"300ms\"\nrequest_body_timeout = \"20s\"";
+    let daemon = Daemon::start(&home, Some(&http_config(origin.port(), limits)));
+    let big = home.dir.path().join("big");
+    std::fs::write(&big, vec![b'b'; 900_000]).unwrap();
+
+    let holder = held_upload(&daemon, origin.port(), 900_000, 1000);
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, body, head) = upload(&daemon, origin.port(), &big);
+    assert_eq!(status, 503, "{body}");
+    let e: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        facts(&e, &["code", "outcome", "retry"]),
+        ["JOURNAL_UNAVAILABLE", "not_attempted", "backoff"]
+    );
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("buffer budget"),
+        "{body}"
+    );
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: 1"),
+        "{head}"
+    );
+    assert_eq!(metric(&daemon, "postern_buffer_budget_refusals_total"), 1.0);
+
+    drop(holder);
+    let mut last = 0;
+    for _ in 0..20 {
+        last = upload(&daemon, origin.port(), &big).0;
+        if last == 200 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        last, 200,
+        "a body within the budget goes through once it is free"
+    );
+    assert_eq!(origin.hits(), 1);
+}
+
+#[test]
+fn a_response_larger_than_the_free_budget_is_streamed_not_buffered() {
+    const SIZE: usize = 2 << 20;
+    let origin = Origin::script(|s, _| {
+        let _ = s.write_all(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+        );
+        let chunk = vec![b'r'; 64 * 1024];
+        for _ in 0..SIZE / chunk.len() {
+            let _ = write!(s, "{:x}\r\n", chunk.len());
+            let _ = s.write_all(&chunk);
+            let _ = s.write_all(b"\r\n");
+        }
+        let _ = s.write_all(b"0\r\n\r\n");
+    });
+    let home = Home::new();
+    let limits = "buffer_budget = \"1MiB\"\nmax_request_bytes = \"1MiB\"";
+    let daemon = Daemon::start(&home, Some(&http_config(origin.port(), limits)));
+    let (status, body, head) = curl(&[
+        "-x",
+        &daemon.proxy,
+        &format!("http://origin.test:{}/", origin.port()),
+    ]);
+    assert_eq!((status, body.len()), (200, SIZE));
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("postern-delivery: streamed"),
+        "{head}"
+    );
+    assert_eq!(metric(&daemon, "postern_buffer_budget_streamed_total"), 1.0);
+}
+
+/// A rustls client handshake naming `sni`, inside a fresh `CONNECT` tunnel.
+fn handshake_naming(
+    daemon: &Daemon,
+    home: &Home,
+    port: u16,
+    sni: &str,
+) -> Result<(), rustls::Error> {
+    use rustls::pki_types::pem::PemObject;
+    let mut stream = open(daemon);
+    write!(
+        stream,
+        "CONNECT origin.test:{port} HTTP/1.1\r\nHost: origin.test:{port}\r\n\r\n"
+    )
+    .unwrap();
+    assert!(read_head(&mut stream).starts_with("HTTP/1.1 200"));
+    let mut roots = rustls::RootCertStore::empty();
+    let ca =
+        rustls::pki_types::CertificateDer::from_pem_file(home.root().join("certs/ca.pem")).unwrap();
+    roots.add(ca).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(sni.to_owned()).unwrap();
+    let mut tls = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    while tls.is_handshaking() {
+        match tls.complete_io(&mut stream) {
+            Ok(_) => {}
+            Err(e) => {
+                return Err(e
+                    .get_ref()
+                    .and_then(|i| i.downcast_ref::<rustls::Error>())
+                    .cloned()
+                    .unwrap_or(rustls::Error::General(e.to_string())));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_client_hello_naming_another_host_fails_and_the_connect_host_works() {
+    let origin = echo_origin();
+    let home = Home::new();
+    let daemon = Daemon::start(&home, Some(&https_config(&origin, "")));
+    let port = origin.addr.port();
+    let evil = handshake_naming(&daemon, &home, port, "evil.test");
+    assert!(
+        evil.is_err(),
+        "postern minted a leaf for an SNI the CONNECT did not name"
+    );
+    handshake_naming(&daemon, &home, port, "origin.test").unwrap();
+    handshake_naming(&daemon, &home, port, "ORIGIN.test").unwrap();
+}
