@@ -2,7 +2,7 @@
 //! route listed first cannot skip a stricter one; ambiguity is a config error at start.
 
 use crate::origins;
-use crate::support::{BIN, Daemon, Home, curl, get_json};
+use crate::support::{Daemon, Home, curl, get_json};
 
 fn base() -> &'static str {
     "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
@@ -102,13 +102,7 @@ fn equally_specific_routes_are_refused_at_start() {
     );
     let home = Home::new();
     let path = home.config(&config);
-    let out = std::process::Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("POSTERN_HOME", home.root())
-        .env_remove("POSTERN_CONFIG")
-        .output()
-        .unwrap();
+    let out = home.cli(&["serve", "--config", path.to_str().unwrap()], &[]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

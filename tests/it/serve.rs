@@ -251,14 +251,7 @@ fn a_bad_config_is_refused_with_every_problem_in_one_run() {
          [[credentials]]\nid = \"gh\"\nsecret = \"github-token\"\ninject = { header = \"Authorization\", format = \"Bearer {secret}\" }\n\
          [[routes]]\nid = \"r\"\ncredentail = \"gh\"\nretry_budget = \"three\"\nconnect_timeout = \"5 seconds\"\nmatch = { host = \"x.test\" }\n",
     );
-    let out = Command::new(BIN)
-        .arg("serve")
-        .arg("--config")
-        .arg(&path)
-        .env("POSTERN_HOME", home.root())
-        .env_remove("POSTERN_CONFIG")
-        .output()
-        .unwrap();
+    let out = home.cli(&["serve", "--config", path.to_str().unwrap()], &[]);
     assert!(!out.status.success());
     let err = stderr(&out);
     for line in [
