@@ -1,11 +1,11 @@
 //! postern: a credential-injecting forward proxy for AI agents.
 //!
 //! A request meets the modules in this order: `http`/`ssh` fronts → `policy`
-//! (agent, route, fingerprint) → `vault` (credential) → dispatch, where
-//! `DISPATCH_STARTED` is made durable in the `journal` before the first byte →
-//! upstream. Transports only report observations; the journal's projection asks
-//! `contract` what they mean (phase, outcome, retry, evidence). Operators read the
-//! journal through `admin` and the `cli`.
+//! (agent, route, fingerprint) → `vault` (credential) → `lifecycle`, which makes
+//! `DISPATCH_STARTED` durable in the `journal` before the first byte → upstream.
+//! Transports only report observations; the journal's projection asks `contract` what
+//! they mean (phase, outcome, retry, evidence). Operators read the journal through
+//! `admin` and the `cli`.
 
 pub mod admin;
 pub mod cli;
@@ -13,6 +13,7 @@ pub mod config;
 pub mod contract;
 pub mod http;
 pub mod journal;
+pub mod lifecycle;
 pub mod listen;
 pub mod policy;
 pub mod vault;

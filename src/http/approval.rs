@@ -1,20 +1,20 @@
-//! `approval = "required"`: the request waits, before any connection, until an operator
-//! approves or denies it or `approval_timeout` passes (SPEC §3.5).
+//! `approval = "required"` for an HTTP request: what the operator is shown (method,
+//! target, body size and preview), then the lifecycle's hold (SPEC §3.5).
 
 use http::Response;
-use serde_json::json;
 
+use super::Proxy;
 use super::exchange::Exchange;
 use super::inject::Injection;
-use super::respond::ProxyBody;
+use super::respond::{self, ProxyBody};
 use crate::config::Route;
-use crate::contract::Code;
-use crate::journal::{ApprovalAnswer, ApprovalRequest, Body, Draft, Failure, Source, rfc3339};
-use crate::policy::approvals::{Answer, Held, Verdict, preview};
+use crate::contract::CredentialEvidence;
+use crate::journal::{Draft, rfc3339};
+use crate::policy::approvals::{Held, preview};
 
 impl Exchange {
-    /// Records `APPROVAL_REQUESTED` (with the preflight drafts) and waits for the answer.
-    /// `Ok` once `APPROVAL_GRANTED` is durable and nothing bound at preflight changed.
+    /// Holds the request (after `drafts`, the preflight) until it is approved and nothing
+    /// bound at preflight changed; else the refusal to answer with.
     pub(super) async fn await_approval(
         &mut self,
         route: &Route,
@@ -25,7 +25,7 @@ impl Exchange {
     ) -> Result<(), Response<ProxyBody>> {
         let now = time::OffsetDateTime::now_utc();
         let held = Held {
-            invocation_id: self.id.clone(),
+            invocation_id: self.inv.id().to_owned(),
             agent: self.agent.clone(),
             route: route.id.clone(),
             method: self.method.clone(),
@@ -36,69 +36,36 @@ impl Exchange {
             body_bytes: body.len(),
             body_preview: preview(body),
         };
-        drafts.push(Draft::observed(Body::ApprovalRequested(ApprovalRequest {
-            fingerprint: held.fingerprint.clone(),
-            expires_at: held.expires_at.clone(),
-        })));
-        if self.record(std::mem::take(drafts)).await.is_err() {
-            return Err(self.fallback(Code::JournalUnavailable));
-        }
         let approvals = self.proxy.approvals.clone();
-        let waiting = approvals.hold(held);
-        let answer = match tokio::time::timeout(route.approval_timeout, waiting).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) | Err(_) => {
-                approvals.release(&self.id);
-                return Err(self.fail(vec![], Failure::of(Code::ApprovalTimeout)).await);
-            }
-        };
-        self.answered(answer, credential).await
+        let proxy = self.proxy.clone();
+        let bound = self.injection.as_ref().map(Injection::evidence);
+        let credential = credential.map(str::to_owned);
+        // Asked once the answer is in: a secret rotated while held is FINGERPRINT_CHANGED.
+        let changed = move || changed_since_preflight(&proxy, credential.as_deref(), bound);
+        self.inv
+            .await_approval(
+                &approvals,
+                held,
+                route.approval_timeout,
+                std::mem::take(drafts),
+                changed,
+            )
+            .await
+            .map_err(|env| respond::envelope(&env))
     }
+}
 
-    async fn answered(
-        &mut self,
-        answer: Answer,
-        credential: Option<&str>,
-    ) -> Result<(), Response<ProxyBody>> {
-        let by = ApprovalAnswer {
-            by: Some("operator".into()),
-        };
-        let verdict = match answer.verdict {
-            Verdict::Approve => Body::ApprovalGranted(by),
-            Verdict::Deny => Body::ApprovalDenied(by),
-        };
-        let mut drafts = vec![Draft::observed(verdict).source(Source::OperatorAttested)];
-        let refusal = match answer.verdict {
-            Verdict::Deny => Some(Code::ApprovalDenied),
-            Verdict::Approve => self
-                .changed_since_preflight(credential)
-                .then_some(Code::FingerprintChanged),
-        };
-        if let Some(code) = refusal {
-            drafts.push(Draft::observed(Body::Failed(Failure::of(code))));
-        }
-        let recorded = self.record(drafts).await;
-        let record = match &recorded {
-            Ok(a) => json!(a.state.record),
-            Err(_) => json!({"invocation_id": self.id, "error": "journal unavailable"}),
-        };
-        let _ = answer.recorded.send(record);
-        match refusal {
-            Some(code) => Err(self.failure_response(&recorded, code)),
-            None if recorded.is_err() => Err(self.fallback(Code::JournalUnavailable)),
-            None => Ok(()),
-        }
-    }
-
-    /// Immediately before writing: the credential bound at preflight is still the one the
-    /// vault holds (the fingerprint and target are the held request's own, unchanged).
-    fn changed_since_preflight(&self, credential: Option<&str>) -> bool {
-        let (Some(id), Some(bound)) = (credential, &self.injection) else {
-            return false;
-        };
-        match Injection::resolve(&self.proxy.config, &self.proxy.vault, id) {
-            Ok(now) => now.evidence() != bound.evidence(),
-            Err(_) => true,
-        }
+/// The credential bound at preflight is no longer the one the vault holds.
+fn changed_since_preflight(
+    proxy: &Proxy,
+    credential: Option<&str>,
+    bound: Option<CredentialEvidence>,
+) -> bool {
+    let (Some(id), Some(bound)) = (credential, bound) else {
+        return false;
+    };
+    match Injection::resolve(&proxy.config, &proxy.vault, id) {
+        Ok(now) => now.evidence() != bound,
+        Err(_) => true,
     }
 }

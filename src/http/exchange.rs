@@ -29,14 +29,15 @@ use super::tap::Tap;
 use super::upstream::{Dialed, dial};
 use crate::config::{Approval, Config, Delivery, Inject, Route, Scheme};
 use crate::contract::{
-    Code, Completion, Envelope, Evidence, FailureContext, OperationFacts, Outcome, Phase,
-    ResponseFacts, StatusResolution, classify_status, postern_outcome, resolve_failure,
+    Code, Completion, Outcome, Phase, ResponseFacts, StatusResolution, classify_status,
+    postern_outcome,
 };
 use crate::journal::{
-    Accepted, Appended, Body, Delivered, Dispatch, Draft, Failure, HttpResult, JournalError,
-    Payload, Preflight, Protocol, RequestSent, ResponseComplete, ResponseStarted, ResultCommitted,
-    Source, StoredResult, b64, new_invocation_id, sha256_tagged_digest,
+    Accepted, Body, Dispatch, Draft, Failure, HttpResult, Payload, Preflight, Protocol,
+    RequestSent, ResponseComplete, ResponseStarted, ResultCommitted, Source, StoredResult, b64,
+    sha256_tagged_digest,
 };
+use crate::lifecycle::Invocation;
 use crate::policy::{Target, denial_field, fingerprint, match_route, route_is_built};
 
 /// A request as the front received it, with the agent already identified.
@@ -136,13 +137,11 @@ fn refuse(code: Code, field: &'static str) -> Refuse {
 
 pub(super) struct Exchange {
     pub(super) proxy: Arc<Proxy>,
-    pub(super) id: String,
+    /// The invocation this exchange drives through the lifecycle.
+    pub(super) inv: Invocation,
     pub(super) agent: String,
     pub(super) target: Target,
     pub(super) method: String,
-    /// Drafts not yet appended: they travel with the next append.
-    pub(super) pending: Vec<Draft>,
-    dispatched: bool,
     framing_conflict: bool,
     /// The credential bound at preflight; used unchanged at dispatch.
     pub(super) injection: Option<Injection>,
@@ -151,8 +150,6 @@ pub(super) struct Exchange {
     /// Body bytes handed to the origin (`REQUEST_SENT`) and to the agent (`RESULT_DELIVERED`).
     request_bytes: u64,
     pub(super) delivered_bytes: u64,
-    /// The last connection-setup attempt recorded (numbers those of a fresh connection).
-    stages: u32,
     /// Buffer budget held for this exchange's bodies; released when it ends.
     pub(super) held: Reservation,
 }
@@ -165,21 +162,19 @@ impl Exchange {
             Scheme::Https => Protocol::Https,
             Scheme::Http => Protocol::Http,
         };
-        let accepted = Draft::observed(Body::ActionAccepted(Accepted {
+        let accepted = Accepted {
             agent: inbound.agent.clone(),
             protocol,
             method: Some(method.clone()),
             target: target.url(),
             command: None,
-        }));
+        };
         Self {
+            inv: Invocation::accept(proxy.journal.clone(), accepted),
             proxy,
-            id: new_invocation_id(),
             agent: inbound.agent.clone(),
             target,
             method,
-            pending: vec![accepted],
-            dispatched: false,
             framing_conflict: inbound.framing_conflict,
             injection: None,
             agent_trailers: inbound.request.version() == http::Version::HTTP_2
@@ -194,18 +189,8 @@ impl Exchange {
                     }),
             request_bytes: 0,
             delivered_bytes: 0,
-            stages: 0,
             held: Reservation::default(),
         }
-    }
-
-    pub(super) async fn record(
-        &mut self,
-        mut drafts: Vec<Draft>,
-    ) -> Result<Appended, JournalError> {
-        let mut all = std::mem::take(&mut self.pending);
-        all.append(&mut drafts);
-        self.proxy.journal.append(&self.id, all).await
     }
 
     /// Records a failure and answers with the envelope the projection computed.
@@ -214,62 +199,12 @@ impl Exchange {
         drafts: Vec<Draft>,
         failure: Failure,
     ) -> Response<ProxyBody> {
-        let code = failure.code;
-        let mut drafts = drafts;
-        drafts.push(Draft::observed(Body::Failed(failure)));
-        let recorded = self.record(drafts).await;
-        self.failure_response(&recorded, code)
-    }
-
-    /// The envelope the projection computed for a recorded failure, or one computed
-    /// without the journal when it could not record.
-    pub(super) fn failure_response(
-        &self,
-        recorded: &Result<Appended, JournalError>,
-        code: Code,
-    ) -> Response<ProxyBody> {
-        match recorded {
-            Ok(a) => match &a.state.record.envelope {
-                Some(env) => respond::envelope(env),
-                None => self.fallback(code),
-            },
-            Err(_) => self.fallback(if self.dispatched {
-                code
-            } else {
-                Code::JournalUnavailable
-            }),
-        }
+        respond::envelope(&self.inv.fail(drafts, failure).await)
     }
 
     /// An envelope computed without the journal (it could not record).
     pub(super) fn fallback(&self, code: Code) -> Response<ProxyBody> {
-        let ctx = FailureContext {
-            phase_reached: if self.dispatched {
-                Phase::RemoteExecution
-            } else {
-                Phase::Validation
-            },
-            current_outcome: if self.dispatched {
-                Outcome::Unknown
-            } else {
-                Outcome::NotAttempted
-            },
-            dispatched: self.dispatched,
-            result_stored: false,
-            operation: OperationFacts::default(),
-            now_ms: 0,
-        };
-        let evidence = Evidence {
-            dispatch_started: self.dispatched,
-            hop: "postern".into(),
-            ..Evidence::default()
-        };
-        respond::envelope(&Envelope::new(
-            &self.id,
-            resolve_failure(code, &ctx),
-            None,
-            evidence,
-        ))
+        respond::envelope(&self.inv.fallback(code))
     }
 
     async fn run(
@@ -285,18 +220,16 @@ impl Exchange {
             Outgoing::Deliver { resp, done } => {
                 if reply.send(resp).is_err() {
                     // The agent left after the result was committed.
-                    self.delivery_failed().await;
+                    self.inv.delivery_failed().await;
                     return;
                 }
                 let end = done.await.unwrap_or(DeliveryEnd::Dropped);
                 match end {
-                    DeliveryEnd::Delivered => {
-                        self.delivered().await;
-                    }
-                    DeliveryEnd::Dropped => self.delivery_failed().await,
+                    DeliveryEnd::Delivered => self.inv.delivered(self.delivered_bytes).await,
+                    DeliveryEnd::Dropped => self.inv.delivery_failed().await,
                 }
             }
-            Outgoing::Gone => self.delivery_failed().await,
+            Outgoing::Gone => self.inv.delivery_failed().await,
             Outgoing::Stream { resp, done, plan } => {
                 let agent_gone = reply.send(resp).is_err();
                 let end = self.pump(*plan, agent_gone).await;
@@ -309,33 +242,14 @@ impl Exchange {
     async fn after_stream(&mut self, end: StreamEnd, done: oneshot::Receiver<DeliveryEnd>) {
         match end {
             StreamEnd::Broken => {}
-            StreamEnd::Committed { agent_gone: true } => self.delivery_failed().await,
+            StreamEnd::Committed { agent_gone: true } => self.inv.delivery_failed().await,
             StreamEnd::Committed { agent_gone: false } => {
                 match done.await.unwrap_or(DeliveryEnd::Dropped) {
-                    DeliveryEnd::Delivered => {
-                        self.delivered().await;
-                    }
-                    DeliveryEnd::Dropped => self.delivery_failed().await,
+                    DeliveryEnd::Delivered => self.inv.delivered(self.delivered_bytes).await,
+                    DeliveryEnd::Dropped => self.inv.delivery_failed().await,
                 }
             }
         }
-    }
-
-    /// Nothing acts on `RESULT_DELIVERED`: it rides the next write without an ack.
-    async fn delivered(&mut self) {
-        let mut drafts = std::mem::take(&mut self.pending);
-        drafts.push(Draft::observed(Body::ResultDelivered(Delivered {
-            bytes: self.delivered_bytes,
-        })));
-        self.proxy.journal.enqueue(&self.id, drafts).await;
-    }
-
-    pub(super) async fn delivery_failed(&mut self) {
-        let _ = self
-            .record(vec![Draft::observed(Body::Failed(Failure::of(
-                Code::ResultDeliveryFailed,
-            )))])
-            .await;
     }
 
     async fn drive(
@@ -344,7 +258,7 @@ impl Exchange {
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
         let (parts, body) = request.into_parts();
-        if self.proxy.journal.admit().is_err() {
+        if self.inv.journal().admit().is_err() {
             return Outgoing::Respond(
                 self.fail(vec![], Failure::of(Code::JournalUnavailable))
                     .await,
@@ -415,8 +329,8 @@ impl Exchange {
         let pooled = self.proxy.pool.take_ready(&key).await;
         if pooled.is_some() {
             // No setup stage to wait for: preflight rides with DISPATCH_STARTED in one write.
-            self.pending.append(&mut drafts);
-        } else if self.record(drafts).await.is_err() {
+            self.inv.defer(drafts);
+        } else if self.inv.record(drafts).await.is_err() {
             return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
         }
         if let Some(conn) = pooled {
@@ -432,7 +346,7 @@ impl Exchange {
         let dialed = match dial(route, &self.target, &self.proxy.tls, &self.proxy.dns).await {
             Ok(d) => d,
             Err(f) => {
-                let drafts = attempt_drafts(&f.attempts);
+                let drafts = self.inv.attempt_drafts(&f.attempts);
                 return Outgoing::Respond(self.fail(drafts, Failure::of(f.code)).await);
             }
         };
@@ -553,8 +467,7 @@ impl Exchange {
         body: Bytes,
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
-        let drafts = attempt_drafts(&dialed.attempts);
-        self.stages = dialed.attempts.last().map_or(0, |a| a.n);
+        let drafts = self.inv.attempt_drafts(&dialed.attempts);
         let dispatch = Dispatch {
             connection_id: None,
             reused_connection: false,
@@ -619,15 +532,13 @@ impl Exchange {
     /// `DISPATCH_STARTED` made durable: from here on nothing is ever `not_attempted`.
     async fn dispatch_boundary(
         &mut self,
-        mut drafts: Vec<Draft>,
+        drafts: Vec<Draft>,
         dispatch: Dispatch,
     ) -> Result<(), Outgoing> {
-        drafts.push(Draft::observed(Body::DispatchStarted(dispatch)).hop("origin"));
-        if self.record(drafts).await.is_err() {
-            return Err(Outgoing::Respond(self.fallback(Code::JournalUnavailable)));
-        }
-        self.dispatched = true;
-        Ok(())
+        self.inv
+            .dispatch_boundary(drafts, dispatch, "origin")
+            .await
+            .map_err(|env| Outgoing::Respond(respond::envelope(&env)))
     }
 
     /// Sends, receives, and hands a still-usable connection back to the pool.
@@ -680,9 +591,6 @@ impl Exchange {
             Ok(d) => d.attempts.clone(),
             Err(f) => f.attempts.clone(),
         };
-        for a in &mut attempts {
-            a.n += self.stages;
-        }
         if let Some(first) = attempts.first_mut() {
             let prior = first
                 .diagnostic
@@ -693,7 +601,8 @@ impl Exchange {
                 "sent again: the request came back unwritten ({why}){prior}"
             ));
         }
-        let _ = self.record(attempt_drafts(&attempts)).await;
+        let drafts = self.inv.attempt_drafts(&attempts);
+        let _ = self.inv.record(drafts).await;
         let failed = match dialed {
             Err(f) => unknown(format!("{why}; a fresh connection failed: {}", f.code)),
             Ok(d) if d.h2 != is_h2_request(&req) => {
@@ -751,9 +660,7 @@ impl Exchange {
     }
 
     async fn remote_failure(&mut self, code: Code, diagnostic: String) -> Response<ProxyBody> {
-        let mut f = Failure::of(code);
-        f.diagnostic = Some(diagnostic);
-        self.fail(vec![], f).await
+        respond::envelope(&self.inv.fail_with(code, diagnostic).await)
     }
 
     /// Waits for the response head; `response_timeout` runs from the request fully written.
@@ -785,7 +692,7 @@ impl Exchange {
                     if matches!(s, Ok(DeliveryEnd::Delivered)) {
                         let sent = RequestSent { bytes: self.request_bytes };
                         let sent = Draft::observed(Body::RequestSent(sent)).hop("origin");
-                        self.proxy.journal.enqueue(&self.id, vec![sent]).await;
+                        self.inv.observe(vec![sent]).await;
                     }
                     deadline.as_mut().reset(tokio::time::Instant::now() + response_timeout);
                 }
@@ -794,7 +701,7 @@ impl Exchange {
                 }
                 () = reply.closed(), if !cancelled => {
                     cancelled = true;
-                    let _ = self.record(vec![Draft::observed(Body::Failed(Failure::of(Code::CallerCancelled)))]).await;
+                    self.inv.caller_cancelled().await;
                 }
             }
         }
@@ -907,15 +814,8 @@ impl Exchange {
         }))
         .source(Source::RemoteResponse)
         .hop("origin");
-        let mut drafts = std::mem::take(&mut self.pending);
-        drafts.extend([started, complete, committed]);
-        if self
-            .proxy
-            .journal
-            .commit_result(&self.id, drafts, stored)
-            .await
-            .is_err()
-        {
+        let drafts = vec![started, complete, committed];
+        if self.inv.commit_result(drafts, stored).await.is_err() {
             return Outgoing::Respond(self.fallback(Code::ResultStoreFailed));
         }
         if reply.is_closed() {
@@ -935,7 +835,7 @@ impl Exchange {
         if !bodiless {
             out.headers_mut().remove(header::CONTENT_LENGTH);
         }
-        if let Ok(v) = HeaderValue::from_str(&self.id) {
+        if let Ok(v) = HeaderValue::from_str(self.inv.id()) {
             out.headers_mut().insert(POSTERN_INVOCATION, v);
         }
         if let Ok(v) = HeaderValue::from_str(&outcome) {
@@ -983,7 +883,7 @@ impl Exchange {
     ) -> StoredResult {
         let keep = keep && body.len() as u64 <= self.proxy.config.journal.max_result_bytes;
         StoredResult {
-            invocation_id: self.id.clone(),
+            invocation_id: self.inv.id().to_owned(),
             outcome,
             payload: Payload::Http(HttpResult {
                 status,
@@ -994,7 +894,7 @@ impl Exchange {
                 bytes: body.len() as u64,
             }),
             complete: true,
-            expires_at_ms: self.proxy.journal.result_expiry_ms(),
+            expires_at_ms: self.inv.journal().result_expiry_ms(),
         }
     }
 }
@@ -1050,13 +950,6 @@ fn query_has(path_and_query: &str, param: &str) -> bool {
         .split_once('?')
         .map(|(_, q)| q.split('&').any(|kv| kv.split('=').next() == Some(param)))
         .unwrap_or(false)
-}
-
-fn attempt_drafts(attempts: &[crate::journal::ConnectAttempt]) -> Vec<Draft> {
-    attempts
-        .iter()
-        .map(|a| Draft::observed(Body::ConnectAttempt(a.clone())).attempt(a.n))
-        .collect()
 }
 
 /// Which offered credential this request uses (`Postern-Credential`), never echoed back.

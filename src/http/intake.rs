@@ -120,6 +120,7 @@ impl Exchange {
     /// `JOURNAL_UNAVAILABLE` whose message names the budget, with `Retry-After`.
     async fn budget_refused(&mut self, failure: Failure) -> Response<ProxyBody> {
         let recorded = self
+            .inv
             .record(vec![Draft::observed(Body::Failed(failure))])
             .await;
         let envelope = recorded

@@ -125,14 +125,14 @@ impl Exchange {
         let trailers = self.agent_trailers && !parts.headers.contains_key(header::CONTENT_LENGTH);
         parts.version = http::Version::HTTP_11;
         let h = &mut parts.headers;
-        if let Ok(v) = HeaderValue::from_str(&self.id) {
+        if let Ok(v) = HeaderValue::from_str(self.inv.id()) {
             h.insert(POSTERN_INVOCATION, v);
         }
         h.insert(POSTERN_DELIVERY, HeaderValue::from_static("streamed"));
         if trailers {
             h.insert(header::TRAILER, HeaderValue::from_static("postern-outcome"));
         }
-        if self.record(vec![started]).await.is_err() {
+        if self.inv.record(vec![started]).await.is_err() {
             return Outgoing::Respond(
                 self.fail(vec![], Failure::of(Code::RemoteOutcomeUnknown))
                     .await,
@@ -179,7 +179,7 @@ impl Exchange {
         };
         tally.keep = tally.withheld.is_none();
         if agent_gone {
-            self.caller_cancelled().await;
+            self.inv.caller_cancelled().await;
         }
         let Some(mut rest) = plan.rest.take() else {
             return self.broken(&plan.tx, "no body to stream".into()).await;
@@ -245,7 +245,7 @@ impl Exchange {
         tally.absorb(&out);
         if !*agent_gone && !out.is_empty() && tx.send(Chunk::Data(out)).await.is_err() {
             *agent_gone = true;
-            self.caller_cancelled().await;
+            self.inv.caller_cancelled().await;
         }
     }
 
@@ -269,18 +269,11 @@ impl Exchange {
         }
     }
 
-    async fn caller_cancelled(&mut self) {
-        let _ = self
-            .record(vec![Draft::observed(Body::Failed(Failure::of(
-                Code::CallerCancelled,
-            )))])
-            .await;
-    }
-
     async fn broken(&mut self, tx: &mpsc::Sender<Chunk>, diagnostic: String) -> StreamEnd {
-        let mut f = Failure::of(Code::RemoteResultIncomplete);
-        f.diagnostic = Some(diagnostic);
-        let _ = self.record(vec![Draft::observed(Body::Failed(f))]).await;
+        let _ = self
+            .inv
+            .fail_with(Code::RemoteResultIncomplete, diagnostic)
+            .await;
         let _ = tx.send(Chunk::Abort).await;
         StreamEnd::Broken
     }
@@ -318,7 +311,7 @@ impl Exchange {
         .source(Source::RemoteResponse)
         .hop("origin");
         let result = StoredResult {
-            invocation_id: self.id.clone(),
+            invocation_id: self.inv.id().to_owned(),
             outcome: plan.resolution.outcome,
             payload: Payload::Http(HttpResult {
                 status: plan.status,
@@ -329,24 +322,16 @@ impl Exchange {
                 bytes: tally.bytes,
             }),
             complete: true,
-            expires_at_ms: self.proxy.journal.result_expiry_ms(),
+            expires_at_ms: self.inv.journal().result_expiry_ms(),
         };
         self.delivered_bytes = tally.bytes;
-        let mut drafts = std::mem::take(&mut self.pending);
-        drafts.extend([complete, committed]);
-        if self
-            .proxy
-            .journal
-            .commit_result(&self.id, drafts, result)
-            .await
-            .is_ok()
-        {
+        let drafts = vec![complete, committed];
+        if self.inv.commit_result(drafts, result).await.is_ok() {
             return true;
         }
         let _ = self
-            .record(vec![Draft::observed(Body::Failed(Failure::of(
-                Code::ResultStoreFailed,
-            )))])
+            .inv
+            .fail(vec![], Failure::of(Code::ResultStoreFailed))
             .await;
         false
     }

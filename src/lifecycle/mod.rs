@@ -1,0 +1,200 @@
+//! One invocation's lifecycle, whatever the transport (HTTP exchange, SSH `exec`):
+//!
+//! `ACTION_ACCEPTED` → `PREFLIGHT_VALIDATED` (+ `CREDENTIAL_AUTHORIZED`) → approval hold →
+//! `CONNECT_ATTEMPT`s → `DISPATCH_STARTED` (durable: the dispatch boundary) → remote
+//! evidence → `RESULT_COMMITTED` with the result → `RESULT_DELIVERED`, or `FAILED`
+//! (`CALLER_CANCELLED`, `RESULT_DELIVERY_FAILED`, …) at any step.
+//!
+//! Transports drive it with what they observed; it records the events and hands back the
+//! envelope the journal's projection computed (`contract` decides, the transport renders).
+//! Invariant: nothing is sent after `dispatch_boundary` fails, and once it succeeded the
+//! invocation is never again `not_attempted`.
+
+mod approval;
+
+use crate::contract::{
+    Code, Envelope, Evidence, FailureContext, OperationFacts, Outcome, Phase, resolve_failure,
+};
+use crate::journal::{
+    Accepted, Appended, Body, ConnectAttempt, Delivered, Dispatch, Draft, Failure, Journal,
+    JournalError, StoredResult, new_invocation_id,
+};
+
+/// An invocation on its way through the lifecycle.
+pub struct Invocation {
+    journal: Journal,
+    id: String,
+    /// Drafts not yet appended: they travel with the next append.
+    pending: Vec<Draft>,
+    dispatched: bool,
+    /// The last connection-setup attempt recorded (numbers those of a later connection).
+    last_attempt: u32,
+}
+
+impl Invocation {
+    /// A new invocation; `ACTION_ACCEPTED` rides the first append.
+    pub fn accept(journal: Journal, accepted: Accepted) -> Self {
+        Self {
+            journal,
+            id: new_invocation_id(),
+            pending: vec![Draft::observed(Body::ActionAccepted(accepted))],
+            dispatched: false,
+            last_attempt: 0,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    /// `DISPATCH_STARTED` is durable for this invocation.
+    pub fn dispatched(&self) -> bool {
+        self.dispatched
+    }
+
+    /// Holds drafts back so they ride the next append (one write instead of two).
+    pub fn defer(&mut self, mut drafts: Vec<Draft>) {
+        self.pending.append(&mut drafts);
+    }
+
+    /// Appends the deferred drafts and these, waiting for what the sync rule requires.
+    pub async fn record(&mut self, mut drafts: Vec<Draft>) -> Result<Appended, JournalError> {
+        let mut all = std::mem::take(&mut self.pending);
+        all.append(&mut drafts);
+        self.journal.append(&self.id, all).await
+    }
+
+    /// Appends without waiting: for events nothing acts on.
+    pub async fn observe(&mut self, mut drafts: Vec<Draft>) {
+        let mut all = std::mem::take(&mut self.pending);
+        all.append(&mut drafts);
+        self.journal.enqueue(&self.id, all).await;
+    }
+
+    /// Records a failure; the envelope is the projection's.
+    pub async fn fail(&mut self, mut drafts: Vec<Draft>, failure: Failure) -> Envelope {
+        let code = failure.code;
+        drafts.push(Draft::observed(Body::Failed(failure)));
+        let recorded = self.record(drafts).await;
+        self.envelope(&recorded, code)
+    }
+
+    /// Records a failure of `code` with the transport's own words for operators.
+    pub async fn fail_with(&mut self, code: Code, diagnostic: String) -> Envelope {
+        let mut f = Failure::of(code);
+        f.diagnostic = Some(diagnostic);
+        self.fail(vec![], f).await
+    }
+
+    /// The envelope the projection computed for a recorded failure, or one computed
+    /// without the journal when it could not record.
+    pub fn envelope(&self, recorded: &Result<Appended, JournalError>, code: Code) -> Envelope {
+        match recorded {
+            Ok(a) => match &a.state.record.envelope {
+                Some(env) => env.clone(),
+                None => self.fallback(code),
+            },
+            Err(_) if self.dispatched => self.fallback(code),
+            Err(_) => self.fallback(Code::JournalUnavailable),
+        }
+    }
+
+    /// An envelope computed without the journal (it could not record).
+    pub fn fallback(&self, code: Code) -> Envelope {
+        let d = self.dispatched;
+        let ctx = FailureContext {
+            phase_reached: if d {
+                Phase::RemoteExecution
+            } else {
+                Phase::Validation
+            },
+            current_outcome: if d {
+                Outcome::Unknown
+            } else {
+                Outcome::NotAttempted
+            },
+            dispatched: d,
+            result_stored: false,
+            operation: OperationFacts::default(),
+            now_ms: 0,
+        };
+        let evidence = Evidence {
+            dispatch_started: d,
+            hop: "postern".into(),
+            ..Evidence::default()
+        };
+        Envelope::new(&self.id, resolve_failure(code, &ctx), None, evidence)
+    }
+
+    /// Connection-setup stages as events. Stages of a connection set up after
+    /// `DISPATCH_STARTED` (a request handed back unwritten) continue the numbering.
+    pub fn attempt_drafts(&mut self, attempts: &[ConnectAttempt]) -> Vec<Draft> {
+        let offset = if self.dispatched {
+            self.last_attempt
+        } else {
+            0
+        };
+        attempts
+            .iter()
+            .map(|a| {
+                let mut a = a.clone();
+                a.n += offset;
+                self.last_attempt = self.last_attempt.max(a.n);
+                let n = a.n;
+                Draft::observed(Body::ConnectAttempt(a)).attempt(n)
+            })
+            .collect()
+    }
+
+    /// The dispatch boundary: `DISPATCH_STARTED` (with `drafts` before it) made durable.
+    /// From here on nothing is ever `not_attempted`; on `Err` nothing may be sent.
+    pub async fn dispatch_boundary(
+        &mut self,
+        mut drafts: Vec<Draft>,
+        dispatch: Dispatch,
+        hop: &str,
+    ) -> Result<(), Envelope> {
+        drafts.push(Draft::observed(Body::DispatchStarted(dispatch)).hop(hop));
+        if self.record(drafts).await.is_err() {
+            return Err(self.fallback(Code::JournalUnavailable));
+        }
+        self.dispatched = true;
+        Ok(())
+    }
+
+    /// `RESULT_COMMITTED` (the resolving event, in `drafts`) with its result, durable.
+    pub async fn commit_result(
+        &mut self,
+        mut drafts: Vec<Draft>,
+        result: StoredResult,
+    ) -> Result<Appended, JournalError> {
+        let mut all = std::mem::take(&mut self.pending);
+        all.append(&mut drafts);
+        self.journal.commit_result(&self.id, all, result).await
+    }
+
+    /// The caller left before the remote answered; the exchange runs on.
+    pub async fn caller_cancelled(&mut self) {
+        let _ = self.record_failure(Code::CallerCancelled).await;
+    }
+
+    /// The result is stored but the caller did not take all of it.
+    pub async fn delivery_failed(&mut self) {
+        let _ = self.record_failure(Code::ResultDeliveryFailed).await;
+    }
+
+    async fn record_failure(&mut self, code: Code) -> Result<Appended, JournalError> {
+        self.record(vec![Draft::observed(Body::Failed(Failure::of(code)))])
+            .await
+    }
+
+    /// Nothing acts on `RESULT_DELIVERED`: it rides the next write without an ack.
+    pub async fn delivered(&mut self, bytes: u64) {
+        let done = Body::ResultDelivered(Delivered { bytes });
+        self.observe(vec![Draft::observed(done)]).await;
+    }
+}
