@@ -172,3 +172,62 @@ impl Drop for ChannelBody {
         }
     }
 }
+
+pub(super) fn body_error(e: &hyper::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The request body toward the origin.
+pub enum UpBody {
+    Empty,
+    Full(RequestBody),
+}
+
+impl http_body::Body for UpBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            Self::Empty => std::task::Poll::Ready(None),
+            Self::Full(b) => std::pin::Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Empty => true,
+            Self::Full(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            Self::Empty => http_body::SizeHint::with_exact(0),
+            Self::Full(b) => b.size_hint(),
+        }
+    }
+}
+
+/// Puts the agent's body on the upstream request; `None` for an empty body.
+pub(super) fn attach_body(
+    req: &mut http::Request<UpBody>,
+    body: Bytes,
+) -> Option<oneshot::Receiver<DeliveryEnd>> {
+    if body.is_empty() {
+        return None;
+    }
+    let (b, rx) = RequestBody::new(body);
+    *req.body_mut() = UpBody::Full(b);
+    Some(rx)
+}

@@ -11,8 +11,9 @@ use http::{HeaderMap, HeaderValue, Response, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use super::body::body_error;
 use super::budget::Reservation;
-use super::exchange::{Exchange, body_error};
+use super::exchange::Exchange;
 use super::respond::{self, ProxyBody};
 use crate::contract::Code;
 use crate::journal::{Body, Draft, Failure};

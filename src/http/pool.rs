@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-use super::exchange::{UpBody, body_error};
+use super::body::{UpBody, body_error};
 use super::tap::Tap;
 use crate::config::Route;
 use crate::journal::TlsIdentity;

@@ -11,10 +11,12 @@ use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
+use super::body::body_error;
 use super::body::{ChannelBody, Chunk};
 use super::decode::{self, Decoder, Undecodable};
-use super::exchange::{Exchange, Outgoing, body_error, stored_headers};
+use super::exchange::{Exchange, Outgoing};
 use super::guard::ReflectionGuard;
+use super::headers::stored_headers;
 use super::respond::{POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME, Relayed};
 use crate::config::Route;
 use crate::contract::{Code, Completion, Phase, StatusResolution, postern_outcome};

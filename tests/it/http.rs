@@ -132,7 +132,7 @@ fn a_complete_response_passes_through_with_postern_headers() {
     assert_eq!(r["route"], "origin");
     assert_eq!(r["result"]["status"], 200);
     let mut events = s.events(&id);
-    for _ in 0..100 {
+    for _ in 0..500 {
         if events.last().map(String::as_str) == Some("RESULT_DELIVERED") {
             break;
         }

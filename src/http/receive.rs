@@ -1,0 +1,230 @@
+//! The response: read to its framing end (or handed to streaming), classified by the
+//! contract, guarded, committed with its result, then handed to the agent.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+
+use super::body::DeliveryBody;
+use super::decode;
+use super::exchange::{Exchange, Outgoing};
+use super::guard::ReflectionGuard;
+use super::headers::{
+    bodiless, delivery_mode, framing, stored_headers, strip_error_proxy_status, strip_hop_by_hop,
+};
+use super::intake::Collected;
+use super::respond::{POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed};
+use crate::config::{Delivery, Route};
+use crate::contract::{
+    Code, Outcome, Phase, ResponseFacts, StatusResolution, classify_status, postern_outcome,
+};
+use crate::journal::{
+    Body, Draft, Failure, HttpResult, Payload, ResponseComplete, ResponseStarted, ResultCommitted,
+    Source, StoredResult, b64, sha256_tagged_digest,
+};
+
+impl Exchange {
+    /// Reads the response to its framing end, commits it, then hands it over.
+    pub(super) async fn receive(
+        &mut self,
+        route: &Route,
+        resp: Response<Incoming>,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
+    ) -> Outgoing {
+        let status = resp.status();
+        let started = Draft::observed(Body::RemoteResponseStarted(ResponseStarted {
+            status: Some(status.as_u16()),
+        }))
+        .source(Source::RemoteResponse)
+        .hop("origin");
+        let (mut parts, incoming) = resp.into_parts();
+        // An origin's reason phrase is free text (it may echo the secret): never relayed.
+        parts.extensions.remove::<hyper::ext::ReasonPhrase>();
+        let completion = framing(&parts.headers, parts.version);
+        let config = self.proxy.config.clone();
+        let journal = &config.journal;
+        // A bodiless response's Content-Length describes the representation: kept as sent.
+        let bodiless = bodiless(&self.method, status);
+        let limit = match delivery_mode(route.delivery, &parts.headers, journal.buffer_limit) {
+            _ if bodiless => journal.buffer_limit.max(1),
+            Delivery::Stream => 0,
+            Delivery::Buffer => journal.buffer_limit.max(journal.max_result_bytes),
+            Delivery::Auto => journal.buffer_limit,
+        };
+        let collected = self.collect(incoming, route.idle_timeout, limit).await;
+        let body = match collected {
+            Ok(Collected::Complete(b)) => b,
+            Ok(Collected::Partial(prefix, rest)) => {
+                return self
+                    .start_stream(route, status, parts, completion, prefix, rest, started)
+                    .await;
+            }
+            Err(diag) => {
+                let mut f = Failure::of(Code::RemoteResultIncomplete);
+                f.diagnostic = Some(diag);
+                return Outgoing::Respond(self.fail(vec![started], f).await);
+            }
+        };
+        let Some(head) = self.resolve_head(route, status, &mut parts.headers) else {
+            let f = Failure::of(Code::RemoteOutcomeUnknown);
+            return Outgoing::Respond(self.fail(vec![started], f).await);
+        };
+        let resolution = head.resolution;
+        let guarded = !head.guard.is_empty() && !bodiless;
+        let cap = journal.buffer_limit.max(journal.max_result_bytes);
+        let decoded = decode::for_guard(guarded, &mut parts.headers, &body, cap);
+        let (delivered, body_hits) = head.guard.redact(decoded.as_ref().unwrap_or(&Bytes::new()));
+        // A withheld body is recorded by the digest and length of what the origin sent.
+        let body = if decoded.is_ok() {
+            delivered.clone()
+        } else {
+            body
+        };
+        let redactions = body_hits + head.header_hits;
+        let mut evidence = serde_json::Map::new();
+        if redactions > 0 {
+            evidence.insert("redactions".into(), redactions.into());
+        }
+        if let Err(why) = &decoded {
+            evidence.insert("body_withheld".into(), why.as_str().into());
+        }
+        for name in ["location", "operation-location"] {
+            if status == StatusCode::ACCEPTED
+                && let Some(v) = parts.headers.get(name).and_then(|v| v.to_str().ok())
+            {
+                evidence.insert(name.replace('-', "_"), v.into());
+            }
+        }
+        if !bodiless && parts.headers.contains_key(header::CONTENT_LENGTH) {
+            // Redaction may change the length: the stored head says what the agent gets.
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(delivered.len()));
+        }
+        let digest = sha256_tagged_digest(&Sha256::digest(&body));
+        let stored = self.stored_result(
+            status.as_u16(),
+            &parts.headers,
+            &body,
+            &digest,
+            resolution.outcome,
+            decoded.is_ok(),
+        );
+        let complete = Draft::observed(Body::RemoteResponseComplete(ResponseComplete {
+            completion,
+            bytes: body.len() as u64,
+            digest: digest.clone(),
+        }))
+        .source(Source::RemoteResponse)
+        .hop("origin");
+        let committed = Draft::observed(Body::ResultCommitted(ResultCommitted {
+            outcome: resolution.outcome,
+            retry: resolution.retry,
+            status: Some(status.as_u16()),
+            exit_status: None,
+            exit_signal: None,
+            digest,
+            bytes: body.len() as u64,
+            complete: true,
+            completion: Some(completion),
+            evidence,
+        }))
+        .source(Source::RemoteResponse)
+        .hop("origin");
+        let drafts = vec![started, complete, committed];
+        if self.inv.commit_result(drafts, stored).await.is_err() {
+            return Outgoing::Respond(self.fallback(Code::ResultStoreFailed));
+        }
+        if reply.is_closed() {
+            return Outgoing::Gone;
+        }
+        let outcome = postern_outcome(
+            resolution.outcome,
+            Phase::RemoteExecution,
+            resolution.retry,
+            None,
+        );
+        self.delivered_bytes = delivered.len() as u64;
+        let (delivery, done) = DeliveryBody::new(delivered);
+        parts.version = http::Version::HTTP_11;
+        let mut out = Response::from_parts(parts, delivery.boxed());
+        out.extensions_mut().insert(Relayed);
+        if !bodiless {
+            out.headers_mut().remove(header::CONTENT_LENGTH);
+        }
+        if let Ok(v) = HeaderValue::from_str(self.inv.id()) {
+            out.headers_mut().insert(POSTERN_INVOCATION, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&outcome) {
+            out.headers_mut().insert(POSTERN_OUTCOME, v);
+        }
+        Outgoing::Deliver { resp: out, done }
+    }
+
+    /// Classifies a final response head and cleans its headers for the agent.
+    pub(super) fn resolve_head(
+        &self,
+        route: &Route,
+        status: StatusCode,
+        headers: &mut HeaderMap,
+    ) -> Option<Head> {
+        let facts = ResponseFacts {
+            status: status.as_u16(),
+            has_retry_after: headers.contains_key(header::RETRY_AFTER),
+            idempotent: route.idempotent_methods.contains(&self.method),
+        };
+        let resolution = classify_status(facts, &route.status_outcomes)?;
+        strip_hop_by_hop(headers);
+        strip_error_proxy_status(headers);
+        // No guard for a credentialed route: nothing is relayed (the caller fails it).
+        let guard = match &self.injection {
+            Some(injection) => injection.guard(&self.proxy.guards)?,
+            None => Arc::new(ReflectionGuard::default()),
+        };
+        let header_hits = guard.redact_headers(headers);
+        Some(Head {
+            resolution,
+            guard,
+            header_hits,
+        })
+    }
+
+    pub(super) fn stored_result(
+        &self,
+        status: u16,
+        headers: &HeaderMap,
+        body: &Bytes,
+        digest: &str,
+        outcome: Outcome,
+        keep: bool,
+    ) -> StoredResult {
+        let keep = keep && body.len() as u64 <= self.proxy.config.journal.max_result_bytes;
+        StoredResult {
+            invocation_id: self.inv.id().to_owned(),
+            outcome,
+            payload: Payload::Http(HttpResult {
+                status,
+                headers: stored_headers(headers),
+                body_base64: keep.then(|| b64(body)),
+                body_stored: keep,
+                digest: digest.to_owned(),
+                bytes: body.len() as u64,
+            }),
+            complete: true,
+            expires_at_ms: self.inv.journal().result_expiry_ms(),
+        }
+    }
+}
+
+/// A classified response head: its resolution and the reflection guard for its body.
+pub(super) struct Head {
+    pub resolution: StatusResolution,
+    pub guard: Arc<ReflectionGuard>,
+    pub header_hits: usize,
+}
