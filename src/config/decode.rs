@@ -5,7 +5,7 @@
 use serde::de::DeserializeOwned;
 use serde_path_to_error::Segment;
 
-use super::validate::Problem;
+use super::problem::Problem;
 
 /// More than this many bad keys in one table are not worth listing one by one.
 const MAX_PER_TABLE: usize = 32;

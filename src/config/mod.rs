@@ -3,6 +3,7 @@
 
 mod decode;
 mod model;
+mod problem;
 mod raw;
 mod units;
 mod validate;

@@ -8,33 +8,11 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 
 use super::model::*;
+pub use super::problem::{ConfigErrors, Problem};
 use super::raw::*;
 use super::units::{Quantity, parse_duration, parse_size};
 use crate::contract::Outcome;
 use crate::journal::Durability;
-
-/// One bad key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub path: String,
-    pub message: String,
-}
-
-/// Every problem found in one config.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigErrors(pub Vec<Problem>);
-
-impl std::fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "invalid config ({} problem(s)):", self.0.len())?;
-        for p in &self.0 {
-            writeln!(f, "  {}: {}", p.path, p.message)?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
 
 /// Looks up a process environment variable (passed in, never read deep in code).
 pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;

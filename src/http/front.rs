@@ -11,7 +11,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use super::Proxy;
-use super::exchange::{self, Inbound};
+use super::drive;
+use super::exchange::Inbound;
 use super::failed_logins::{UNAUTHENTICATED, capped_target};
 use super::internal;
 use super::respond::{self, ProxyBody};
@@ -210,7 +211,7 @@ async fn front_request(
                 request: req,
                 framing_conflict,
             };
-            exchange::handle(proxy, inbound).await
+            drive::handle(proxy, inbound).await
         }
         Err(e) => {
             let url = req.uri().to_string();
@@ -310,7 +311,7 @@ async fn intercept(
                         request: req,
                         framing_conflict,
                     };
-                    exchange::handle(proxy, inbound).await
+                    drive::handle(proxy, inbound).await
                 }
                 Err(e) => {
                     let url = format!("https://{host}:{port}{path}");

@@ -1,18 +1,19 @@
-//! The HTTP(S) proxy.
+//! The HTTP(S) proxy: what is specific to HTTP around the shared invocation lifecycle
+//! (`crate::lifecycle`).
 //!
-//! Lifecycle of a request: `front` (absolute-form or `CONNECT` + `mitm` TLS) →
-//! agent identity → `exchange`: validate and route (before DNS or secrets) →
-//! `PREFLIGHT_VALIDATED` → `upstream` connection setup (`CONNECT_ATTEMPT`s) →
-//! `DISPATCH_STARTED` durable → request written (`tap`/`body` observe it) →
-//! response head → body to its framing end → `RESULT_COMMITTED` with the result →
-//! delivery (`RESULT_DELIVERED`). Invariant: no request byte reaches the origin
-//! before `DISPATCH_STARTED` is durable.
-
+//! A request's path: `front` (absolute-form or `CONNECT` + `mitm` TLS, agent identity) →
+//! `drive`: validate and route (before DNS or secrets), `intake` the body, preflight,
+//! `approval` → `upstream` connection setup or a `pool`ed connection → `dispatch`:
+//! `DISPATCH_STARTED` durable, request written (`tap`/`body` observe it) → `receive`:
+//! head classified, body to its framing end (or `stream`ed), `guard`ed, `RESULT_COMMITTED`
+//! with the result → delivery (`RESULT_DELIVERED`). Invariant: no request byte reaches the
+//! origin before `DISPATCH_STARTED` is durable.
 mod approval;
 mod body;
 pub mod budget;
 mod decode;
 mod dispatch;
+mod drive;
 mod exchange;
 pub mod failed_logins;
 mod front;

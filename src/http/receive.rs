@@ -13,13 +13,15 @@ use tokio::sync::oneshot;
 
 use super::body::DeliveryBody;
 use super::decode;
-use super::exchange::{Exchange, Outgoing};
+use super::drive::Outgoing;
+use super::exchange::Exchange;
 use super::guard::ReflectionGuard;
 use super::headers::{
     bodiless, delivery_mode, framing, stored_headers, strip_error_proxy_status, strip_hop_by_hop,
 };
 use super::intake::Collected;
 use super::respond::{POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed};
+use super::stream::StreamStart;
 use crate::config::{Delivery, Route};
 use crate::contract::{
     Code, Outcome, Phase, ResponseFacts, StatusResolution, classify_status, postern_outcome,
@@ -61,9 +63,13 @@ impl Exchange {
         let body = match collected {
             Ok(Collected::Complete(b)) => b,
             Ok(Collected::Partial(prefix, rest)) => {
-                return self
+                let start = self
                     .start_stream(route, status, parts, completion, prefix, rest, started)
                     .await;
+                return match start {
+                    Ok(StreamStart { resp, done, plan }) => Outgoing::Stream { resp, done, plan },
+                    Err(resp) => Outgoing::Respond(resp),
+                };
             }
             Err(diag) => {
                 let mut f = Failure::of(Code::RemoteResultIncomplete);

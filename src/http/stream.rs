@@ -11,12 +11,14 @@ use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
+use super::body::DeliveryEnd;
 use super::body::body_error;
 use super::body::{ChannelBody, Chunk};
 use super::decode::{self, Decoder, Undecodable};
-use super::exchange::{Exchange, Outgoing};
+use super::exchange::Exchange;
 use super::guard::ReflectionGuard;
 use super::headers::stored_headers;
+use super::respond::ProxyBody;
 use super::respond::{POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME, Relayed};
 use crate::config::Route;
 use crate::contract::{Code, Completion, Phase, StatusResolution, postern_outcome};
@@ -24,6 +26,7 @@ use crate::journal::{
     Body, Draft, Failure, HttpResult, Payload, ResponseComplete, ResultCommitted, Source,
     StoredResult, b64, sha256_tagged_digest,
 };
+use tokio::sync::oneshot;
 
 /// Everything the pump needs once the head has gone out.
 pub struct StreamPlan {
@@ -40,6 +43,13 @@ pub struct StreamPlan {
     withheld: Option<Undecodable>,
     trailers: bool,
     idle: Duration,
+}
+
+/// A streamed response whose head can go out now; the pump feeds its body.
+pub struct StreamStart {
+    pub resp: Response<ProxyBody>,
+    pub done: oneshot::Receiver<DeliveryEnd>,
+    pub plan: Box<StreamPlan>,
 }
 
 /// How the pump ended.
@@ -100,12 +110,11 @@ impl Exchange {
         prefix: Bytes,
         rest: Incoming,
         started: Draft,
-    ) -> Outgoing {
+    ) -> Result<StreamStart, Response<ProxyBody>> {
         let Some(head) = self.resolve_head(route, status, &mut parts.headers) else {
-            return Outgoing::Respond(
-                self.fail(vec![started], Failure::of(Code::RemoteOutcomeUnknown))
-                    .await,
-            );
+            return Err(self
+                .fail(vec![started], Failure::of(Code::RemoteOutcomeUnknown))
+                .await);
         };
         let (resolution, guard, header_hits) = (head.resolution, head.guard, head.header_hits);
         let (mut decoder, mut withheld) = (None, None);
@@ -135,10 +144,9 @@ impl Exchange {
             h.insert(header::TRAILER, HeaderValue::from_static("postern-outcome"));
         }
         if self.inv.record(vec![started]).await.is_err() {
-            return Outgoing::Respond(
-                self.fail(vec![], Failure::of(Code::RemoteOutcomeUnknown))
-                    .await,
-            );
+            return Err(self
+                .fail(vec![], Failure::of(Code::RemoteOutcomeUnknown))
+                .await);
         }
         let (tx, rx) = mpsc::channel(32);
         let (body, done) = ChannelBody::new(rx);
@@ -159,11 +167,11 @@ impl Exchange {
             trailers,
             idle: route.idle_timeout,
         };
-        Outgoing::Stream {
+        Ok(StreamStart {
             resp,
             done,
             plan: Box::new(plan),
-        }
+        })
     }
 
     /// Relays the body to its framing end, commits it, then releases the stream's end.

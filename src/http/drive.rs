@@ -1,0 +1,323 @@
+//! Driving one HTTP exchange through its phases: validate and route (before any DNS
+//! lookup or secret), preflight with the credential bound, approval, connection or pooled
+//! connection, then delivery — and how delivery ended, for the journal.
+
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+
+use tokio::sync::oneshot;
+
+use super::Proxy;
+use super::body::DeliveryEnd;
+use super::exchange::{Exchange, Inbound};
+use super::headers::query_has;
+use super::inject::Injection;
+use super::pool::Pool;
+use super::respond::{self, POSTERN_CREDENTIAL, ProxyBody};
+use super::stream::{StreamEnd, StreamPlan};
+use super::upstream::dial;
+use crate::config::{Approval, Config, Inject, Route};
+use crate::contract::Code;
+use crate::journal::{Body, Draft, Failure, Preflight};
+use crate::policy::{denial_field, fingerprint, match_route, route_is_built};
+
+impl Exchange {
+    pub(super) async fn run(
+        &mut self,
+        request: Request<Incoming>,
+        mut reply: oneshot::Sender<Response<ProxyBody>>,
+    ) {
+        let resp = self.drive(request, &mut reply).await;
+        match resp {
+            Outgoing::Respond(resp) => {
+                let _ = reply.send(resp);
+            }
+            Outgoing::Deliver { resp, done } => {
+                if reply.send(resp).is_err() {
+                    // The agent left after the result was committed.
+                    self.inv.delivery_failed().await;
+                    return;
+                }
+                let end = done.await.unwrap_or(DeliveryEnd::Dropped);
+                match end {
+                    DeliveryEnd::Delivered => self.inv.delivered(self.delivered_bytes).await,
+                    DeliveryEnd::Dropped => self.inv.delivery_failed().await,
+                }
+            }
+            Outgoing::Gone => self.inv.delivery_failed().await,
+            Outgoing::Stream { resp, done, plan } => {
+                let agent_gone = reply.send(resp).is_err();
+                let end = self.pump(*plan, agent_gone).await;
+                self.after_stream(end, done).await;
+            }
+        }
+    }
+
+    /// Records how a streamed delivery ended.
+    async fn after_stream(&mut self, end: StreamEnd, done: oneshot::Receiver<DeliveryEnd>) {
+        match end {
+            StreamEnd::Broken => {}
+            StreamEnd::Committed { agent_gone: true } => self.inv.delivery_failed().await,
+            StreamEnd::Committed { agent_gone: false } => {
+                match done.await.unwrap_or(DeliveryEnd::Dropped) {
+                    DeliveryEnd::Delivered => self.inv.delivered(self.delivered_bytes).await,
+                    DeliveryEnd::Dropped => self.inv.delivery_failed().await,
+                }
+            }
+        }
+    }
+
+    async fn drive(
+        &mut self,
+        request: Request<Incoming>,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
+    ) -> Outgoing {
+        let (parts, body) = request.into_parts();
+        if self.inv.journal().admit().is_err() {
+            return Outgoing::Respond(
+                self.fail(vec![], Failure::of(Code::JournalUnavailable))
+                    .await,
+            );
+        }
+        let config = self.proxy.config.clone();
+        let route = match self.validate(&parts.headers, &config) {
+            Ok(r) => r,
+            Err(r) => return Outgoing::Respond(self.refused(r).await),
+        };
+        let credential = match select_credential(route, &parts.headers) {
+            Ok(c) => c,
+            Err(r) => return Outgoing::Respond(self.refused(r).await),
+        };
+        let body = match self.intake(body, &parts.headers).await {
+            Ok(b) => b,
+            Err(resp) => return Outgoing::Respond(resp),
+        };
+        let idempotent = route.idempotent_methods.contains(&self.method);
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        let fp = fingerprint(
+            &self.method,
+            &self.target.url(),
+            &[("content-type", content_type)],
+            &body,
+        );
+        let held_fingerprint = fp.clone();
+        let mut preflight = Preflight {
+            route: route.id.clone(),
+            fingerprint: fp,
+            idempotent,
+            credential: None,
+            idempotency: None,
+            safe_until_ms: None,
+        };
+        let mut drafts = Vec::new();
+        if let Some(cred_id) = credential {
+            match Injection::resolve(&config, &self.proxy.vault, cred_id) {
+                Ok(injection) => {
+                    preflight.credential = Some(injection.evidence());
+                    drafts.push(Draft::observed(Body::PreflightValidated(preflight)));
+                    drafts.push(Draft::observed(Body::CredentialAuthorized(
+                        injection.evidence(),
+                    )));
+                    self.injection = Some(injection);
+                }
+                Err(code) => {
+                    let drafts = vec![Draft::observed(Body::PreflightValidated(preflight))];
+                    let failure = credential_failure(&config, cred_id, code);
+                    return Outgoing::Respond(self.fail(drafts, failure).await);
+                }
+            }
+        } else {
+            drafts.push(Draft::observed(Body::PreflightValidated(preflight)));
+        }
+        if route.approval == Approval::Required
+            && let Err(resp) = self
+                .await_approval(route, &held_fingerprint, &body, credential, &mut drafts)
+                .await
+        {
+            return Outgoing::Respond(resp);
+        }
+        let key = Pool::key(route, &self.target);
+        let pooled = self.proxy.pool.take_ready(&key).await;
+        if pooled.is_some() {
+            // No setup stage to wait for: preflight rides with DISPATCH_STARTED in one write.
+            self.inv.defer(drafts);
+        } else if self.inv.record(drafts).await.is_err() {
+            return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
+        }
+        if let Some(conn) = pooled {
+            let Some(req) = self.upstream_request(&parts, &body, conn.sender.is_h2()) else {
+                return Outgoing::Respond(
+                    self.refused(refuse(Code::InvalidTarget, "target")).await,
+                );
+            };
+            return self
+                .dispatch_reused(route, key, conn, req, body, reply)
+                .await;
+        }
+        let dialed = match dial(route, &self.target, &self.proxy.tls, &self.proxy.dns).await {
+            Ok(d) => d,
+            Err(f) => {
+                let drafts = self.inv.attempt_drafts(&f.attempts);
+                return Outgoing::Respond(self.fail(drafts, Failure::of(f.code)).await);
+            }
+        };
+        let upstream_req = match self.upstream_request(&parts, &body, dialed.h2) {
+            Some(r) => r,
+            None => {
+                return Outgoing::Respond(
+                    self.refused(refuse(Code::InvalidTarget, "target")).await,
+                );
+            }
+        };
+        self.dispatch(route, key, dialed, upstream_req, body, reply)
+            .await
+    }
+
+    async fn refused(&mut self, r: Refuse) -> Response<ProxyBody> {
+        let mut failure = Failure::of(r.code);
+        failure.field = r.field.map(str::to_owned);
+        self.fail(vec![], failure).await
+    }
+
+    /// Framing and policy, before any DNS lookup or secret access.
+    fn validate<'c>(
+        &self,
+        headers: &HeaderMap,
+        config: &'c crate::config::Config,
+    ) -> Result<&'c Route, Refuse> {
+        let both = headers.contains_key(header::TRANSFER_ENCODING)
+            && headers.contains_key(header::CONTENT_LENGTH);
+        if both || self.framing_conflict {
+            return Err(refuse(Code::MalformedRequest, "headers.transfer-encoding"));
+        }
+        let lengths: Vec<&HeaderValue> = headers.get_all(header::CONTENT_LENGTH).iter().collect();
+        if lengths.len() > 1 && lengths.windows(2).any(|w| w[0] != w[1]) {
+            return Err(refuse(Code::MalformedRequest, "headers.content-length"));
+        }
+        let route =
+            match_route(config, &self.agent, &self.target, &self.method).ok_or_else(|| {
+                let field = denial_field(config, &self.agent, &self.target, &self.method);
+                refuse(Code::RouteDenied, field)
+            })?;
+        if !route_is_built(route, self.target.scheme) {
+            return Err(refuse(Code::UnsupportedAction, "route"));
+        }
+        for cred_id in &route.credentials {
+            let Some(cred) = config.credentials.iter().find(|c| &c.id == cred_id) else {
+                continue;
+            };
+            let forbidden = match &cred.inject {
+                Inject::Header { name, .. } => Some(name.to_ascii_lowercase()),
+                Inject::Basic { .. } => Some("authorization".to_owned()),
+                Inject::Query { .. } | Inject::SshKey | Inject::SshPassword => None,
+            };
+            if let Some(name) = forbidden
+                && headers.contains_key(name.as_str())
+            {
+                return Err(Refuse {
+                    code: Code::ForbiddenHeader,
+                    field: Some(if name == "authorization" {
+                        "headers.authorization"
+                    } else {
+                        "headers"
+                    }),
+                });
+            }
+            if let Inject::Query { param } = &cred.inject
+                && query_has(&self.target.path_and_query, param)
+            {
+                return Err(refuse(Code::ForbiddenHeader, "target.query"));
+            }
+        }
+        Ok(route)
+    }
+}
+
+/// Runs the exchange in its own task so a departing agent cannot cut it short.
+pub async fn handle(proxy: Arc<Proxy>, inbound: Inbound) -> Response<ProxyBody> {
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let mut ex = Exchange::new(proxy, &inbound);
+        ex.run(inbound.request, tx).await;
+    });
+    match rx.await {
+        Ok(resp) => resp,
+        Err(_) => {
+            let mut r = Response::new(respond::full(&b""[..]));
+            *r.status_mut() = StatusCode::BAD_GATEWAY;
+            r
+        }
+    }
+}
+
+/// Why the request stopped before dispatch, as the front observed it.
+struct Refuse {
+    code: Code,
+    field: Option<&'static str>,
+}
+
+/// A credential that could not be had. The secret's name goes only to the event's internal
+/// `diagnostic` (the operator's view), never into the envelope (SPEC §1.8).
+fn credential_failure(config: &Config, credential: &str, code: Code) -> Failure {
+    let mut failure = Failure::of(code);
+    if code == Code::CredentialMissing {
+        failure.diagnostic = config
+            .credentials
+            .iter()
+            .find(|c| c.id == credential)
+            .map(|c| {
+                format!(
+                    "credential {}: secret {} is not in the vault",
+                    c.id, c.secret
+                )
+            });
+    }
+    failure
+}
+
+fn refuse(code: Code, field: &'static str) -> Refuse {
+    Refuse {
+        code,
+        field: Some(field),
+    }
+}
+
+/// Which offered credential this request uses (`Postern-Credential`), never echoed back.
+fn select_credential<'r>(route: &'r Route, headers: &HeaderMap) -> Result<Option<&'r str>, Refuse> {
+    let asked = headers.get(POSTERN_CREDENTIAL).map(|v| v.as_bytes());
+    match asked {
+        None => Ok(route.credentials.first().map(String::as_str)),
+        Some(name) => route
+            .credentials
+            .iter()
+            .find(|c| c.as_bytes() == name)
+            .map(|c| Some(c.as_str()))
+            .ok_or(refuse(
+                Code::UnknownCredential,
+                "headers.postern-credential",
+            )),
+    }
+}
+
+/// What the exchange hands back to the front.
+pub(super) enum Outgoing {
+    Respond(Response<ProxyBody>),
+    /// A streamed response: the head goes out now, the pump feeds the body.
+    Stream {
+        resp: Response<ProxyBody>,
+        done: oneshot::Receiver<DeliveryEnd>,
+        plan: Box<StreamPlan>,
+    },
+    Deliver {
+        resp: Response<ProxyBody>,
+        done: oneshot::Receiver<DeliveryEnd>,
+    },
+    /// The agent left; the result is committed and fetchable.
+    Gone,
+}
