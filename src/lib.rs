@@ -15,4 +15,5 @@ pub mod http;
 pub mod journal;
 pub mod listen;
 pub mod policy;
+pub mod ssh;
 pub mod vault;

@@ -37,14 +37,24 @@ fn load_ca(home: &Home) -> Result<Authority, CliError> {
         .map_err(|e| CliError::Failed(format!("cannot load or create the CA: {e}")))
 }
 
+/// postern's SSH host key, made on first start (SPEC §5.1).
+pub(super) fn load_host_key(home: &Home) -> Result<russh::keys::PrivateKey, CliError> {
+    crate::ssh::hostkey::load_or_create(&home.ssh_dir()).map_err(CliError::Failed)
+}
+
 pub fn init(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
     load(config_path, env)?;
     create_home(home)?;
     load_ca(home)?;
+    load_host_key(home)?;
     outln!("postern: state directory ready at {}", home.root.display());
     outln!(
         "postern: CA certificate at {}",
         home.certs_dir().join("ca.pem").display()
+    );
+    outln!(
+        "postern: SSH host key at {}",
+        crate::ssh::hostkey::key_path(&home.ssh_dir()).display()
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -97,6 +107,7 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
     let vault = Arc::new(Vault::new(&home.root, env("POSTERN_VAULT_KEY")));
     check_vault(&config, &vault)?;
     let authority = Arc::new(load_ca(home)?);
+    let host_key = load_host_key(home)?;
     let journal = open_journal(&config, home)?;
     SpaceGuard {
         dir: home.journal_dir(),
@@ -115,6 +126,7 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
         journal,
         authority,
         vault,
+        host_key,
         Banner {
             home: home.clone(),
             hint,
@@ -182,15 +194,6 @@ fn warn_unbuilt(config: &Config) {
             );
         }
     }
-    for t in &config.ssh_targets {
-        errln!(
-            "postern: ssh_targets {} ({}@{}:{}): SSH is not supported yet; this target is NOT served and no SSH front listens",
-            t.id,
-            t.user,
-            t.host,
-            t.port
-        );
-    }
 }
 
 async fn bind(addr: std::net::SocketAddr, key: &str) -> Result<tokio::net::TcpListener, CliError> {
@@ -204,14 +207,26 @@ async fn serve_until_stopped(
     journal: Journal,
     authority: Arc<Authority>,
     vault: Arc<Vault>,
+    host_key: russh::keys::PrivateKey,
     banner: Banner,
 ) -> Result<ExitCode, CliError> {
     let proxy_listener = bind(config.proxy.listen, "[proxy] listen").await?;
+    let ssh_listener = bind(config.ssh.listen, "[ssh] listen").await?;
     let admin_listener = bind(config.admin.listen, "[admin] listen").await?;
     let proxy_addr = proxy_listener.local_addr().unwrap_or(config.proxy.listen);
+    let ssh_addr = ssh_listener.local_addr().unwrap_or(config.ssh.listen);
     let admin_addr = admin_listener.local_addr().unwrap_or(config.admin.listen);
     let front = FrontMetrics::default();
     let (proxy_listener, admin_listener) = guard(&config, proxy_listener, admin_listener, &front);
+    let ssh_listener = guard_ssh(&config, ssh_listener, &front);
+    let ssh_front = Arc::new(crate::ssh::SshFront::new(
+        config.clone(),
+        journal.clone(),
+        host_key,
+        Arc::new(crate::ssh::NotBuilt {
+            journal: journal.clone(),
+        }),
+    ));
     let approvals = Arc::new(crate::policy::approvals::Approvals::default());
     let state = Arc::new(AdminState {
         registry: admin::metrics::registry(journal.metrics(), &front),
@@ -237,6 +252,7 @@ async fn serve_until_stopped(
     });
     tokio::spawn(admin::serve(admin_listener, state));
     tokio::spawn(proxy_http::serve(proxy_listener, proxy));
+    tokio::spawn(crate::ssh::serve(ssh_listener, ssh_front));
     tokio::spawn(expire_results(journal.clone()));
     let durability = match config.journal.durability {
         Durability::Fsync => "fsync",
@@ -244,6 +260,7 @@ async fn serve_until_stopped(
     };
     outln!("postern {} serving", env!("CARGO_PKG_VERSION"));
     outln!("  proxy    http://{proxy_addr}");
+    outln!("  ssh      {ssh_addr}");
     outln!("  admin    http://{admin_addr}");
     outln!(
         "  journal  {} (durability {durability})",
@@ -298,6 +315,18 @@ fn guard(
     let admin = Guarded::new(admin, admin_cap, "admin", front.admin_refused.clone())
         .count_errors(front.accept_errors.clone());
     (proxy, admin)
+}
+
+/// The SSH front shares the proxy's cap rule; over it a connection gets an `ERR` line.
+fn guard_ssh(config: &Config, ssh: tokio::net::TcpListener, front: &FrontMetrics) -> Guarded {
+    let cap = listen::proxy_cap(
+        config.proxy.max_connections,
+        listen::raise_nofile(),
+        config.admin.max_connections,
+    );
+    Guarded::new(ssh, cap, "ssh", front.proxy_refused.clone())
+        .count_errors(front.accept_errors.clone())
+        .refusal(crate::ssh::front::OVER_CAP)
 }
 
 async fn expire_results(journal: Journal) {
