@@ -19,6 +19,7 @@ use super::session::AgentSession;
 use crate::config::{Config, SshTarget};
 use crate::contract::{Code, Envelope, unjournaled_refusal};
 use crate::listen::Guarded;
+use crate::policy::{AgentAuth, authenticate_pair};
 
 /// How long a new connection may take to send its preamble line.
 pub const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -179,42 +180,31 @@ async fn admit(
 }
 
 /// Same rules as the HTTP front: no `[[agents]]` → `anonymous`, loopback only; else the
-/// preamble's agent and token must match one.
+/// preamble's agent and token must match one (the claimed id is evidence only).
 fn identify(
     config: &Config,
     p: &Preamble,
     source: IpAddr,
 ) -> Result<String, crate::journal::Failure> {
-    if config.agents.is_empty() {
-        if source.is_loopback() {
-            return Ok("anonymous".into());
-        }
-        return Err(refuse::failure(Code::AgentUnauthenticated, "agent"));
+    let id = p.agent.as_deref().unwrap_or("");
+    let claimed = match authenticate_pair(config, id, p.token.as_deref().unwrap_or("")) {
+        AgentAuth::Anonymous if source.is_loopback() => return Ok("anonymous".into()),
+        AgentAuth::Agent(id) if p.token.is_some() => return Ok(id),
+        AgentAuth::Wrong { claimed } => claimed.filter(|c| !c.is_empty()),
+        _ => None,
+    };
+    let field = if p.agent.is_none() { "agent" } else { "token" };
+    let mut failure = refuse::failure(Code::AgentUnauthenticated, field);
+    if let Some(claimed) = claimed {
+        failure
+            .evidence
+            .insert("claimed_agent".into(), claimed.into());
     }
-    let found = p
-        .agent
-        .as_deref()
-        .and_then(|id| config.agents.iter().find(|a| a.id == id));
-    match (found, p.token.as_deref()) {
-        (Some(a), Some(token)) if a.token.matches(token) => Ok(a.id.clone()),
-        _ => {
-            let field = if p.agent.is_none() { "agent" } else { "token" };
-            let mut failure = refuse::failure(Code::AgentUnauthenticated, field);
-            let claimed = p
-                .agent
-                .clone()
-                .filter(|i| i.len() <= 64 && i.chars().all(|c| c.is_ascii_graphic()));
-            if let Some(claimed) = claimed {
-                failure
-                    .evidence
-                    .insert("claimed_agent".into(), claimed.into());
-            }
-            failure
-                .evidence
-                .insert("source_address".into(), source.to_string().into());
-            Err(failure)
-        }
-    }
+    let source = source.to_string();
+    failure
+        .evidence
+        .insert("source_address".into(), source.into());
+    Err(failure)
 }
 
 /// The target for host, port, user and agent, or the first dimension nothing matched.

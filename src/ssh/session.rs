@@ -51,7 +51,15 @@ impl AgentSession {
     /// Journals a refused channel request and tells the agent on the channel's stderr.
     fn refuse_channel(&mut self, id: ChannelId, session: &Session, what: Refusal) {
         self.inputs.remove(&id);
-        let channel = AgentChannel::new(session.handle(), id);
+        self.journal_refusal(what, Some(AgentChannel::new(session.handle(), id)));
+    }
+
+    /// Journals a refusal that has no channel to write to (forwarding requests).
+    fn refuse_quietly(&self, what: Refusal) {
+        self.journal_refusal(what, None);
+    }
+
+    fn journal_refusal(&self, what: Refusal, channel: Option<AgentChannel>) {
         let journal = self.journal.clone();
         let (agent, target) = (self.agent.clone(), self.target.url());
         tokio::spawn(async move {
@@ -62,22 +70,9 @@ impl AgentSession {
                 command: what.command,
             };
             let envelope = refuse::journal(&journal, refused, what.failure).await;
-            let _ = channel.refuse(&envelope).await;
-        });
-    }
-
-    /// Journals a refusal that has no channel to write to (forwarding requests).
-    fn refuse_quietly(&self, what: Refusal) {
-        let journal = self.journal.clone();
-        let (agent, target) = (self.agent.clone(), self.target.url());
-        tokio::spawn(async move {
-            let refused = Refused {
-                agent: &agent,
-                target,
-                method: what.method,
-                command: what.command,
-            };
-            refuse::journal(&journal, refused, what.failure).await;
+            if let Some(channel) = channel {
+                let _ = channel.refuse(&envelope).await;
+            }
         });
     }
 

@@ -189,6 +189,14 @@ impl Front {
             .iter()
             .find_map(|l| l.trim().strip_prefix("ssh").map(|a| a.trim().to_owned()))
             .expect("the banner names the SSH front");
+        let key = home.root().join("ssh/host_ed25519");
+        let first = std::fs::read(&key).expect("serve made postern's SSH host key");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
         let config = home.dir.path().join("postern.toml");
         let out = home.cli(&["ssh-config", "--config", config.to_str().unwrap()], &[]);
         assert!(out.status.success(), "{}", stderr(&out));
@@ -202,6 +210,11 @@ impl Front {
             .expect("UserKnownHostsFile")
             .to_owned();
         assert!(Path::new(&known_hosts).is_absolute());
+        assert_eq!(
+            std::fs::read(&key).unwrap(),
+            first,
+            "the host key is reused, not remade"
+        );
         Self {
             daemon,
             ssh_addr,
