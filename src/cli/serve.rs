@@ -254,6 +254,7 @@ async fn serve_until_stopped(
     tokio::spawn(proxy_http::serve(proxy_listener, proxy));
     tokio::spawn(crate::ssh::serve(ssh_listener, ssh_front));
     tokio::spawn(expire_results(journal.clone()));
+    let shutdown = Shutdown::install();
     let durability = match config.journal.durability {
         Durability::Fsync => "fsync",
         Durability::Buffered => "buffered",
@@ -275,7 +276,7 @@ async fn serve_until_stopped(
     }
     let fatal = journal.health().clone();
     tokio::select! {
-        () = shutdown_signal() => {
+        () = shutdown.wait() => {
             let flushed = journal.flush().await;
             errln!("postern: stopping; journal flushed");
             Ok(if flushed.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_STORAGE_FAULT) })
@@ -339,20 +340,36 @@ async fn expire_results(journal: Journal) {
     }
 }
 
-async fn shutdown_signal() {
+/// SIGTERM/SIGINT, installed before the banner: a supervisor that signals as soon as it
+/// sees the banner must get a clean stop, not the default (killed by the signal).
+struct Shutdown {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
+    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Shutdown {
+    fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let signals = signal(SignalKind::terminate())
+                .and_then(|term| Ok((term, signal(SignalKind::interrupt())?)))
+                .ok();
+            Self { signals }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    async fn wait(self) {
+        #[cfg(unix)]
+        if let Some((mut term, mut int)) = self.signals {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
             return;
         }
+        let _ = tokio::signal::ctrl_c().await;
     }
-    let _ = tokio::signal::ctrl_c().await;
 }
