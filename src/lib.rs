@@ -16,4 +16,5 @@ pub mod journal;
 pub mod lifecycle;
 pub mod listen;
 pub mod policy;
+pub mod ssh;
 pub mod vault;

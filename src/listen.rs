@@ -107,6 +107,8 @@ pub struct Guarded {
     refused: Counter,
     errors: Counter,
     name: &'static str,
+    /// Written to a connection over the cap before it is closed.
+    over_cap: &'static [u8],
     backoff: Backoff,
     error_log: Throttle,
     refusal_log: Throttle,
@@ -120,6 +122,7 @@ impl Guarded {
             refused,
             errors: Counter::default(),
             name,
+            over_cap: REFUSAL,
             backoff: Backoff::default(),
             error_log: Throttle::new(LOG_EVERY),
             refusal_log: Throttle::new(LOG_EVERY),
@@ -129,6 +132,12 @@ impl Guarded {
     /// Counts accept errors in this counter as well.
     pub fn count_errors(mut self, errors: Counter) -> Self {
         self.errors = errors;
+        self
+    }
+
+    /// What a connection over the cap is told (default: an HTTP `503`).
+    pub fn refusal(mut self, bytes: &'static [u8]) -> Self {
+        self.over_cap = bytes;
         self
     }
 
@@ -158,7 +167,7 @@ impl Guarded {
     fn refuse(&mut self, stream: TcpStream) {
         self.refused.inc();
         // Best effort: a full socket buffer just gets the close.
-        let _ = stream.try_write(REFUSAL);
+        let _ = stream.try_write(self.over_cap);
         if let Some(n) = self.refusal_log.hit(Instant::now()) {
             tracing::warn!(
                 listener = self.name,

@@ -45,9 +45,19 @@ impl Home {
         self.root.join("certs")
     }
 
+    /// postern's SSH host key and the known_hosts file for agents.
+    pub fn ssh_dir(&self) -> PathBuf {
+        self.root.join("ssh")
+    }
+
     /// Creates the directories (mode 0700: they hold keys and the journal).
     pub fn create(&self) -> std::io::Result<()> {
-        for dir in [&self.root, &self.journal_dir(), &self.certs_dir()] {
+        for dir in [
+            &self.root,
+            &self.journal_dir(),
+            &self.certs_dir(),
+            &self.ssh_dir(),
+        ] {
             std::fs::create_dir_all(dir)?;
             restrict(dir)?;
         }

@@ -27,6 +27,7 @@ mod operator;
 mod render;
 mod secret;
 mod serve;
+mod ssh;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,7 +43,10 @@ Environment:
   POSTERN_CONFIG       TOML config file, as --config (default: the embedded loopback config)
   POSTERN_VAULT_KEY    passphrase that unlocks the vault (serve, secret)
   POSTERN_ADMIN        the daemon's admin API URL, as --admin (default: the config's [admin] listen)
-  POSTERN_ADMIN_TOKEN  bearer token for the admin API";
+  POSTERN_ADMIN_TOKEN  bearer token for the admin API
+  POSTERN_SSH_PROXY    postern's SSH front for ssh-connect, as --proxy (default: the config's [ssh] listen)
+  POSTERN_AGENT        the agent id ssh-connect sends
+  POSTERN_AGENT_TOKEN  the agent's token ssh-connect sends";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -87,13 +91,13 @@ pub struct IdArg {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run the HTTP(S) proxy and the admin API (the SSH front is not built yet).
+    /// Run the HTTP(S) proxy, the SSH front and the admin API.
     ///
     /// Opens the journal and runs recovery, checks POSTERN_VAULT_KEY against the vault (a wrong
     /// key is an error; missing secrets are named), creates the state directory and CA on first
     /// start, and prints the listeners and the agent's `eval "$(postern env --agent ID)"` line.
     Serve,
-    /// Create the state directory and CA (idempotent).
+    /// Create the state directory, CA and SSH host key (idempotent).
     Init,
     /// Print the shell exports an agent needs: eval "$(postern env --agent ID)".
     Env {
@@ -178,6 +182,12 @@ pub enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// ProxyCommand bridge to postern's SSH front: `ProxyCommand postern ssh-connect %r %h %p`.
+    #[command(name = "ssh-connect")]
+    SshConnect(ssh::ConnectArgs),
+    /// Print the ~/.ssh/config block for the configured SSH targets and postern's known_hosts line.
+    #[command(name = "ssh-config")]
+    SshConfig,
     /// Test hook: write one synthetic invocation's events (failpoints builds only).
     #[cfg(feature = "failpoints")]
     #[command(hide = true)]
@@ -272,7 +282,12 @@ pub fn main() -> ExitCode {
 
 fn talks_to_daemon(command: &Command) -> bool {
     match command {
-        Command::Serve | Command::Init | Command::Env { .. } | Command::Secret { .. } => false,
+        Command::Serve
+        | Command::Init
+        | Command::Env { .. }
+        | Command::Secret { .. }
+        | Command::SshConnect(_)
+        | Command::SshConfig => false,
         #[cfg(feature = "failpoints")]
         Command::Drill(_) => false,
         _ => true,
@@ -287,6 +302,8 @@ fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
         Command::Init => serve::init(config, home, env),
         Command::Env { agent } => env::run(config, home, agent.as_deref(), env),
         Command::Secret { command } => secret::run(home, env("POSTERN_VAULT_KEY"), command),
+        Command::SshConnect(args) => ssh::connect(config, &args, env),
+        Command::SshConfig => ssh::config(config, home, env),
         Command::Actions { command, admin } => operator::actions(&target(admin), command),
         Command::Result {
             id,

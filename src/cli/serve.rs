@@ -37,14 +37,24 @@ fn load_ca(home: &Home) -> Result<Authority, CliError> {
         .map_err(|e| CliError::Failed(format!("cannot load or create the CA: {e}")))
 }
 
+/// postern's SSH host key, made on first start (SPEC §5.1).
+pub(super) fn load_host_key(home: &Home) -> Result<russh::keys::PrivateKey, CliError> {
+    crate::ssh::hostkey::load_or_create(&home.ssh_dir()).map_err(CliError::Failed)
+}
+
 pub fn init(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
     load(config_path, env)?;
     create_home(home)?;
     load_ca(home)?;
+    load_host_key(home)?;
     outln!("postern: state directory ready at {}", home.root.display());
     outln!(
         "postern: CA certificate at {}",
         home.certs_dir().join("ca.pem").display()
+    );
+    outln!(
+        "postern: SSH host key at {}",
+        crate::ssh::hostkey::key_path(&home.ssh_dir()).display()
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -97,6 +107,7 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
     let vault = Arc::new(Vault::new(&home.root, env("POSTERN_VAULT_KEY")));
     check_vault(&config, &vault)?;
     let authority = Arc::new(load_ca(home)?);
+    let host_key = load_host_key(home)?;
     let journal = open_journal(&config, home)?;
     SpaceGuard {
         dir: home.journal_dir(),
@@ -115,6 +126,7 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
         journal,
         authority,
         vault,
+        host_key,
         Banner {
             home: home.clone(),
             hint,
@@ -182,15 +194,6 @@ fn warn_unbuilt(config: &Config) {
             );
         }
     }
-    for t in &config.ssh_targets {
-        errln!(
-            "postern: ssh_targets {} ({}@{}:{}): SSH is not supported yet; this target is NOT served and no SSH front listens",
-            t.id,
-            t.user,
-            t.host,
-            t.port
-        );
-    }
 }
 
 async fn bind(addr: std::net::SocketAddr, key: &str) -> Result<tokio::net::TcpListener, CliError> {
@@ -204,14 +207,26 @@ async fn serve_until_stopped(
     journal: Journal,
     authority: Arc<Authority>,
     vault: Arc<Vault>,
+    host_key: russh::keys::PrivateKey,
     banner: Banner,
 ) -> Result<ExitCode, CliError> {
     let proxy_listener = bind(config.proxy.listen, "[proxy] listen").await?;
+    let ssh_listener = bind(config.ssh.listen, "[ssh] listen").await?;
     let admin_listener = bind(config.admin.listen, "[admin] listen").await?;
     let proxy_addr = proxy_listener.local_addr().unwrap_or(config.proxy.listen);
+    let ssh_addr = ssh_listener.local_addr().unwrap_or(config.ssh.listen);
     let admin_addr = admin_listener.local_addr().unwrap_or(config.admin.listen);
     let front = FrontMetrics::default();
     let (proxy_listener, admin_listener) = guard(&config, proxy_listener, admin_listener, &front);
+    let ssh_listener = guard_ssh(&config, ssh_listener, &front);
+    let ssh_front = Arc::new(crate::ssh::SshFront::new(
+        config.clone(),
+        journal.clone(),
+        host_key,
+        Arc::new(crate::ssh::NotBuilt {
+            journal: journal.clone(),
+        }),
+    ));
     let approvals = Arc::new(crate::policy::approvals::Approvals::default());
     let state = Arc::new(AdminState {
         registry: admin::metrics::registry(journal.metrics(), &front),
@@ -237,13 +252,16 @@ async fn serve_until_stopped(
     });
     tokio::spawn(admin::serve(admin_listener, state));
     tokio::spawn(proxy_http::serve(proxy_listener, proxy));
+    tokio::spawn(crate::ssh::serve(ssh_listener, ssh_front));
     tokio::spawn(expire_results(journal.clone()));
+    let shutdown = Shutdown::install();
     let durability = match config.journal.durability {
         Durability::Fsync => "fsync",
         Durability::Buffered => "buffered",
     };
     outln!("postern {} serving", env!("CARGO_PKG_VERSION"));
     outln!("  proxy    http://{proxy_addr}");
+    outln!("  ssh      {ssh_addr}");
     outln!("  admin    http://{admin_addr}");
     outln!(
         "  journal  {} (durability {durability})",
@@ -258,7 +276,7 @@ async fn serve_until_stopped(
     }
     let fatal = journal.health().clone();
     tokio::select! {
-        () = shutdown_signal() => {
+        () = shutdown.wait() => {
             let flushed = journal.flush().await;
             errln!("postern: stopping; journal flushed");
             Ok(if flushed.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_STORAGE_FAULT) })
@@ -300,6 +318,18 @@ fn guard(
     (proxy, admin)
 }
 
+/// The SSH front shares the proxy's cap rule; over it a connection gets an `ERR` line.
+fn guard_ssh(config: &Config, ssh: tokio::net::TcpListener, front: &FrontMetrics) -> Guarded {
+    let cap = listen::proxy_cap(
+        config.proxy.max_connections,
+        listen::raise_nofile(),
+        config.admin.max_connections,
+    );
+    Guarded::new(ssh, cap, "ssh", front.proxy_refused.clone())
+        .count_errors(front.accept_errors.clone())
+        .refusal(crate::ssh::front::OVER_CAP)
+}
+
 async fn expire_results(journal: Journal) {
     let mut tick = tokio::time::interval(Duration::from_secs(60));
     loop {
@@ -310,20 +340,36 @@ async fn expire_results(journal: Journal) {
     }
 }
 
-async fn shutdown_signal() {
+/// SIGTERM/SIGINT, installed before the banner: a supervisor that signals as soon as it
+/// sees the banner must get a clean stop, not the default (killed by the signal).
+struct Shutdown {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
+    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Shutdown {
+    fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let signals = signal(SignalKind::terminate())
+                .and_then(|term| Ok((term, signal(SignalKind::interrupt())?)))
+                .ok();
+            Self { signals }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    async fn wait(self) {
+        #[cfg(unix)]
+        if let Some((mut term, mut int)) = self.signals {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
             return;
         }
+        let _ = tokio::signal::ctrl_c().await;
     }
-    let _ = tokio::signal::ctrl_c().await;
 }

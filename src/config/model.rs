@@ -198,15 +198,73 @@ pub struct Route {
     pub status_outcomes: BTreeMap<u16, Outcome>,
 }
 
+/// What an agent may ask of an SSH target besides nothing (`allow`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SshAction {
+    Exec,
+    Shell,
+    PortForward,
+    Subsystem,
+}
+
+impl SshAction {
+    pub const ALL: &'static [SshAction] =
+        &[Self::Exec, Self::Shell, Self::PortForward, Self::Subsystem];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Exec => "exec",
+            Self::Shell => "shell",
+            Self::PortForward => "port_forward",
+            Self::Subsystem => "subsystem",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|a| a.as_str() == s)
+    }
+}
+
+/// An upstream SSH server agents may run commands on (`[[ssh_targets]]`).
 #[derive(Debug, Clone)]
 pub struct SshTarget {
     pub id: String,
+    /// Lower-case host, as the agent names it in `ssh user@host`.
     pub host: String,
     pub port: u16,
     pub user: String,
+    /// Empty: every agent.
     pub agents: Vec<String>,
-    pub credential: Option<String>,
-    pub known_hosts: Option<PathBuf>,
+    /// A credential with inject mode `ssh_key` or `ssh_password`.
+    pub credential: String,
+    /// The upstream host keys postern accepts (strict: anything else is refused).
+    pub known_hosts: PathBuf,
     pub resolve: Option<SocketAddr>,
-    pub allow: Vec<String>,
+    pub allow: Vec<SshAction>,
+    /// Whole-command patterns (anchored); empty: any command.
+    pub commands: Vec<regex::Regex>,
+    pub approval: Approval,
+    pub approval_timeout: Duration,
+    pub retry_budget: u32,
+    pub connect_timeout: Duration,
+    /// Exec wall time until `exit-status`.
+    pub response_timeout: Duration,
+    /// Longest gap in the command's output.
+    pub idle_timeout: Duration,
+}
+
+impl SshTarget {
+    pub fn allows(&self, action: SshAction) -> bool {
+        self.allow.contains(&action)
+    }
+
+    /// `ssh://user@host:port`, the record's `target`.
+    pub fn url(&self) -> String {
+        format!("ssh://{}@{}:{}", self.user, self.host, self.port)
+    }
+
+    /// Whether `commands` lets this command run (no patterns: any command).
+    pub fn permits_command(&self, command: &str) -> bool {
+        self.commands.is_empty() || self.commands.iter().any(|r| r.is_match(command))
+    }
 }

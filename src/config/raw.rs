@@ -141,4 +141,11 @@ pub struct RawSshTarget {
     pub known_hosts: Option<String>,
     pub resolve: Option<String>,
     pub allow: Option<Vec<String>>,
+    pub commands: Option<Vec<String>>,
+    pub approval: Option<String>,
+    pub approval_timeout: Option<Quantity>,
+    pub retry_budget: Option<u32>,
+    pub connect_timeout: Option<Quantity>,
+    pub response_timeout: Option<Quantity>,
+    pub idle_timeout: Option<Quantity>,
 }

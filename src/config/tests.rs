@@ -26,7 +26,8 @@ fn the_embedded_default_is_valid_and_loopback() {
 #[test]
 fn the_example_config_is_valid() {
     let text = include_str!("../../config/postern.example.toml");
-    let c = parse(text, None, &env);
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/postern.example.toml");
+    let c = parse(text, Some(&file), &env);
     assert!(
         c.is_ok(),
         "{}",
@@ -230,5 +231,87 @@ fn limits_have_defaults_and_bad_values_name_their_keys() {
             "proxy.request_body_timeout",
             "proxy.tls_handshake_timeout",
         ]
+    );
+}
+
+fn ssh_target(extra: &str) -> Result<Config, ConfigErrors> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/postern.toml");
+    let text = format!(
+        "[[credentials]]\nid = \"k\"\nsecret = \"s\"\ninject = {{ ssh_key = true }}\n\
+         [[credentials]]\nid = \"h\"\nsecret = \"s\"\ninject = {{ header = \"X-Key\" }}\n\
+         [[ssh_targets]]\nid = \"t\"\nhost = \"App1.internal\"\nuser = \"deploy\"\n{extra}\n"
+    );
+    parse(&text, Some(&dir), &env)
+}
+
+#[test]
+fn ssh_target_defaults_follow_the_spec() {
+    let c = ssh_target("credential = \"k\"\nknown_hosts = \"known_hosts\"");
+    let t = c.as_ref().ok().and_then(|c| c.ssh_targets.first());
+    assert!(t.is_some(), "{:?}", c.err());
+    let Some(t) = t else { return };
+    let secs = std::time::Duration::from_secs;
+    assert_eq!((t.host.as_str(), t.port), ("app1.internal", 22));
+    assert_eq!(t.allow, vec![SshAction::Exec]);
+    assert!(t.commands.is_empty() && t.agents.is_empty() && t.permits_command("anything"));
+    assert_eq!(t.approval, Approval::None);
+    assert_eq!(t.approval_timeout, secs(300));
+    assert_eq!(t.retry_budget, 3);
+    assert_eq!(t.connect_timeout, secs(5));
+    assert_eq!(t.response_timeout, secs(600));
+    assert_eq!(t.idle_timeout, secs(60));
+    assert!(t.known_hosts.ends_with("config/known_hosts"));
+    assert_eq!(t.url(), "ssh://deploy@app1.internal:22");
+}
+
+#[test]
+fn ssh_target_commands_match_whole_commands() {
+    let c = ssh_target(
+        "credential = \"k\"\nknown_hosts = \"known_hosts\"\ncommands = [\"systemctl restart app\", \"ls( -l)?\"]",
+    );
+    let t = c.as_ref().ok().and_then(|c| c.ssh_targets.first());
+    assert!(t.is_some(), "{:?}", c.err());
+    let Some(t) = t else { return };
+    assert!(t.permits_command("systemctl restart app"));
+    assert!(t.permits_command("ls -l") && t.permits_command("ls"));
+    assert!(!t.permits_command("systemctl restart app; rm -rf /"));
+    assert!(!t.permits_command("sudo systemctl restart app"));
+    assert!(!t.permits_command("ls -la"));
+}
+
+#[test]
+fn ssh_target_problems_name_their_keys() {
+    let p = |extra: &str| match ssh_target(extra) {
+        Ok(_) => Vec::new(),
+        Err(e) => e.0.into_iter().map(|p| p.path).collect::<Vec<_>>(),
+    };
+    assert_eq!(
+        p("credential = \"h\"\nknown_hosts = \"known_hosts\""),
+        ["ssh_targets[0].credential"]
+    );
+    assert_eq!(
+        p("known_hosts = \"known_hosts\""),
+        ["ssh_targets[0].credential"]
+    );
+    assert_eq!(
+        p("credential = \"nope\"\nknown_hosts = \"known_hosts\""),
+        ["ssh_targets[0].credential"]
+    );
+    assert_eq!(
+        p("credential = \"k\"\nknown_hosts = \"absent\""),
+        ["ssh_targets[0].known_hosts"]
+    );
+    assert_eq!(p("credential = \"k\""), ["ssh_targets[0].known_hosts"]);
+    assert_eq!(
+        p("credential = \"k\"\nknown_hosts = \"known_hosts\"\ncommands = [\"ok\", \"(\"]"),
+        ["ssh_targets[0].commands[1]"]
+    );
+    assert_eq!(
+        p("credential = \"k\"\nknown_hosts = \"known_hosts\"\nallow = [\"exec\", \"x11\"]"),
+        ["ssh_targets[0].allow[1]"]
+    );
+    assert_eq!(
+        p("credential = \"k\"\nknown_hosts = \"known_hosts\"\nconnect_timeout = \"0s\""),
+        ["ssh_targets[0].connect_timeout"]
     );
 }

@@ -14,6 +14,8 @@ use super::units::{Quantity, parse_duration, parse_size};
 use crate::contract::Outcome;
 use crate::journal::Durability;
 
+mod ssh_target;
+
 /// Looks up a process environment variable (passed in, never read deep in code).
 pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
 
@@ -264,7 +266,7 @@ pub fn parse(
     let ssh_targets = ssh_targets
         .iter()
         .enumerate()
-        .map(|(i, t)| ssh_target(&mut c, &refs, i, t))
+        .map(|(i, t)| ssh_target::validate(&mut c, &refs, &config.credentials, i, t))
         .collect();
     let config = Config {
         routes,
@@ -274,6 +276,13 @@ pub fn parse(
     if config.agents.is_empty() && agents.is_empty() && !config.proxy.listen.ip().is_loopback() {
         c.bad(
             "proxy.listen",
+            "a non-loopback listener needs [[agents]]: anonymous agents are allowed on loopback only",
+        );
+    }
+    let anonymous_ssh = !config.ssh_targets.is_empty() && config.agents.is_empty();
+    if anonymous_ssh && agents.is_empty() && !config.ssh.listen.ip().is_loopback() {
+        c.bad(
+            "ssh.listen",
             "a non-loopback listener needs [[agents]]: anonymous agents are allowed on loopback only",
         );
     }
@@ -441,6 +450,21 @@ impl Refs<'_> {
     }
 }
 
+/// `approval` of a route or SSH target at `p`.
+fn approval(c: &mut Checker<'_>, p: &str, v: Option<&str>) -> Approval {
+    match v {
+        None | Some("none") => Approval::None,
+        Some("required") => Approval::Required,
+        Some(other) => {
+            c.bad(
+                format!("{p}.approval"),
+                format!("`{other}` is not \"none\" or \"required\""),
+            );
+            Approval::None
+        }
+    }
+}
+
 const DEFAULT_IDEMPOTENT: &[&str] = &["GET", "HEAD", "OPTIONS", "PUT", "DELETE"];
 
 fn methods(c: &mut Checker<'_>, path: &str, list: &[String]) -> Vec<String> {
@@ -556,17 +580,7 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
             );
         }
     }
-    let approval = match r.approval.as_deref() {
-        None | Some("none") => Approval::None,
-        Some("required") => Approval::Required,
-        Some(other) => {
-            c.bad(
-                format!("{p}.approval"),
-                format!("`{other}` is not \"none\" or \"required\""),
-            );
-            Approval::None
-        }
-    };
+    let approval = approval(c, &p, r.approval.as_deref());
     let delivery = match r.delivery.as_deref() {
         None | Some("auto") => Delivery::Auto,
         Some("stream") => Delivery::Stream,
@@ -650,37 +664,5 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
         resolve,
         via: r.via.clone(),
         status_outcomes,
-    }
-}
-
-fn ssh_target(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, t: &RawSshTarget) -> SshTarget {
-    let p = format!("ssh_targets[{i}]");
-    let agents = t.agents.clone().unwrap_or_default();
-    refs.check_agents(c, &p, &agents);
-    if let Some(id) = &t.credential {
-        refs.check_credential(c, format!("{p}.credential"), id);
-    }
-    let allow = t.allow.clone().unwrap_or_else(|| vec!["exec".into()]);
-    for (j, a) in allow.iter().enumerate() {
-        if !matches!(a.as_str(), "exec" | "shell" | "port_forward") {
-            c.bad(
-                format!("{p}.allow[{j}]"),
-                format!("`{a}` is not exec, shell or port_forward"),
-            );
-        }
-    }
-    SshTarget {
-        id: t.id.clone(),
-        host: t.host.to_ascii_lowercase(),
-        port: t.port.unwrap_or(22),
-        user: t.user.clone(),
-        agents,
-        credential: t.credential.clone(),
-        known_hosts: t.known_hosts.as_deref().map(|s| c.path(s)),
-        resolve: t
-            .resolve
-            .as_deref()
-            .map(|s| c.addr(&format!("{p}.resolve"), Some(s), "")),
-        allow,
     }
 }

@@ -88,6 +88,14 @@ pub enum Stage {
     SshHandshake,
     SshAuth,
     SshChannel,
+    /// SSH version exchange and key exchange with the upstream.
+    SshTransport,
+    /// The upstream host key checked against the target's `known_hosts`.
+    HostKey,
+    /// SSH user authentication with the injected key or password.
+    UserAuth,
+    /// The upstream session channel for an `exec`.
+    ChannelOpen,
 }
 
 /// The framing marker seen at the end of a result.

@@ -39,11 +39,21 @@ pub fn authenticate(config: &Config, header: Option<&[u8]>) -> AgentAuth {
     let Some((id, token)) = parse_basic(raw) else {
         return AgentAuth::Wrong { claimed: None };
     };
+    authenticate_pair(config, &id, &token)
+}
+
+/// Checks an agent id and token against `[[agents]]` (the SSH preamble carries them
+/// as such). With no agents configured: `Anonymous`.
+pub fn authenticate_pair(config: &Config, id: &str, token: &str) -> AgentAuth {
+    if config.agents.is_empty() {
+        return AgentAuth::Anonymous;
+    }
     let agent = config.agents.iter().find(|a| a.id == id);
     match agent {
-        Some(a) if a.token.matches(&token) => AgentAuth::Agent(id),
+        Some(a) if a.token.matches(token) => AgentAuth::Agent(id.to_owned()),
         _ => AgentAuth::Wrong {
-            claimed: Some(id).filter(|i| i.len() <= 64 && i.chars().all(|c| c.is_ascii_graphic())),
+            claimed: Some(id.to_owned())
+                .filter(|i| i.len() <= 64 && i.chars().all(|c| c.is_ascii_graphic())),
         },
     }
 }

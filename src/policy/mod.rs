@@ -8,7 +8,7 @@ mod fingerprint;
 mod path;
 mod routes;
 
-pub use agents::{AgentAuth, authenticate};
+pub use agents::{AgentAuth, authenticate, authenticate_pair};
 pub use fingerprint::fingerprint;
 pub use routes::{
     Specificity, Target, TargetError, connect_denial_field, denial_field, match_route,

@@ -779,22 +779,6 @@ fn a_via_route_is_refused_rather_than_sent_past_its_hop() {
 }
 
 #[test]
-fn ssh_targets_that_are_not_served_are_named_at_start() {
-    let origin = origins::responds("200 OK", &[], "ok");
-    let s = setup(
-        origin.port(),
-        "[[credentials]]\nid = \"deploy-key\"\nsecret = \"deploy-ssh-key\"\ninject = { ssh_key = true }\n\
-         [[ssh_targets]]\nid = \"deploy\"\nhost = \"app1.internal\"\nport = 22\nuser = \"deploy\"\ncredential = \"deploy-key\"\n",
-    );
-    let stderr = s.daemon.stderr();
-    assert!(
-        stderr.contains("ssh_targets deploy (deploy@app1.internal:22)")
-            && stderr.contains("NOT served"),
-        "{stderr}"
-    );
-}
-
-#[test]
 fn each_settled_invocation_is_one_access_log_line_without_query_values() {
     let origin = origins::responds("200 OK", &[], "ok");
     let home = Home::new();

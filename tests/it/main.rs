@@ -17,6 +17,8 @@ mod origins;
 mod precedence;
 mod reflection;
 mod serve;
+mod ssh;
+mod sshd;
 mod streaming;
 mod support;
 mod tls_origin;

@@ -1,0 +1,168 @@
+//! `[[ssh_targets]]`: defaults of SPEC §5.4, credential mode, known_hosts, `commands`.
+
+use std::time::Duration;
+
+use super::{Checker, Refs, approval};
+use crate::config::model::{Credential, Inject, SshAction, SshTarget};
+use crate::config::raw::RawSshTarget;
+
+pub(super) fn validate(
+    c: &mut Checker<'_>,
+    refs: &Refs<'_>,
+    credentials: &[Credential],
+    i: usize,
+    t: &RawSshTarget,
+) -> SshTarget {
+    let p = format!("ssh_targets[{i}]");
+    let agents = t.agents.clone().unwrap_or_default();
+    refs.check_agents(c, &p, &agents);
+    let credential = t.credential.clone().unwrap_or_default();
+    check_credential(c, refs, credentials, &p, t.credential.as_deref());
+    let secs = Duration::from_secs;
+    SshTarget {
+        id: t.id.clone(),
+        host: host(c, &p, &t.host),
+        port: port(c, &p, t.port),
+        user: user(c, &p, &t.user),
+        agents,
+        credential,
+        known_hosts: known_hosts(c, &p, t.known_hosts.as_deref()),
+        resolve: t
+            .resolve
+            .as_deref()
+            .map(|s| c.addr(&format!("{p}.resolve"), Some(s), "")),
+        allow: allow(c, &p, t.allow.as_deref()),
+        commands: commands(c, &p, t.commands.as_deref().unwrap_or(&[])),
+        approval: approval(c, &p, t.approval.as_deref()),
+        approval_timeout: c.timeout(
+            &format!("{p}.approval_timeout"),
+            &t.approval_timeout,
+            secs(300),
+        ),
+        retry_budget: t.retry_budget.unwrap_or(3),
+        connect_timeout: c.timeout(&format!("{p}.connect_timeout"), &t.connect_timeout, secs(5)),
+        response_timeout: c.timeout(
+            &format!("{p}.response_timeout"),
+            &t.response_timeout,
+            secs(600),
+        ),
+        idle_timeout: c.timeout(&format!("{p}.idle_timeout"), &t.idle_timeout, secs(60)),
+    }
+}
+
+/// The credential must exist and inject as an SSH login (a header cannot log in).
+fn check_credential(
+    c: &mut Checker<'_>,
+    refs: &Refs<'_>,
+    credentials: &[Credential],
+    p: &str,
+    id: Option<&str>,
+) {
+    let path = format!("{p}.credential");
+    let Some(id) = id else {
+        c.bad(
+            path,
+            "an SSH target needs a credential (inject ssh_key or ssh_password)",
+        );
+        return;
+    };
+    if !refs.credentials.contains(id) {
+        refs.check_credential(c, path, id);
+        return;
+    }
+    let mode = credentials
+        .iter()
+        .find(|cr| cr.id == id)
+        .map(|cr| &cr.inject);
+    if let Some(mode) = mode
+        && !matches!(mode, Inject::SshKey | Inject::SshPassword)
+    {
+        c.bad(
+            path,
+            format!(
+                "credential `{id}` injects as {}; an SSH target needs ssh_key or ssh_password",
+                mode.mode()
+            ),
+        );
+    }
+}
+
+fn host(c: &mut Checker<'_>, p: &str, host: &str) -> String {
+    let ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '-' | '_' | ':'));
+    if !ok {
+        c.bad(format!("{p}.host"), format!("`{host}` is not a host name"));
+    }
+    host.to_ascii_lowercase()
+}
+
+fn port(c: &mut Checker<'_>, p: &str, port: Option<u16>) -> u16 {
+    if port == Some(0) {
+        c.bad(format!("{p}.port"), "must be 1-65535");
+    }
+    port.unwrap_or(22)
+}
+
+/// The user goes into `ssh://user@host:port` and the preamble: no spaces or `@`.
+fn user(c: &mut Checker<'_>, p: &str, user: &str) -> String {
+    let ok = !user.is_empty() && user.chars().all(|ch| ch.is_ascii_graphic() && ch != '@');
+    if !ok {
+        c.bad(format!("{p}.user"), format!("`{user}` is not a login name"));
+    }
+    user.to_owned()
+}
+
+fn known_hosts(c: &mut Checker<'_>, p: &str, v: Option<&str>) -> std::path::PathBuf {
+    let path = format!("{p}.known_hosts");
+    let Some(v) = v else {
+        c.bad(
+            path,
+            "an SSH target needs a known_hosts file (upstream host keys are checked strictly)",
+        );
+        return std::path::PathBuf::new();
+    };
+    let file = c.path(v);
+    if !file.is_file() {
+        c.bad(path, format!("no file at {}", file.display()));
+    }
+    file
+}
+
+fn allow(c: &mut Checker<'_>, p: &str, v: Option<&[String]>) -> Vec<SshAction> {
+    let Some(list) = v else {
+        return vec![SshAction::Exec];
+    };
+    let mut allowed = Vec::new();
+    for (j, a) in list.iter().enumerate() {
+        match SshAction::parse(a) {
+            Some(action) => allowed.push(action),
+            None => c.bad(
+                format!("{p}.allow[{j}]"),
+                format!("`{a}` is not exec, shell, port_forward or subsystem"),
+            ),
+        }
+    }
+    allowed
+}
+
+/// Each pattern must match the whole command, so it is anchored at both ends.
+fn commands(c: &mut Checker<'_>, p: &str, patterns: &[String]) -> Vec<regex::Regex> {
+    patterns
+        .iter()
+        .enumerate()
+        .filter_map(
+            |(j, pattern)| match regex::Regex::new(&format!("^(?:{pattern})$")) {
+                Ok(re) => Some(re),
+                Err(e) => {
+                    c.bad(
+                        format!("{p}.commands[{j}]"),
+                        format!("not a regular expression: {e}"),
+                    );
+                    None
+                }
+            },
+        )
+        .collect()
+}

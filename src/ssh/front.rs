@@ -1,0 +1,233 @@
+//! The SSH front: the listener `postern ssh-connect` talks to. It reads the preamble,
+//! identifies the agent and matches a target (refusals: `ERR <envelope>`), answers `OK`, then
+//! runs the agent's SSH session over the same connection.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use russh::keys::ssh_key::PrivateKey;
+use russh::{MethodKind, MethodSet};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use super::dispatch::ExecDispatch;
+use super::preamble::{MAX_LINE, Preamble};
+use super::refuse::{self, Refused};
+use super::session::AgentSession;
+use crate::config::{Config, SshTarget};
+use crate::contract::{Code, Envelope, unjournaled_refusal};
+use crate::listen::Guarded;
+use crate::policy::{AgentAuth, authenticate_pair};
+
+/// How long a new connection may take to send its preamble line.
+pub const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a connection over the SSH front's cap is told before the close.
+pub const OVER_CAP: &[u8] =
+    b"ERR postern: the SSH front is at its connection cap ([proxy] max_connections); retry later\n";
+
+/// The agent id of a preamble whose token did not match (the claimed id is evidence only).
+const UNAUTHENTICATED: &str = "unauthenticated";
+
+/// Everything an agent connection needs.
+pub struct SshFront {
+    pub config: Arc<Config>,
+    pub journal: crate::journal::Journal,
+    pub dispatch: Arc<dyn ExecDispatch>,
+    server: Arc<russh::server::Config>,
+}
+
+impl SshFront {
+    pub fn new(
+        config: Arc<Config>,
+        journal: crate::journal::Journal,
+        host_key: PrivateKey,
+        dispatch: Arc<dyn ExecDispatch>,
+    ) -> Self {
+        let server = russh::server::Config {
+            keys: vec![host_key],
+            methods: MethodSet::from(&[MethodKind::None, MethodKind::PublicKey][..]),
+            // The preamble is the identity; an OpenSSH login must not wait for a rejection.
+            auth_rejection_time: Duration::ZERO,
+            auth_rejection_time_initial: Some(Duration::ZERO),
+            nodelay: true,
+            ..Default::default()
+        };
+        Self {
+            config,
+            journal,
+            dispatch,
+            server: Arc::new(server),
+        }
+    }
+}
+
+/// Accepts agent connections, at most the listener's cap at once.
+pub async fn serve(mut listener: Guarded, front: Arc<SshFront>) {
+    loop {
+        let (stream, slot) = listener.next().await;
+        let front = front.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            connection(front, stream).await;
+        });
+    }
+}
+
+async fn connection(front: Arc<SshFront>, stream: TcpStream) {
+    let source = stream
+        .peer_addr()
+        .map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+    let mut stream = BufReader::new(stream);
+    let line = match tokio::time::timeout(PREAMBLE_TIMEOUT, read_line(&mut stream)).await {
+        Ok(Some(line)) => line,
+        _ => {
+            answer(&mut stream, Err(malformed("preamble"))).await;
+            return;
+        }
+    };
+    let admitted = admit(&front, &line, source).await;
+    let ok = admitted.is_ok();
+    let Some((agent, target)) = answer(&mut stream, admitted).await.filter(|_| ok) else {
+        return;
+    };
+    let handler = AgentSession {
+        journal: front.journal.clone(),
+        dispatch: front.dispatch.clone(),
+        agent,
+        target,
+        source,
+        inputs: HashMap::new(),
+    };
+    match russh::server::run_stream(front.server.clone(), stream, handler).await {
+        Ok(running) => {
+            if let Err(e) = running.await {
+                tracing::debug!(error = %e, "agent SSH session ended with an error");
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "agent SSH handshake failed"),
+    }
+}
+
+/// One line, at most `MAX_LINE` bytes; `None` on EOF or an overlong line.
+async fn read_line<R: AsyncRead + Unpin>(stream: &mut BufReader<R>) -> Option<String> {
+    let mut buf = Vec::new();
+    let mut limited = (&mut *stream).take(MAX_LINE as u64);
+    limited.read_until(b'\n', &mut buf).await.ok()?;
+    if buf.last() != Some(&b'\n') {
+        return None;
+    }
+    buf.pop();
+    String::from_utf8(buf).ok()
+}
+
+/// Writes `OK` or `ERR <envelope>`; gives back the admission when `OK` went out.
+async fn answer(
+    stream: &mut BufReader<TcpStream>,
+    admitted: Result<(String, Arc<SshTarget>), Envelope>,
+) -> Option<(String, Arc<SshTarget>)> {
+    let line = match &admitted {
+        Ok(_) => "OK\n".to_owned(),
+        Err(env) => format!("ERR {}\n", refuse::json(env)),
+    };
+    let written = stream.get_mut().write_all(line.as_bytes()).await;
+    if admitted.is_err() {
+        let _ = stream.get_mut().shutdown().await;
+    }
+    written.ok()?;
+    admitted.ok()
+}
+
+fn malformed(field: &str) -> Envelope {
+    unjournaled_refusal(Code::MalformedRequest, field)
+}
+
+/// The preamble's agent and target, or the refusal (journaled once the line parsed).
+async fn admit(
+    front: &SshFront,
+    line: &str,
+    source: IpAddr,
+) -> Result<(String, Arc<SshTarget>), Envelope> {
+    let p = Preamble::parse(line).map_err(|m| malformed(m.0))?;
+    let url = format!("ssh://{}@{}:{}", p.user, p.host, p.port);
+    let agent = match identify(&front.config, &p, source) {
+        Ok(agent) => agent,
+        Err(failure) => {
+            let what = Refused {
+                agent: UNAUTHENTICATED,
+                target: url,
+                method: "session",
+                command: None,
+            };
+            return Err(refuse::journal(&front.journal, what, failure).await);
+        }
+    };
+    match match_target(&front.config, &agent, &p) {
+        Ok(target) => Ok((agent, Arc::new(target.clone()))),
+        Err(field) => {
+            let what = Refused {
+                agent: &agent,
+                target: url,
+                method: "session",
+                command: None,
+            };
+            let failure = refuse::failure(Code::RouteDenied, field);
+            Err(refuse::journal(&front.journal, what, failure).await)
+        }
+    }
+}
+
+/// Same rules as the HTTP front: no `[[agents]]` → `anonymous`, loopback only; else the
+/// preamble's agent and token must match one (the claimed id is evidence only).
+fn identify(
+    config: &Config,
+    p: &Preamble,
+    source: IpAddr,
+) -> Result<String, crate::journal::Failure> {
+    let id = p.agent.as_deref().unwrap_or("");
+    let claimed = match authenticate_pair(config, id, p.token.as_deref().unwrap_or("")) {
+        AgentAuth::Anonymous if source.is_loopback() => return Ok("anonymous".into()),
+        AgentAuth::Agent(id) if p.token.is_some() => return Ok(id),
+        AgentAuth::Wrong { claimed } => claimed.filter(|c| !c.is_empty()),
+        _ => None,
+    };
+    let field = if p.agent.is_none() { "agent" } else { "token" };
+    let mut failure = refuse::failure(Code::AgentUnauthenticated, field);
+    if let Some(claimed) = claimed {
+        failure
+            .evidence
+            .insert("claimed_agent".into(), claimed.into());
+    }
+    let source = source.to_string();
+    failure
+        .evidence
+        .insert("source_address".into(), source.into());
+    Err(failure)
+}
+
+/// The target for host, port, user and agent, or the first dimension nothing matched.
+pub fn match_target<'a>(
+    config: &'a Config,
+    agent: &str,
+    p: &Preamble,
+) -> Result<&'a SshTarget, &'static str> {
+    let mut candidates: Vec<&SshTarget> = config.ssh_targets.iter().collect();
+    type Dimension = (&'static str, fn(&SshTarget, &str, &Preamble) -> bool);
+    let dimensions: [Dimension; 4] = [
+        ("target.host", |t, _, p| t.host == p.host),
+        ("target.port", |t, _, p| t.port == p.port),
+        ("user", |t, _, p| t.user == p.user),
+        ("agent", |t, a, _| {
+            t.agents.is_empty() || t.agents.iter().any(|x| x == a)
+        }),
+    ];
+    for (field, keep) in dimensions {
+        candidates.retain(|t| keep(t, agent, p));
+        if candidates.is_empty() {
+            return Err(field);
+        }
+    }
+    candidates.first().copied().ok_or("target.host")
+}

@@ -1,0 +1,24 @@
+//! SSH egress.
+//!
+//! Lifecycle of an SSH invocation: `postern ssh-connect` (the agent's ProxyCommand) sends the
+//! `preamble` → `front` identifies the agent and matches an `[[ssh_targets]]` entry (refusals
+//! are journaled and answered `ERR <envelope>`) → `OK`, then postern terminates SSH with its
+//! own `hostkey` (`session`) → each `exec` is checked against the target's `commands` and
+//! handed to `ExecDispatch` (`dispatch`), the one seam where the invocation lifecycle
+//! (preflight → credential → approval → `upstream` connection stages → `DISPATCH_STARTED`
+//! durable → exec → result → delivery) plugs in. Anything but `exec` is `UNSUPPORTED_ACTION`.
+//!
+//! Invariants: postern never fabricates an `exit-status` (its own errors are one stderr line
+//! `postern: <envelope JSON>` and a close); no upstream byte before a target matched; the
+//! vault's key or password never leaves `upstream`.
+
+pub mod dispatch;
+pub mod front;
+pub mod hostkey;
+pub mod preamble;
+mod refuse;
+mod session;
+pub mod upstream;
+
+pub use dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent, NotBuilt};
+pub use front::{SshFront, serve};

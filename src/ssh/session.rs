@@ -1,0 +1,281 @@
+//! The agent's SSH session, terminated with postern's host key. The preamble already named
+//! agent and target, so the agent's own user auth (`none` or any key) is accepted (SPEC
+//! §5.5). Per session channel: `exec` → `commands` → the `ExecDispatch` seam; everything
+//! else is refused (`UNSUPPORTED_ACTION`), journaled, and never gets an exit-status.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use russh::server::{Auth, Msg, Session};
+use russh::{Channel, ChannelId, ChannelMsg};
+use tokio::sync::mpsc;
+
+use super::dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent};
+use super::refuse::{self, Refused};
+use crate::config::{SshAction, SshTarget};
+use crate::contract::Code;
+use crate::journal::{Failure, Journal};
+
+/// Agent stdin messages buffered per channel before the dispatch reads them.
+const INPUT_BUFFER: usize = 32;
+
+/// One agent connection after `OK`.
+pub(crate) struct AgentSession {
+    pub journal: Journal,
+    pub dispatch: Arc<dyn ExecDispatch>,
+    pub agent: String,
+    pub target: Arc<SshTarget>,
+    pub source: IpAddr,
+    /// Each open session channel's stdin, until an exec takes it.
+    pub inputs: HashMap<ChannelId, mpsc::Receiver<InputEvent>>,
+}
+
+/// Moves the channel's stdin into a queue, so the session never stalls on a full channel
+/// buffer; a refused channel's queue is dropped and its input discarded.
+async fn drain(mut channel: Channel<Msg>, tx: mpsc::Sender<InputEvent>) {
+    while let Some(msg) = channel.wait().await {
+        let event = match msg {
+            ChannelMsg::Data { data } => InputEvent::Data(data),
+            ChannelMsg::Eof => InputEvent::Eof,
+            ChannelMsg::Close => break,
+            _ => continue,
+        };
+        if !tx.is_closed() {
+            let _ = tx.send(event).await;
+        }
+    }
+}
+
+impl AgentSession {
+    /// Journals a refused channel request and tells the agent on the channel's stderr.
+    fn refuse_channel(&mut self, id: ChannelId, session: &Session, what: Refusal) {
+        self.inputs.remove(&id);
+        self.journal_refusal(what, Some(AgentChannel::new(session.handle(), id)));
+    }
+
+    /// Journals a refusal that has no channel to write to (forwarding requests).
+    fn refuse_quietly(&self, what: Refusal) {
+        self.journal_refusal(what, None);
+    }
+
+    fn journal_refusal(&self, what: Refusal, channel: Option<AgentChannel>) {
+        let journal = self.journal.clone();
+        let (agent, target) = (self.agent.clone(), self.target.url());
+        tokio::spawn(async move {
+            let refused = Refused {
+                agent: &agent,
+                target,
+                method: what.method,
+                command: what.command,
+            };
+            let envelope = refuse::journal(&journal, refused, what.failure).await;
+            if let Some(channel) = channel {
+                let _ = channel.refuse(&envelope).await;
+            }
+        });
+    }
+
+    /// `UNSUPPORTED_ACTION` for `kind`; if the target allows it, the note says it is not built.
+    fn unsupported(&self, method: &'static str, kind: Option<SshAction>) -> Refusal {
+        let mut failure = refuse::failure(Code::UnsupportedAction, "action");
+        if kind.is_some_and(|k| self.target.allows(k)) {
+            let note = format!("{method} is allowed on this target but not built yet");
+            failure.evidence.insert("note".into(), note.into());
+        }
+        Refusal {
+            method,
+            command: None,
+            failure,
+        }
+    }
+}
+
+/// A refused request, for the journal.
+struct Refusal {
+    method: &'static str,
+    command: Option<String>,
+    failure: Failure,
+}
+
+impl russh::server::Handler for AgentSession {
+    type Error = russh::Error;
+
+    async fn auth_none(&mut self, _user: &str) -> Result<Auth, Self::Error> {
+        Ok(Auth::Accept)
+    }
+
+    async fn auth_publickey(
+        &mut self,
+        _: &str,
+        _: russh::server::VerifiedPublicKey<'_>,
+    ) -> Result<Auth, Self::Error> {
+        Ok(Auth::Accept)
+    }
+
+    async fn channel_open_session(
+        &mut self,
+        channel: Channel<Msg>,
+        reply: russh::server::ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        reply.accept().await;
+        let (tx, rx) = mpsc::channel(INPUT_BUFFER);
+        self.inputs.insert(channel.id(), rx);
+        tokio::spawn(drain(channel, tx));
+        Ok(())
+    }
+
+    async fn exec_request(
+        &mut self,
+        id: ChannelId,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let Ok(command) = String::from_utf8(data.to_vec()) else {
+            let mut refusal = self.unsupported("exec", None);
+            refusal.failure = refuse::failure(Code::MalformedRequest, "command");
+            self.refuse_channel(id, session, refusal);
+            return Ok(());
+        };
+        if !self.target.permits_command(&command) {
+            let refusal = Refusal {
+                method: "exec",
+                command: Some(command),
+                failure: refuse::failure(Code::RouteDenied, "command"),
+            };
+            self.refuse_channel(id, session, refusal);
+            return Ok(());
+        }
+        let Some(rx) = self.inputs.remove(&id) else {
+            // A second exec on one channel: the first one owns it.
+            session.channel_failure(id)?;
+            return Ok(());
+        };
+        let call = ExecCall {
+            agent: self.agent.clone(),
+            target: self.target.clone(),
+            command,
+            source: self.source,
+        };
+        let channel = AgentChannel::new(session.handle(), id);
+        tokio::spawn(self.dispatch.exec(call, channel, AgentInput(rx)));
+        Ok(())
+    }
+
+    async fn shell_request(
+        &mut self,
+        id: ChannelId,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let refusal = self.unsupported("shell", Some(SshAction::Shell));
+        self.refuse_channel(id, session, refusal);
+        Ok(())
+    }
+
+    async fn subsystem_request(
+        &mut self,
+        id: ChannelId,
+        name: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let mut refusal = self.unsupported("subsystem", Some(SshAction::Subsystem));
+        refusal
+            .failure
+            .evidence
+            .insert("subsystem".into(), name.into());
+        self.refuse_channel(id, session, refusal);
+        Ok(())
+    }
+
+    /// No terminal: commands run without a pty (`ssh -t` warns and goes on).
+    #[allow(clippy::too_many_arguments)]
+    async fn pty_request(
+        &mut self,
+        id: ChannelId,
+        _term: &str,
+        _cols: u32,
+        _rows: u32,
+        _pix_w: u32,
+        _pix_h: u32,
+        _modes: &[(russh::Pty, u32)],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        session.channel_failure(id)?;
+        Ok(())
+    }
+
+    async fn x11_request(
+        &mut self,
+        id: ChannelId,
+        _single: bool,
+        _protocol: &str,
+        _cookie: &str,
+        _screen: u32,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        session.channel_failure(id)?;
+        Ok(())
+    }
+
+    async fn env_request(
+        &mut self,
+        id: ChannelId,
+        _name: &str,
+        _value: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        session.channel_failure(id)?;
+        Ok(())
+    }
+
+    /// Agent forwarding would hand the upstream the agent's keys: refused, the exec goes on.
+    async fn agent_request(
+        &mut self,
+        _id: ChannelId,
+        _: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        self.refuse_quietly(self.unsupported("agent_forward", None));
+        Ok(false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn channel_open_direct_tcpip(
+        &mut self,
+        _channel: Channel<Msg>,
+        host: &str,
+        port: u32,
+        _originator: &str,
+        _originator_port: u32,
+        reply: russh::server::ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let mut refusal = self.unsupported("port_forward", Some(SshAction::PortForward));
+        let destination = format!("{host}:{port}");
+        refusal
+            .failure
+            .evidence
+            .insert("forward".into(), destination.into());
+        self.refuse_quietly(refusal);
+        reply
+            .reject(russh::ChannelOpenFailure::AdministrativelyProhibited)
+            .await;
+        Ok(())
+    }
+
+    async fn tcpip_forward(
+        &mut self,
+        address: &str,
+        port: &mut u32,
+        _session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        let mut refusal = self.unsupported("port_forward", Some(SshAction::PortForward));
+        let listen = format!("{address}:{port}");
+        refusal
+            .failure
+            .evidence
+            .insert("remote_forward".into(), listen.into());
+        self.refuse_quietly(refusal);
+        Ok(false)
+    }
+}

@@ -1,0 +1,384 @@
+//! SSH: the upstream connector against a real OpenSSH sshd, and the front + bridge with the
+//! real OpenSSH client.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use postern::contract::{Code, Stage};
+use postern::ssh::upstream::{self, SystemLookup};
+use serde_json::Value;
+
+use crate::sshd::{Sshd, keygen};
+use crate::support::{BIN, Daemon, Home, TEST_CONFIG, secret_set, stderr};
+
+const VAULT_KEY: &str = "ssh test vault key";
+const TOKEN: &str = "ci-ssh-token";
+
+/// A config with one agent, one key credential and one target for `sshd` (host app1.internal).
+fn config_text(sshd: &Sshd, known_hosts: &Path, extra: &str) -> String {
+    format!(
+        "{TEST_CONFIG}\n[[agents]]\nid = \"ci\"\ntoken = \"{TOKEN}\"\n\
+         [[credentials]]\nid = \"deploy-key\"\nsecret = \"deploy-ssh-key\"\ninject = {{ ssh_key = true }}\n\
+         [[ssh_targets]]\nid = \"deploy\"\nhost = \"app1.internal\"\nuser = \"{user}\"\nagents = [\"ci\"]\n\
+         credential = \"deploy-key\"\nknown_hosts = \"{kh}\"\nresolve = \"127.0.0.1:{port}\"\nconnect_timeout = \"5s\"\n{extra}\n",
+        user = sshd.user,
+        kh = known_hosts.display(),
+        port = sshd.port,
+    )
+}
+
+/// The body line of a PEM: a canary that must never show anywhere.
+fn canary(pem: &str) -> String {
+    pem.lines().nth(1).unwrap_or("").to_owned()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+struct Upstream {
+    home: Home,
+    config: postern::config::Config,
+}
+
+impl Upstream {
+    fn new(sshd: &Sshd, key_pem: &str, known_host_key: Option<&str>) -> Self {
+        let home = Home::new();
+        let known = match known_host_key {
+            Some(public) => {
+                let p = home.dir.path().join("known_hosts");
+                std::fs::write(&p, format!("app1.internal {public}\n")).unwrap();
+                p
+            }
+            None => sshd.known_hosts(home.dir.path(), "app1.internal"),
+        };
+        let path = home.config(&config_text(sshd, &known, ""));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let config = postern::config::parse(&text, Some(&path), &|_| None).unwrap();
+        let out = secret_set(&home, "deploy-ssh-key", key_pem, Some(VAULT_KEY));
+        assert!(out.status.success(), "{}", stderr(&out));
+        Self { home, config }
+    }
+
+    fn connect(&self) -> Result<upstream::Upstream, upstream::SetupFailure> {
+        let vault = postern::vault::Vault::new(&self.home.root(), Some(VAULT_KEY.into()));
+        let target = &self.config.ssh_targets[0];
+        runtime().block_on(upstream::connect(
+            &self.config,
+            target,
+            &vault,
+            &SystemLookup,
+        ))
+    }
+}
+
+fn stages(attempts: &[postern::journal::ConnectAttempt]) -> Vec<(Stage, bool)> {
+    attempts.iter().map(|a| (a.stage, a.ok)).collect()
+}
+
+#[test]
+fn the_upstream_authenticates_with_the_vault_key_and_runs_a_command() {
+    let sshd = Sshd::start();
+    let u = Upstream::new(&sshd, &sshd.client_key.private, None);
+    let vault = postern::vault::Vault::new(&u.home.root(), Some(VAULT_KEY.into()));
+    let target = u.config.ssh_targets[0].clone();
+    let (out, status, evidence) = runtime().block_on(async {
+        let mut up = upstream::connect(&u.config, &target, &vault, &SystemLookup)
+            .await
+            .unwrap();
+        let mut channel = up.open_channel().await.unwrap();
+        channel.exec(true, "echo hi").await.unwrap();
+        let (mut out, mut status) = (Vec::new(), None);
+        while let Some(msg) = channel.wait().await {
+            match msg {
+                russh::ChannelMsg::Data { data } => out.extend_from_slice(&data),
+                russh::ChannelMsg::ExitStatus { exit_status } => status = Some(exit_status),
+                _ => {}
+            }
+        }
+        up.disconnect().await;
+        (
+            out,
+            status,
+            (up.host_key.clone(), up.address, up.attempts.clone()),
+        )
+    });
+    assert_eq!(String::from_utf8_lossy(&out), "hi\n");
+    assert_eq!(status, Some(0));
+    let (fingerprint, address, attempts) = evidence;
+    assert!(fingerprint.starts_with("SHA256:"), "{fingerprint}");
+    assert_eq!(address.port(), sshd.port);
+    assert_eq!(
+        stages(&attempts),
+        [
+            (Stage::TcpConnect, true),
+            (Stage::SshTransport, true),
+            (Stage::HostKey, true),
+            (Stage::UserAuth, true),
+            (Stage::ChannelOpen, true)
+        ]
+    );
+    let shown = format!("{attempts:?}");
+    assert!(!shown.contains(&canary(&sshd.client_key.private)));
+}
+
+#[test]
+fn an_unknown_upstream_host_key_is_a_mismatch_before_any_login() {
+    let sshd = Sshd::start();
+    let other = keygen(tempfile::tempdir().unwrap().path(), "other_host");
+    let u = Upstream::new(&sshd, &sshd.client_key.private, Some(&other.public));
+    let failure = u
+        .connect()
+        .err()
+        .expect("a mismatching host key must be refused");
+    assert_eq!(failure.code, Code::SshHostKeyMismatch);
+    assert_eq!(
+        stages(&failure.attempts),
+        [
+            (Stage::TcpConnect, true),
+            (Stage::SshTransport, true),
+            (Stage::HostKey, false)
+        ],
+        "no user_auth stage: nothing of the credential was sent"
+    );
+    assert!(!format!("{failure:?}").contains(&canary(&sshd.client_key.private)));
+}
+
+#[test]
+fn a_key_the_upstream_does_not_know_is_an_auth_failure() {
+    let sshd = Sshd::start();
+    let stranger = keygen(tempfile::tempdir().unwrap().path(), "stranger");
+    let u = Upstream::new(&sshd, &stranger.private, None);
+    let failure = u.connect().err().expect("an unknown key must be refused");
+    assert_eq!(failure.code, Code::SshAuthFailed);
+    assert_eq!(
+        failure.attempts.last().map(|a| a.stage),
+        Some(Stage::UserAuth)
+    );
+    assert!(!format!("{failure:?}").contains(&canary(&stranger.private)));
+}
+
+/// A daemon serving one SSH target, with the agent's known_hosts from `postern ssh-config`.
+struct Front {
+    daemon: Daemon,
+    ssh_addr: String,
+    known_hosts: String,
+    sshd: Sshd,
+    _home: Home,
+}
+
+impl Front {
+    fn start(extra: &str) -> Self {
+        let sshd = Sshd::start();
+        let home = Home::new();
+        let known = sshd.known_hosts(home.dir.path(), "app1.internal");
+        let text = config_text(&sshd, &known, extra);
+        let out = secret_set(
+            &home,
+            "deploy-ssh-key",
+            &sshd.client_key.private,
+            Some(VAULT_KEY),
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        let daemon = Daemon::start_with(&home, Some(&text), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
+        let ssh_addr = daemon
+            .stdout
+            .iter()
+            .find_map(|l| l.trim().strip_prefix("ssh").map(|a| a.trim().to_owned()))
+            .expect("the banner names the SSH front");
+        let key = home.root().join("ssh/host_ed25519");
+        let first = std::fs::read(&key).expect("serve made postern's SSH host key");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let config = home.dir.path().join("postern.toml");
+        let out = home.cli(&["ssh-config", "--config", config.to_str().unwrap()], &[]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let block = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(block.contains("Host app1.internal"), "{block}");
+        assert!(block.contains("ssh-connect %r %h %p"), "{block}");
+        assert!(block.contains("StrictHostKeyChecking yes"), "{block}");
+        let known_hosts = block
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("UserKnownHostsFile "))
+            .expect("UserKnownHostsFile")
+            .to_owned();
+        assert!(Path::new(&known_hosts).is_absolute());
+        assert_eq!(
+            std::fs::read(&key).unwrap(),
+            first,
+            "the host key is reused, not remade"
+        );
+        Self {
+            daemon,
+            ssh_addr,
+            known_hosts,
+            sshd,
+            _home: home,
+        }
+    }
+
+    /// The real OpenSSH client through `postern ssh-connect`.
+    fn ssh(&self, token: &str, args: &[&str]) -> Output {
+        let user_at = format!("{}@app1.internal", self.sshd.user);
+        let mut cmd = Command::new("ssh");
+        cmd.args(["-F", "/dev/null", "-o"])
+            .arg(format!("ProxyCommand={BIN} ssh-connect %r %h %p"))
+            .arg("-o")
+            .arg(format!("UserKnownHostsFile={}", self.known_hosts))
+            .args(["-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"])
+            .args(["-o", "ConnectTimeout=10", "-o", "IdentitiesOnly=yes"])
+            .env("POSTERN_SSH_PROXY", &self.ssh_addr)
+            .env("POSTERN_AGENT", "ci")
+            .env("POSTERN_AGENT_TOKEN", token)
+            .env_remove("POSTERN_CONFIG");
+        let (options, rest): (Vec<&str>, Vec<&str>) = {
+            let split = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+            (
+                args[..split].to_vec(),
+                args.get(split + 1..).unwrap_or(&[]).to_vec(),
+            )
+        };
+        let host = match rest.first().copied() {
+            Some(h) if !h.is_empty() => h.to_owned(),
+            _ => user_at,
+        };
+        cmd.args(options).arg(host).args(rest.iter().skip(1));
+        cmd.output()
+            .expect("ssh must be installed (.ci/run installs openssh-client)")
+    }
+
+    fn all_text(&self) -> String {
+        let out = self.daemon.cli(&["actions", "list", "--json"], &[]);
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            self.daemon.stderr()
+        )
+    }
+}
+
+/// The envelope in a `postern: {…}` stderr line (or the bridge's bare envelope line).
+fn envelope(stderr_text: &str) -> Value {
+    stderr_text
+        .lines()
+        .find_map(|l| {
+            let json = l.strip_prefix("postern: ").unwrap_or(l);
+            serde_json::from_str::<Value>(json)
+                .ok()
+                .filter(|v| v.get("error").is_some())
+        })
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn an_exec_through_the_front_verifies_postern_and_gets_the_documented_refusal() {
+    let f = Front::start("");
+    let out = f.ssh(TOKEN, &["--", "", "echo hi"]);
+    let err = stderr(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(255),
+        "no exit-status is invented: {err}"
+    );
+    let env = envelope(&err);
+    assert_eq!(env["error"]["code"], "UNSUPPORTED_ACTION", "{err}");
+    assert_eq!(
+        env["evidence"]["note"], "exec dispatch is not built yet",
+        "{err}"
+    );
+    assert!(
+        env["invocation_id"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("act_"))
+    );
+    assert!(!err.contains("Host key verification failed"), "{err}");
+    assert!(!f.all_text().contains(&canary(&f.sshd.client_key.private)));
+}
+
+#[test]
+fn a_wrong_agent_token_is_refused_by_the_bridge_with_the_envelope() {
+    let f = Front::start("");
+    let out = f.ssh("not-the-token", &["--", "", "echo hi"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(255), "{err}");
+    let env = envelope(&err);
+    assert_eq!(env["error"]["code"], "AGENT_UNAUTHENTICATED", "{err}");
+    assert_eq!(env["error"]["field"], "token", "{err}");
+    assert!(!err.contains("not-the-token") && !f.all_text().contains("not-the-token"));
+}
+
+#[test]
+fn an_unknown_target_is_route_denied_naming_the_host() {
+    let f = Front::start("");
+    let other = format!("{}@other.internal", f.sshd.user);
+    let out = f.ssh(TOKEN, &["--", &other, "echo hi"]);
+    let env = envelope(&stderr(&out));
+    assert_eq!(out.status.code(), Some(255));
+    assert_eq!(env["error"]["code"], "ROUTE_DENIED", "{}", stderr(&out));
+    assert_eq!(env["error"]["field"], "target.host");
+}
+
+#[test]
+fn a_command_outside_commands_is_route_denied_naming_the_command() {
+    let f = Front::start("commands = [\"echo hi\", \"uptime\"]");
+    let out = f.ssh(TOKEN, &["--", "", "echo hi; rm -rf /tmp/nothing"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(255), "{err}");
+    let env = envelope(&err);
+    assert_eq!(env["error"]["code"], "ROUTE_DENIED", "{err}");
+    assert_eq!(env["error"]["field"], "command", "{err}");
+    // A listed command passes the check and reaches the (not yet built) dispatch.
+    let out = f.ssh(TOKEN, &["--", "", "uptime"]);
+    assert_eq!(
+        envelope(&stderr(&out))["error"]["code"],
+        "UNSUPPORTED_ACTION"
+    );
+}
+
+#[test]
+fn port_forwarding_and_sftp_are_unsupported_actions() {
+    let f = Front::start("");
+    let out = f.ssh(TOKEN, &["-s", "--", "", "sftp"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(255), "{err}");
+    let env = envelope(&err);
+    assert_eq!(env["error"]["code"], "UNSUPPORTED_ACTION", "{err}");
+    let out = f.ssh(TOKEN, &["-W", "127.0.0.1:9", "--", ""]);
+    assert_eq!(out.status.code(), Some(255), "{}", stderr(&out));
+    let list = f.daemon.cli(&["actions", "list", "--json"], &[]);
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap_or(Value::Null);
+    let methods: Vec<(String, String)> = list["invocations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["method"].as_str().unwrap_or("").to_owned(),
+                r["code"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    for method in ["subsystem", "port_forward"] {
+        assert!(
+            methods.contains(&(method.to_owned(), "UNSUPPORTED_ACTION".to_owned())),
+            "{method}: {methods:?}"
+        );
+    }
+    assert!(
+        list["invocations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|r| r["protocol"] == "ssh"
+                && r["target"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with("ssh://")))
+    );
+}
