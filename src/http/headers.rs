@@ -126,6 +126,32 @@ pub(super) fn delivery_mode(route: Delivery, headers: &HeaderMap, buffer_limit: 
     }
 }
 
+/// An intermediary's own error (RFC 9209): the first `Proxy-Status` member, from the
+/// origin side, with an `error` parameter. Returns its name and the member as sent.
+pub(super) fn intermediary_error(headers: &HeaderMap) -> Option<(String, String)> {
+    headers
+        .get_all(PROXY_STATUS)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .find(|member| {
+            member
+                .split(';')
+                .skip(1)
+                .any(|param| param.trim().starts_with("error="))
+        })
+        .map(|member| {
+            let name = member
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .trim_matches('"');
+            (name.to_owned(), member.to_owned())
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use http::HeaderValue;
@@ -151,6 +177,24 @@ mod tests {
             HeaderValue::from_static("chunked"),
         );
         assert_eq!(framing(&h, http::Version::HTTP_11), Completion::LastChunk);
+    }
+
+    #[test]
+    fn an_intermediary_error_names_its_member() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            PROXY_STATUS,
+            HeaderValue::from_static("origin-lb; received-status=200"),
+        );
+        assert_eq!(intermediary_error(&h), None);
+        h.append(
+            PROXY_STATUS,
+            HeaderValue::from_static("\"cdn\"; error=connection_refused, edge"),
+        );
+        assert_eq!(
+            intermediary_error(&h),
+            Some(("cdn".into(), "\"cdn\"; error=connection_refused".into()))
+        );
     }
 
     #[test]

@@ -17,10 +17,11 @@ use super::drive::Outgoing;
 use super::exchange::Exchange;
 use super::guard::ReflectionGuard;
 use super::headers::{
-    bodiless, delivery_mode, framing, stored_headers, strip_error_proxy_status, strip_hop_by_hop,
+    bodiless, delivery_mode, framing, intermediary_error, stored_headers, strip_error_proxy_status,
+    strip_hop_by_hop,
 };
 use super::intake::Collected;
-use super::respond::{POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed};
+use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody, Relayed};
 use super::stream::StreamStart;
 use crate::config::{Delivery, Route};
 use crate::contract::{
@@ -48,6 +49,9 @@ impl Exchange {
         let (mut parts, incoming) = resp.into_parts();
         // An origin's reason phrase is free text (it may echo the secret): never relayed.
         parts.extensions.remove::<hyper::ext::ReasonPhrase>();
+        if let Some((name, member)) = intermediary_error(&parts.headers) {
+            return Outgoing::Respond(self.hop_error(status, name, member, started).await);
+        }
         let completion = framing(&parts.headers, parts.version);
         let config = self.proxy.config.clone();
         let journal = &config.journal;
@@ -171,6 +175,32 @@ impl Exchange {
             out.headers_mut().insert(POSTERN_OUTCOME, v);
         }
         Outgoing::Deliver { resp: out, done }
+    }
+
+    /// SPEC §3.6: an intermediary's error never resolves the invocation. `UPSTREAM_HOP_ERROR`
+    /// (unknown), the hop named in the evidence, its member kept first in `Proxy-Status`.
+    async fn hop_error(
+        &mut self,
+        status: StatusCode,
+        name: String,
+        member: String,
+        started: Draft,
+    ) -> Response<ProxyBody> {
+        let hop = format!("proxy:{name}");
+        let mut f = Failure::of(Code::UpstreamHopError);
+        f.evidence
+            .insert("hop_status".into(), status.as_u16().into());
+        f.evidence
+            .insert("hop_proxy_status".into(), member.clone().into());
+        let failed = Draft::observed(Body::Failed(f)).hop(&hop);
+        let recorded = self.inv.record(vec![started.hop(&hop), failed]).await;
+        let env = self.inv.envelope(&recorded, Code::UpstreamHopError);
+        let mut resp = respond::envelope(&env);
+        let ours = env.proxy_status();
+        if let Ok(v) = HeaderValue::from_str(&format!("{member}, {ours}")) {
+            resp.headers_mut().insert(PROXY_STATUS, v);
+        }
+        resp
     }
 
     /// Classifies a final response head and cleans its headers for the agent.

@@ -820,3 +820,35 @@ fn each_settled_invocation_is_one_access_log_line_without_query_values() {
     assert!(f["duration_ms"].is_number());
     assert!(!daemon.stderr().contains("private-value"));
 }
+
+/// SPEC §3.6: an intermediary's RFC 9209 error is not the origin's answer.
+#[test]
+fn an_intermediary_error_is_unknown_and_names_its_hop() {
+    let origin = origins::responds(
+        "502 Bad Gateway",
+        &["proxy-status: cdn; error=connection_refused"],
+        "cdn could not reach the origin",
+    );
+    let s = setup(origin.port(), "");
+    let (status, body, head) = s.curl(&["-X", "POST", "--data", "pay", &s.url("/pay")]);
+    assert_eq!(status, 502, "{body}");
+    let e = assert_envelope(
+        &body,
+        "UPSTREAM_HOP_ERROR",
+        "remote_execution",
+        "unknown",
+        "reconcile",
+    );
+    assert_eq!(e["evidence"]["hop"], "proxy:cdn");
+    assert_eq!(e["evidence"]["hop_status"], 502);
+    let ps = header(&head, "proxy-status").unwrap_or_default();
+    assert!(
+        ps.starts_with("cdn; error=connection_refused, postern; error=http_response_incomplete"),
+        "{ps}"
+    );
+    let (_, _, head) = s.curl(&[&s.url("/read")]);
+    assert!(
+        header(&head, "postern-outcome").is_some_and(|o| o.contains("retry=backoff")),
+        "{head}"
+    );
+}
