@@ -15,6 +15,8 @@ pub struct FrontMetrics {
     pub auth_failures: Counter,
     /// Of those, the ones past the per-source journaling rate: refused, not journaled.
     pub auth_failures_unjournaled: Counter,
+    /// Refusals before any route past an agent's journaling rate: refused, not journaled.
+    pub refusals_unjournaled: Counter,
     /// Agent connections refused at `[proxy] max_connections`.
     pub proxy_refused: Counter,
     /// Admin connections refused at `[admin] max_connections`.
@@ -84,6 +86,11 @@ pub fn registry(journal: &JournalMetrics, front: &FrontMetrics) -> Registry {
         "postern_proxy_auth_failures",
         "requests refused for a wrong Proxy-Authorization",
         front.auth_failures.clone(),
+    );
+    registry.register(
+        "postern_proxy_refusals_unjournaled",
+        "refusals before any route past the per-agent journaling rate (not journaled)",
+        front.refusals_unjournaled.clone(),
     );
     registry.register(
         "postern_proxy_auth_failures_unjournaled",

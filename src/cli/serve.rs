@@ -247,7 +247,8 @@ async fn serve_until_stopped(
         budget: Budget::new(config.proxy.buffer_budget, config.proxy.buffer_wait, &front),
         metrics: front,
         approvals,
-        failed_logins: Default::default(),
+        failed_logins: crate::lifecycle::refusals::RefusalRate::failed_logins(),
+        refusals: crate::lifecycle::refusals::RefusalRate::refusals(),
         guards: Default::default(),
     });
     tokio::spawn(admin::serve(admin_listener, state));

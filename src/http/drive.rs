@@ -19,7 +19,7 @@ use super::respond::{self, POSTERN_CREDENTIAL, ProxyBody};
 use super::stream::{StreamEnd, StreamPlan};
 use super::upstream::dial;
 use crate::config::{Approval, Config, Inject, Route};
-use crate::contract::Code;
+use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Body, Draft, Failure, Preflight};
 use crate::policy::{denial_field, fingerprint, match_route, route_is_built};
 
@@ -179,9 +179,23 @@ impl Exchange {
             .await
     }
 
+    /// A refusal before anything was sent. One before any journal write is journaled at a
+    /// bounded rate per agent, with its target capped (else answered unjournaled).
     async fn refused(&mut self, r: Refuse) -> Response<ProxyBody> {
+        let field = r.field.unwrap_or("target");
         let mut failure = Failure::of(r.code);
-        failure.field = r.field.map(str::to_owned);
+        failure.field = Some(field.to_owned());
+        if self.inv.unrecorded() {
+            if !self.proxy.refusals.may_journal(&self.agent) {
+                self.proxy.metrics.refusals_unjournaled.inc();
+                return respond::envelope(&unjournaled_refusal(r.code, field));
+            }
+            if self.inv.cap_target() {
+                failure
+                    .evidence
+                    .insert("target_truncated".into(), true.into());
+            }
+        }
         self.fail(vec![], failure).await
     }
 

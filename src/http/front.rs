@@ -13,13 +13,13 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use super::Proxy;
 use super::drive;
 use super::exchange::Inbound;
-use super::failed_logins::{UNAUTHENTICATED, capped_target};
 use super::internal;
 use super::respond::{self, ProxyBody};
 use super::sniff::FramingSniffer;
 use crate::config::Scheme;
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Accepted, Body, Draft, Failure, Protocol, new_invocation_id};
+use crate::lifecycle::refusals::{UNAUTHENTICATED, capped_target};
 use crate::listen::{Guarded, Slot};
 use crate::policy::{
     AgentAuth, Target, TargetError, authenticate, connect_denial_field, route_exists_for_connect,
@@ -79,8 +79,18 @@ async fn refuse_early(
     code: Code,
     field: &str,
 ) -> Response<ProxyBody> {
+    if !proxy.refusals.may_journal(agent) {
+        proxy.metrics.refusals_unjournaled.inc();
+        return respond::envelope(&unjournaled_refusal(code, field));
+    }
     let mut failure = Failure::of(code);
     failure.field = Some(field.to_owned());
+    let (target, truncated) = capped_target(&target);
+    if truncated {
+        failure
+            .evidence
+            .insert("target_truncated".into(), true.into());
+    }
     journal_refusal(proxy, agent, target, method, failure).await
 }
 
@@ -142,7 +152,7 @@ async fn failed_login(
 ) -> Response<ProxyBody> {
     const FIELD: &str = "headers.proxy-authorization";
     proxy.metrics.auth_failures.inc();
-    if !proxy.failed_logins.may_journal(source) {
+    if !proxy.failed_logins.may_journal(&source.to_string()) {
         proxy.metrics.auth_failures_unjournaled.inc();
         return respond::envelope(&unjournaled_refusal(Code::AgentUnauthenticated, FIELD));
     }

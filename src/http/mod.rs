@@ -15,7 +15,6 @@ mod decode;
 mod dispatch;
 mod drive;
 mod exchange;
-pub mod failed_logins;
 mod front;
 pub mod guard;
 mod headers;
@@ -52,7 +51,9 @@ pub struct Proxy {
     /// Requests held on `approval = "required"` routes, shared with the admin API.
     pub approvals: Arc<crate::policy::approvals::Approvals>,
     /// Wrong-token refusals journaled per source address (bounded).
-    pub failed_logins: failed_logins::FailedLogins,
+    pub failed_logins: crate::lifecycle::refusals::RefusalRate,
+    /// Refusals before any route (ROUTE_DENIED, INVALID_TARGET, …) journaled per agent.
+    pub refusals: crate::lifecycle::refusals::RefusalRate,
     /// Reflection guards, one per credential version.
     pub guards: guard::GuardCache,
     /// Memory for buffered bodies, shared by requests and responses.

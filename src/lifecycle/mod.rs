@@ -11,6 +11,7 @@
 //! invocation is never again `not_attempted`.
 
 mod approval;
+pub mod refusals;
 
 use crate::contract::{
     Code, Envelope, Evidence, FailureContext, OperationFacts, Outcome, Phase, resolve_failure,
@@ -54,6 +55,27 @@ impl Invocation {
     /// `DISPATCH_STARTED` is durable for this invocation.
     pub fn dispatched(&self) -> bool {
         self.dispatched
+    }
+
+    /// Nothing of this invocation is in the journal yet (`ACTION_ACCEPTED` still pending).
+    pub fn unrecorded(&self) -> bool {
+        matches!(
+            self.pending.first().map(|d| &d.body),
+            Some(Body::ActionAccepted(_))
+        )
+    }
+
+    /// Caps the target the pending `ACTION_ACCEPTED` will store (refusals before any
+    /// route keep a bounded record); true if it was cut.
+    pub fn cap_target(&mut self) -> bool {
+        match self.pending.first_mut().map(|d| &mut d.body) {
+            Some(Body::ActionAccepted(a)) => {
+                let (capped, cut) = refusals::capped_target(&a.target);
+                a.target = capped;
+                cut
+            }
+            _ => false,
+        }
     }
 
     /// Holds drafts back so they ride the next append (one write instead of two).

@@ -28,8 +28,7 @@ pub const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const OVER_CAP: &[u8] =
     b"ERR postern: the SSH front is at its connection cap ([proxy] max_connections); retry later\n";
 
-/// The agent id of a preamble whose token did not match (the claimed id is evidence only).
-const UNAUTHENTICATED: &str = "unauthenticated";
+use crate::lifecycle::refusals::{RefusalRate, UNAUTHENTICATED};
 
 /// Everything an agent connection needs.
 pub struct SshFront {
@@ -37,6 +36,8 @@ pub struct SshFront {
     pub journal: crate::journal::Journal,
     pub dispatch: Arc<dyn ExecDispatch>,
     server: Arc<russh::server::Config>,
+    /// Wrong-token preambles journaled per source address (bounded), as for HTTP.
+    failed_logins: RefusalRate,
 }
 
 impl SshFront {
@@ -56,6 +57,7 @@ impl SshFront {
             ..Default::default()
         };
         Self {
+            failed_logins: RefusalRate::failed_logins(),
             config,
             journal,
             dispatch,
@@ -154,6 +156,9 @@ async fn admit(
     let url = format!("ssh://{}@{}:{}", p.user, p.host, p.port);
     let agent = match identify(&front.config, &p, source) {
         Ok(agent) => agent,
+        Err(failure) if !front.failed_logins.may_journal(&source.to_string()) => {
+            return Err(unjournaled_refusal(failure.code, "token"));
+        }
         Err(failure) => {
             let what = Refused {
                 agent: UNAUTHENTICATED,

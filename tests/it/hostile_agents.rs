@@ -194,3 +194,46 @@ fn a_request_handed_back_unwritten_is_sent_on_a_fresh_connection() {
     assert_eq!(second["evidence"]["reused_connection"], true, "{second}");
     assert_eq!(second["evidence"]["resent_unwritten"], true, "{second}");
 }
+
+/// An authenticated agent's refused requests are journaled at a bounded rate, their
+/// targets capped: a hijacked agent cannot fill the disk with ROUTE_DENIED records.
+#[test]
+fn a_flood_of_refused_requests_cannot_fill_the_journal() {
+    let origin = origins::responds("200 OK", &[], "hi");
+    let home = Home::new();
+    let daemon = Daemon::start(&home, Some(&config(origin.port())));
+    let auth = "Basic Y2k6dG9rLTEyMw=="; // ci:tok-123
+    let head = format!(
+        "GET http://origin.test:{}/deny/{} HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {auth}\r\nConnection: close\r\n\r\n",
+        origin.port(),
+        "B".repeat(7000)
+    );
+    let mut unjournaled = 0;
+    for _ in 0..80 {
+        let resp = raw_request(&daemon.proxy, &head);
+        assert!(resp.starts_with("HTTP/1.1 403"), "{resp}");
+        let env = json_body(&resp);
+        assert_eq!(env["error"]["code"], "ROUTE_DENIED");
+        if env["invocation_id"].is_null() {
+            unjournaled += 1;
+        }
+    }
+    assert!(
+        unjournaled >= 40,
+        "only {unjournaled} of 80 went unjournaled"
+    );
+    let (_, list) = get_json(&daemon.url("/v1/invocations?limit=200&agent=ci"), &[]);
+    let records = list["invocations"].as_array().unwrap();
+    assert_eq!(records.len(), 80 - unjournaled);
+    for r in records {
+        assert!(r["target"].as_str().unwrap().len() < 300, "target capped");
+        assert_eq!(r["evidence"]["target_truncated"], true);
+    }
+    let (_, metrics, _) = curl(&[&daemon.url("/metrics")]);
+    assert!(
+        metrics.contains(&format!(
+            "postern_proxy_refusals_unjournaled_total {unjournaled}"
+        )),
+        "{metrics}"
+    );
+}
