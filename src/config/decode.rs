@@ -123,7 +123,7 @@ fn got_value(got: &str) -> String {
 }
 
 /// The known key nearest to a misspelt one, if it is near enough to be a typo.
-fn closest<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
+pub(super) fn closest<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
     known
         .iter()
         .map(|k| (distance(name, k), *k))

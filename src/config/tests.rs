@@ -315,3 +315,14 @@ fn ssh_target_problems_name_their_keys() {
         ["ssh_targets[0].connect_timeout"]
     );
 }
+
+#[test]
+fn a_misspelt_method_is_refused_with_a_hint() {
+    let text = "[[routes]]\nid = \"r\"\nmatch = { host = \"x.test\", methods = [\"PSOT\", \"propfind\"] }\n";
+    let Err(e) = parse(text, None, &env) else {
+        panic!("PSOT was accepted");
+    };
+    assert_eq!(e.0.len(), 1, "{e}");
+    assert_eq!(e.0[0].path, "routes[0].match.methods[0]");
+    assert!(e.0[0].message.contains("did you mean `POST`?"), "{e}");
+}

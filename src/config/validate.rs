@@ -467,17 +467,45 @@ fn approval(c: &mut Checker<'_>, p: &str, v: Option<&str>) -> Approval {
 
 const DEFAULT_IDEMPOTENT: &[&str] = &["GET", "HEAD", "OPTIONS", "PUT", "DELETE"];
 
+/// RFC 9110 methods, PATCH, and WebDAV's (git and CalDAV clients use them).
+const KNOWN_METHODS: &[&str] = &[
+    "GET",
+    "HEAD",
+    "POST",
+    "PUT",
+    "DELETE",
+    "CONNECT",
+    "OPTIONS",
+    "TRACE",
+    "PATCH",
+    "QUERY",
+    "PROPFIND",
+    "PROPPATCH",
+    "MKCOL",
+    "COPY",
+    "MOVE",
+    "LOCK",
+    "UNLOCK",
+    "REPORT",
+    "SEARCH",
+];
+
 fn methods(c: &mut Checker<'_>, path: &str, list: &[String]) -> Vec<String> {
     list.iter()
         .enumerate()
         .map(|(j, m)| {
-            if http::Method::from_bytes(m.as_bytes()).is_err() || m.is_empty() {
+            let upper = m.to_ascii_uppercase();
+            if !KNOWN_METHODS.contains(&upper.as_str()) {
+                // A typo ("PSOT") would make the route silently never match.
+                let hint = super::decode::closest(&upper, KNOWN_METHODS)
+                    .map(|k| format!(" (did you mean `{k}`?)"))
+                    .unwrap_or_default();
                 c.bad(
                     format!("{path}[{j}]"),
-                    format!("`{m}` is not an HTTP method"),
+                    format!("`{m}` is not a known HTTP method{hint}"),
                 );
             }
-            m.to_ascii_uppercase()
+            upper
         })
         .collect()
 }

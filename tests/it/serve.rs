@@ -263,3 +263,15 @@ fn a_bad_config_is_refused_with_every_problem_in_one_run() {
         assert!(err.contains(line), "{line} missing in:\n{err}");
     }
 }
+
+#[test]
+fn an_admin_api_without_a_token_is_a_warning_when_agents_are_configured() {
+    let home = Home::new();
+    let config = format!("{TEST_CONFIG}\n[[agents]]\nid = \"ci\"\ntoken = \"t\"\n");
+    let daemon = Daemon::start(&home, Some(&config));
+    assert!(
+        daemon.stderr().contains("[admin] has no token"),
+        "{}",
+        daemon.stderr()
+    );
+}
