@@ -226,15 +226,18 @@ async fn serve_until_stopped(
     let front = FrontMetrics::default();
     let (proxy_listener, admin_listener) = guard(&config, proxy_listener, admin_listener, &front);
     let ssh_listener = guard_ssh(&config, ssh_listener, &front);
+    let approvals = Arc::new(crate::policy::approvals::Approvals::default());
     let ssh_front = Arc::new(crate::ssh::SshFront::new(
         config.clone(),
         journal.clone(),
         host_key,
-        Arc::new(crate::ssh::NotBuilt {
+        Arc::new(crate::ssh::Exec {
+            config: config.clone(),
             journal: journal.clone(),
+            vault: vault.clone(),
+            approvals: approvals.clone(),
         }),
     ));
-    let approvals = Arc::new(crate::policy::approvals::Approvals::default());
     let state = Arc::new(AdminState {
         registry: admin::metrics::registry(journal.metrics(), &front),
         journal: journal.clone(),

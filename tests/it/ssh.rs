@@ -226,6 +226,12 @@ impl Front {
 
     /// The real OpenSSH client through `postern ssh-connect`.
     fn ssh(&self, token: &str, args: &[&str]) -> Output {
+        self.ssh_command(token, args)
+            .output()
+            .expect("ssh must be installed (.ci/run installs openssh-client)")
+    }
+
+    fn ssh_command(&self, token: &str, args: &[&str]) -> Command {
         let user_at = format!("{}@app1.internal", self.sshd.user);
         let mut cmd = Command::new("ssh");
         cmd.args(["-F", "/dev/null", "-o"])
@@ -250,8 +256,7 @@ impl Front {
             _ => user_at,
         };
         cmd.args(options).arg(host).args(rest.iter().skip(1));
-        cmd.output()
-            .expect("ssh must be installed (.ci/run installs openssh-client)")
+        cmd
     }
 
     fn all_text(&self) -> String {
@@ -278,28 +283,63 @@ fn envelope(stderr_text: &str) -> Value {
 }
 
 #[test]
-fn an_exec_through_the_front_verifies_postern_and_gets_the_documented_refusal() {
+fn an_exec_through_postern_prints_its_output_exits_with_its_code_and_is_journaled() {
     let f = Front::start("");
-    let out = f.ssh(TOKEN, &["--", "", "echo hi"]);
+    let out = f.ssh(TOKEN, &["--", "", "echo hi; echo oops >&2; exit 3"]);
     let err = stderr(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(255),
-        "no exit-status is invented: {err}"
-    );
-    let env = envelope(&err);
-    assert_eq!(env["error"]["code"], "UNSUPPORTED_ACTION", "{err}");
-    assert_eq!(
-        env["evidence"]["note"], "exec dispatch is not built yet",
-        "{err}"
-    );
-    assert!(
-        env["invocation_id"]
-            .as_str()
-            .is_some_and(|i| i.starts_with("act_"))
-    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n", "{err}");
+    assert!(err.contains("oops"), "{err}");
+    assert_eq!(out.status.code(), Some(3), "the remote exit code: {err}");
     assert!(!err.contains("Host key verification failed"), "{err}");
+    let list = f.daemon.cli(&["actions", "list", "--json"], &[]);
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+    let r = &list["invocations"][0];
+    assert_eq!(r["protocol"], "ssh", "{r}");
+    assert_eq!(r["outcome"], "committed", "{r}");
+    assert_eq!(r["command"], "echo hi; echo oops >&2; exit 3");
+    assert_eq!(r["result"]["exit_status"], 3, "{r}");
+    let id = r["invocation_id"].as_str().unwrap();
+    let result = f.daemon.cli(&["result", id, "--json"], &[]);
+    let result: Value = serde_json::from_slice(&result.stdout).unwrap();
+    assert_eq!(result["exit_status"], 3, "{result}");
+    assert_eq!(result["stdout_base64"], "aGkK", "{result}");
+    let shown = f.daemon.cli(&["actions", "show", id, "--json"], &[]);
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let kinds: Vec<&str> = shown["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap_or(""))
+        .collect();
+    let dispatched = kinds.iter().position(|k| *k == "DISPATCH_STARTED").unwrap();
+    let committed = kinds.iter().position(|k| *k == "RESULT_COMMITTED").unwrap();
+    assert!(dispatched < committed, "{kinds:?}");
     assert!(!f.all_text().contains(&canary(&f.sshd.client_key.private)));
+}
+
+#[test]
+fn stdin_reaches_the_remote_command() {
+    let f = Front::start("");
+    let mut cmd = f.ssh_command(TOKEN, &["--", "", "cat"]);
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"data through postern\n").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "data through postern\n",
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(out.status.code(), Some(0));
 }
 
 #[test]
@@ -334,11 +374,13 @@ fn a_command_outside_commands_is_route_denied_naming_the_command() {
     let env = envelope(&err);
     assert_eq!(env["error"]["code"], "ROUTE_DENIED", "{err}");
     assert_eq!(env["error"]["field"], "command", "{err}");
-    // A listed command passes the check and reaches the (not yet built) dispatch.
-    let out = f.ssh(TOKEN, &["--", "", "uptime"]);
+    // A listed command passes the check and runs.
+    let out = f.ssh(TOKEN, &["--", "", "echo hi"]);
     assert_eq!(
-        envelope(&stderr(&out))["error"]["code"],
-        "UNSUPPORTED_ACTION"
+        String::from_utf8_lossy(&out.stdout),
+        "hi\n",
+        "{}",
+        stderr(&out)
     );
 }
 

@@ -1,0 +1,421 @@
+//! One SSH `exec` through the invocation lifecycle: preflight with the vault login bound,
+//! approval, upstream stages, `DISPATCH_STARTED` durable before the `exec` request (with
+//! want-reply), output relayed and tallied, `exit-status`/`exit-signal` → `RESULT_COMMITTED`
+//! (any exit code is `committed`), a close without either → `REMOTE_RESULT_INCOMPLETE`.
+//! postern never fabricates an exit-status: its own errors are one stderr line.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use russh::ChannelMsg;
+use sha2::{Digest, Sha256};
+
+use super::dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent};
+use super::refuse;
+use super::upstream::{self, Login, SystemLookup, Upstream};
+use crate::config::{Approval, Config};
+use crate::contract::{Code, Completion, Envelope, Outcome, Retry};
+use crate::journal::{
+    Accepted, Body, Dispatch, Draft, Failure, Journal, Payload, Preflight, Protocol,
+    ResponseComplete, ResultCommitted, Source, SshResult, StoredResult, b64, rfc3339,
+    sha256_tagged_digest,
+};
+use crate::lifecycle::Invocation;
+use crate::policy::approvals::{Approvals, Held, preview};
+use crate::policy::fingerprint;
+use crate::vault::Vault;
+
+/// The lifecycle-backed `ExecDispatch`.
+pub struct Exec {
+    pub config: Arc<Config>,
+    pub journal: Journal,
+    pub vault: Arc<Vault>,
+    pub approvals: Arc<Approvals>,
+}
+
+impl ExecDispatch for Exec {
+    fn exec(
+        &self,
+        call: ExecCall,
+        channel: AgentChannel,
+        input: AgentInput,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+        let run = Run {
+            config: self.config.clone(),
+            vault: self.vault.clone(),
+            approvals: self.approvals.clone(),
+            inv: Invocation::accept(
+                self.journal.clone(),
+                Accepted {
+                    agent: call.agent.clone(),
+                    protocol: Protocol::Ssh,
+                    method: Some("exec".into()),
+                    target: call.target.url(),
+                    command: Some(call.command.clone()),
+                },
+            ),
+            call,
+            channel,
+        };
+        Box::pin(run.go(input))
+    }
+}
+
+struct Run {
+    config: Arc<Config>,
+    vault: Arc<Vault>,
+    approvals: Arc<Approvals>,
+    inv: Invocation,
+    call: ExecCall,
+    channel: AgentChannel,
+}
+
+/// What came back from the remote command.
+#[derive(Default)]
+struct Output {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    hasher: Sha256,
+    bytes: u64,
+    keep: bool,
+    exit_status: Option<u32>,
+    exit_signal: Option<russh::Sig>,
+    agent_gone: bool,
+}
+
+impl Output {
+    fn absorb(&mut self, data: &[u8], stderr: bool, cap: u64) {
+        self.hasher.update(data);
+        self.bytes += data.len() as u64;
+        if self.bytes > cap {
+            self.keep = false;
+        }
+        if self.keep {
+            let to = if stderr {
+                &mut self.stderr
+            } else {
+                &mut self.stdout
+            };
+            to.extend_from_slice(data);
+        }
+    }
+}
+
+/// How the remote side ended.
+enum End {
+    Closed,
+    Rejected,
+    TimedOut(String),
+    Idle(String),
+}
+
+impl Run {
+    async fn go(mut self, input: AgentInput) {
+        let upstream = match self.set_up().await {
+            Ok(up) => up,
+            Err(env) => return self.report(&env, false).await,
+        };
+        self.dispatch(upstream, input).await;
+    }
+
+    /// Preflight, approval and connection stages: nothing reaches the remote host here.
+    async fn set_up(&mut self) -> Result<Upstream, Envelope> {
+        if self.inv.journal().admit().is_err() {
+            return Err(self
+                .inv
+                .fail(vec![], Failure::of(Code::JournalUnavailable))
+                .await);
+        }
+        let target = self.call.target.clone();
+        let fp = fingerprint("EXEC", &target.url(), &[], self.call.command.as_bytes());
+        let mut preflight = Preflight {
+            route: target.id.clone(),
+            fingerprint: fp.clone(),
+            idempotent: false,
+            credential: None,
+            idempotency: None,
+            safe_until_ms: None,
+        };
+        let login = match upstream::login(&self.config, &target, &self.vault) {
+            Ok(l) => l,
+            Err(code) => {
+                let drafts = vec![Draft::observed(Body::PreflightValidated(preflight))];
+                return Err(self.inv.fail(drafts, Failure::of(code)).await);
+            }
+        };
+        preflight.credential = Some(login.evidence.clone());
+        let drafts = vec![
+            Draft::observed(Body::PreflightValidated(preflight)),
+            Draft::observed(Body::CredentialAuthorized(login.evidence.clone())),
+        ];
+        if target.approval == Approval::Required {
+            self.hold(drafts, &fp, &login).await?;
+        } else if self.inv.record(drafts).await.is_err() {
+            return Err(self.inv.fallback(Code::JournalUnavailable));
+        }
+        match upstream::connect_with(&target, &login, &SystemLookup).await {
+            Ok(up) => Ok(up),
+            Err(f) => {
+                let drafts = self.inv.attempt_drafts(&f.attempts);
+                Err(self.inv.fail(drafts, Failure::of(f.code)).await)
+            }
+        }
+    }
+
+    /// SPEC §3.5 for targets: held until approved; a login rotated meanwhile refuses.
+    async fn hold(&mut self, drafts: Vec<Draft>, fp: &str, login: &Login) -> Result<(), Envelope> {
+        let target = self.call.target.clone();
+        let now = time::OffsetDateTime::now_utc();
+        let command = self.call.command.as_bytes();
+        let held = Held {
+            invocation_id: self.inv.id().to_owned(),
+            agent: self.call.agent.clone(),
+            route: target.id.clone(),
+            method: "exec".into(),
+            target: target.url(),
+            fingerprint: fp.to_owned(),
+            requested_at: rfc3339(now),
+            expires_at: rfc3339(now + target.approval_timeout),
+            body_bytes: command.len(),
+            body_preview: preview(command),
+        };
+        let (config, vault) = (self.config.clone(), self.vault.clone());
+        let bound = login.evidence.clone();
+        let changed = move || {
+            upstream::login(&config, &target, &vault).map_or(true, |now| now.evidence != bound)
+        };
+        let timeout = self.call.target.approval_timeout;
+        let approvals = self.approvals.clone();
+        self.inv
+            .await_approval(&approvals, held, timeout, drafts, changed)
+            .await
+    }
+
+    /// `DISPATCH_STARTED` durable, then the `exec`; the remote's answer decides the rest.
+    async fn dispatch(&mut self, mut up: Upstream, input: AgentInput) {
+        let remote = match up.open_channel().await {
+            Ok(c) => c,
+            Err(code) => {
+                let drafts = self.inv.attempt_drafts(&up.attempts);
+                let env = self.inv.fail(drafts, Failure::of(code)).await;
+                up.disconnect().await;
+                return self.report(&env, false).await;
+            }
+        };
+        let drafts = self.inv.attempt_drafts(&up.attempts);
+        let dispatch = Dispatch {
+            connection_id: Some(up.host_key.clone()),
+            reused_connection: false,
+            address: Some(up.address.to_string()),
+            tls: None,
+        };
+        if let Err(env) = self.inv.dispatch_boundary(drafts, dispatch, "origin").await {
+            up.disconnect().await;
+            return self.report(&env, false).await;
+        }
+        let command = self.call.command.clone();
+        if let Err(e) = remote.exec(true, command.as_bytes()).await {
+            let env = self
+                .inv
+                .fail_with(Code::RemoteOutcomeUnknown, e.to_string())
+                .await;
+            up.disconnect().await;
+            return self.report(&env, false).await;
+        }
+        let (out, end) = self.relay(remote, input).await;
+        up.disconnect().await;
+        self.settle(out, end).await;
+    }
+
+    /// Relays stdin up and output down until the remote closes the channel.
+    async fn relay(
+        &mut self,
+        mut remote: russh::Channel<russh::client::Msg>,
+        mut input: AgentInput,
+    ) -> (Output, End) {
+        let target = self.call.target.clone();
+        let cap = self.config.journal.max_result_bytes;
+        let mut out = Output {
+            keep: true,
+            ..Output::default()
+        };
+        let deadline = tokio::time::sleep(target.response_timeout);
+        tokio::pin!(deadline);
+        let (mut accepted, mut input_open) = (false, true);
+        loop {
+            let idle = tokio::time::sleep(target.idle_timeout);
+            tokio::select! {
+                msg = remote.wait() => {
+                    let Some(msg) = msg else { return (out, End::Closed) };
+                    match msg {
+                        ChannelMsg::Success if !accepted => {
+                            accepted = true;
+                            self.relay_to_agent(&mut out, |c| Box::pin(async move { c.accept().await })).await;
+                        }
+                        ChannelMsg::Failure if !accepted => return (out, End::Rejected),
+                        ChannelMsg::Data { data } => {
+                            out.absorb(&data, false, cap);
+                            let data = Bytes::copy_from_slice(&data);
+                            self.relay_to_agent(&mut out, move |c| Box::pin(async move { c.stdout(data).await })).await;
+                        }
+                        ChannelMsg::ExtendedData { data, ext: 1 } => {
+                            out.absorb(&data, true, cap);
+                            let data = Bytes::copy_from_slice(&data);
+                            self.relay_to_agent(&mut out, move |c| Box::pin(async move { c.stderr(data).await })).await;
+                        }
+                        ChannelMsg::ExitStatus { exit_status } => out.exit_status = Some(exit_status),
+                        ChannelMsg::ExitSignal { signal_name, .. } => out.exit_signal = Some(signal_name),
+                        ChannelMsg::Close => return (out, End::Closed),
+                        _ => {}
+                    }
+                }
+                ev = input.next(), if input_open => match ev {
+                    Some(InputEvent::Data(d)) => {
+                        let _ = remote.data(&d[..]).await;
+                    }
+                    Some(InputEvent::Eof) => {
+                        let _ = remote.eof().await;
+                    }
+                    None => {
+                        input_open = false;
+                        if !out.agent_gone {
+                            out.agent_gone = true;
+                            self.inv.caller_cancelled().await;
+                        }
+                    }
+                },
+                () = &mut deadline => {
+                    return (out, End::TimedOut(format!("no exit status within {:?}", target.response_timeout)));
+                }
+                () = idle => {
+                    return (out, End::Idle(format!("no output for {:?}", target.idle_timeout)));
+                }
+            }
+        }
+    }
+
+    /// Writes to the agent; the first failure records `CALLER_CANCELLED` and stops writing
+    /// (the remote result is still read and stored).
+    async fn relay_to_agent<F>(&mut self, out: &mut Output, write: F)
+    where
+        F: FnOnce(
+            AgentChannel,
+        )
+            -> Pin<Box<dyn Future<Output = Result<(), super::dispatch::AgentGone>> + Send>>,
+    {
+        if out.agent_gone {
+            return;
+        }
+        if write(self.channel.clone()).await.is_err() {
+            out.agent_gone = true;
+            self.inv.caller_cancelled().await;
+        }
+    }
+
+    /// The exit status commits the result (any code); without one nothing is fabricated.
+    async fn settle(&mut self, out: Output, end: End) {
+        let resolved = out.exit_status.is_some() || out.exit_signal.is_some();
+        if resolved {
+            return self.commit(out, matches!(end, End::Closed)).await;
+        }
+        let (code, diagnostic) = match end {
+            End::Closed => (
+                Code::RemoteResultIncomplete,
+                "channel closed without exit-status".to_owned(),
+            ),
+            End::Rejected => (
+                Code::RemoteExecRejected,
+                "exec refused by the remote".to_owned(),
+            ),
+            End::TimedOut(d) => (Code::RemoteTimeout, d),
+            End::Idle(d) => (Code::RemoteResultIncomplete, d),
+        };
+        let rejected = code == Code::RemoteExecRejected;
+        let env = self.inv.fail_with(code, diagnostic).await;
+        if rejected && !out.agent_gone {
+            let _ = self.channel.reject().await;
+            let _ = self.channel.close().await;
+            return;
+        }
+        let accepted = !rejected;
+        self.report(&env, accepted).await;
+    }
+
+    async fn commit(&mut self, out: Output, complete: bool) {
+        let digest = sha256_tagged_digest(&out.hasher.clone().finalize());
+        let exit_status = out.exit_status.map(i64::from);
+        let exit_signal = out.exit_signal.as_ref().map(|s| format!("{s:?}"));
+        let committed = Draft::observed(Body::ResultCommitted(ResultCommitted {
+            outcome: Outcome::Committed,
+            retry: Retry::Never,
+            status: None,
+            exit_status,
+            exit_signal: exit_signal.clone(),
+            digest: digest.clone(),
+            bytes: out.bytes,
+            complete,
+            completion: Some(Completion::ExitStatus),
+            evidence: serde_json::Map::new(),
+        }))
+        .source(Source::RemoteResponse)
+        .hop("origin");
+        let complete_draft = Draft::observed(Body::RemoteResponseComplete(ResponseComplete {
+            completion: Completion::ExitStatus,
+            bytes: out.bytes,
+            digest,
+        }))
+        .source(Source::RemoteResponse)
+        .hop("origin");
+        let result = StoredResult {
+            invocation_id: self.inv.id().to_owned(),
+            outcome: Outcome::Committed,
+            payload: Payload::Ssh(SshResult {
+                exit_status,
+                exit_signal,
+                stdout_base64: b64(&out.stdout),
+                stderr_base64: b64(&out.stderr),
+            }),
+            complete,
+            expires_at_ms: self.inv.journal().result_expiry_ms(),
+        };
+        let stored = self
+            .inv
+            .commit_result(vec![complete_draft, committed], result)
+            .await;
+        if stored.is_err() {
+            let env = self.inv.fallback(Code::ResultStoreFailed);
+            return self.report(&env, true).await;
+        }
+        if out.agent_gone {
+            return self.inv.delivery_failed().await;
+        }
+        let relayed = match (out.exit_status, &out.exit_signal) {
+            (Some(status), _) => self.channel.exit_status(status).await,
+            (None, Some(sig)) => {
+                let sig = sig.clone();
+                self.channel.exit_signal(sig, false, String::new()).await
+            }
+            (None, None) => Ok(()),
+        };
+        let closed = self.channel.eof().await.and(self.channel.close().await);
+        if relayed.and(closed).is_ok() {
+            self.inv.delivered(out.bytes).await;
+        } else {
+            self.inv.delivery_failed().await;
+        }
+    }
+
+    /// postern's own error: one stderr line `postern: <envelope>`, then EOF and close.
+    async fn report(&mut self, env: &Envelope, accepted: bool) {
+        if !accepted {
+            let _ = self.channel.refuse(env).await;
+            return;
+        }
+        let line = format!("postern: {}\n", refuse::json(env));
+        let _ = self.channel.stderr(Bytes::from(line)).await;
+        let _ = self.channel.eof().await;
+        let _ = self.channel.close().await;
+    }
+}
