@@ -89,8 +89,13 @@ pub fn approvals(list: &Value) -> Vec<String> {
     }
     let mut out = Vec::new();
     for h in &held {
+        let gone = if h["caller_gone"] == true {
+            "  (CALLER GONE: approving still dispatches)"
+        } else {
+            ""
+        };
         out.push(format!(
-            "{}  {} {}",
+            "{}  {} {}{gone}",
             s(&h["invocation_id"]),
             s(&h["method"]),
             s(&h["target"])

@@ -2,6 +2,7 @@
 //! target, body size and preview), then the lifecycle's hold (SPEC §3.5).
 
 use http::Response;
+use tokio::sync::oneshot;
 
 use super::Proxy;
 use super::exchange::Exchange;
@@ -22,6 +23,7 @@ impl Exchange {
         body: &[u8],
         credential: Option<&str>,
         drafts: &mut Vec<Draft>,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Result<(), Response<ProxyBody>> {
         let now = time::OffsetDateTime::now_utc();
         let held = Held {
@@ -42,16 +44,28 @@ impl Exchange {
         let credential = credential.map(str::to_owned);
         // Asked once the answer is in: a secret rotated while held is FINGERPRINT_CHANGED.
         let changed = move || changed_since_preflight(&proxy, credential.as_deref(), bound);
-        self.inv
-            .await_approval(
-                &approvals,
-                held,
-                route.approval_timeout,
-                std::mem::take(drafts),
-                changed,
-            )
-            .await
-            .map_err(|env| respond::envelope(&env))
+        let id = self.inv.id().to_owned();
+        let wait = self.inv.await_approval(
+            &approvals,
+            held,
+            route.approval_timeout,
+            std::mem::take(drafts),
+            changed,
+        );
+        tokio::pin!(wait);
+        let mut gone = false;
+        // The hold goes on (an approval still dispatches and stores the result), but the
+        // listing says the caller left, so an abandoned duplicate is not approved blindly.
+        let answered = loop {
+            tokio::select! {
+                answered = &mut wait => break answered,
+                () = reply.closed(), if !gone => {
+                    gone = true;
+                    approvals.caller_gone(&id);
+                }
+            }
+        };
+        answered.map_err(|env| respond::envelope(&env))
     }
 }
 

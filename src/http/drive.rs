@@ -137,7 +137,14 @@ impl Exchange {
         }
         if route.approval == Approval::Required
             && let Err(resp) = self
-                .await_approval(route, &held_fingerprint, &body, credential, &mut drafts)
+                .await_approval(
+                    route,
+                    &held_fingerprint,
+                    &body,
+                    credential,
+                    &mut drafts,
+                    reply,
+                )
                 .await
         {
             return Outgoing::Respond(resp);

@@ -139,10 +139,20 @@ pub struct Answer {
     pub recorded: oneshot::Sender<Value>,
 }
 
+/// A held request as listed: with whether its caller is still connected. An approved
+/// request whose caller left still dispatches (its result is stored and fetchable), so an
+/// operator must see that before approving what may be an abandoned duplicate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Listed {
+    #[serde(flatten)]
+    pub held: Held,
+    pub caller_gone: bool,
+}
+
 /// The requests waiting for an answer, by invocation id.
 #[derive(Debug, Default)]
 pub struct Approvals {
-    held: Mutex<HashMap<String, (Held, oneshot::Sender<Answer>)>>,
+    held: Mutex<HashMap<String, (Listed, oneshot::Sender<Answer>)>>,
 }
 
 impl Approvals {
@@ -150,20 +160,34 @@ impl Approvals {
     pub fn hold(&self, held: Held) -> oneshot::Receiver<Answer> {
         let (tx, rx) = oneshot::channel();
         if let Ok(mut map) = self.held.lock() {
-            map.insert(held.invocation_id.clone(), (held, tx));
+            let id = held.invocation_id.clone();
+            let listed = Listed {
+                held,
+                caller_gone: false,
+            };
+            map.insert(id, (listed, tx));
         }
         rx
     }
 
     /// Every held request, oldest first.
-    pub fn list(&self) -> Vec<Held> {
-        let mut out: Vec<Held> = self
+    pub fn list(&self) -> Vec<Listed> {
+        let mut out: Vec<Listed> = self
             .held
             .lock()
             .map(|m| m.values().map(|(h, _)| h.clone()).collect())
             .unwrap_or_default();
-        out.sort_by(|a, b| a.requested_at.cmp(&b.requested_at));
+        out.sort_by(|a, b| a.held.requested_at.cmp(&b.held.requested_at));
         out
+    }
+
+    /// The caller of a held request disconnected.
+    pub fn caller_gone(&self, id: &str) {
+        if let Ok(mut map) = self.held.lock()
+            && let Some((listed, _)) = map.get_mut(id)
+        {
+            listed.caller_gone = true;
+        }
     }
 
     /// Hands the verdict to the waiting exchange; `None` when nothing waits under `id`
@@ -230,7 +254,7 @@ mod tests {
         let ids: Vec<String> = approvals
             .list()
             .into_iter()
-            .map(|h| h.invocation_id)
+            .map(|h| h.held.invocation_id)
             .collect();
         assert_eq!(ids, ["act_a", "act_b"]);
         assert!(approvals.answer("act_b", Verdict::Deny).is_some());

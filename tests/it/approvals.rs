@@ -270,3 +270,25 @@ fn a_request_held_across_a_crash_is_settled_as_never_dispatched() {
     assert_eq!(list["approvals"], serde_json::json!([]));
     assert_eq!(origin.hits(), 0);
 }
+
+/// A caller that gave up while held: the listing says so, so an abandoned duplicate is not
+/// approved blindly (approving still dispatches: the result is stored and fetchable).
+#[test]
+fn a_held_request_whose_caller_left_is_listed_as_such() {
+    let s = setup("30s");
+    let url = format!("http://origin.test:{}/pay", s.origin.port());
+    let (status, _, _) = curl(&["-m", "1", "-x", &s.daemon.proxy, "--data", "amount=5", &url]);
+    assert_eq!(status, 0, "curl gave up");
+    let mut listed = Value::Null;
+    for _ in 0..200 {
+        let (_, list) = get_json(&s.daemon.url("/v1/approvals"), &[]);
+        listed = list["approvals"][0].clone();
+        if listed["caller_gone"] == true {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert_eq!(listed["caller_gone"], true, "{listed}");
+    let out = s.daemon.cli(&["approvals"], &[]);
+    assert!(stdout(&out).contains("CALLER GONE"), "{}", stdout(&out));
+}
