@@ -25,6 +25,9 @@ pub enum Undecodable {
     DecodeError,
     /// The decoded body would pass the size bound.
     TooLarge,
+    /// Unescaping (`\uXXXX`, `%XX`) shows the injected secret that no form matched:
+    /// a partly escaped echo.
+    EscapedSecret,
 }
 
 impl Undecodable {
@@ -33,6 +36,7 @@ impl Undecodable {
             Self::UnsupportedCoding => "unsupported_coding",
             Self::DecodeError => "decode_error",
             Self::TooLarge => "too_large",
+            Self::EscapedSecret => "escaped_secret",
         }
     }
 }

@@ -92,6 +92,19 @@ impl ReflectionGuard {
         self.automaton.is_none()
     }
 
+    /// Whether the bytes still hold a form of the secret once `\uXXXX` and `%XX` escapes
+    /// are undone: an echo with only some characters escaped (`C\u0041NARY`) that no needle
+    /// matches. Callers withhold such a body rather than relay it.
+    pub fn leaks_after_unescaping(&self, bytes: &[u8]) -> bool {
+        let Some(ac) = &self.automaton else {
+            return false;
+        };
+        if !bytes.contains(&b'%') && !bytes.contains(&b'\\') {
+            return false;
+        }
+        ac.is_match(&unescape(bytes))
+    }
+
     /// Returns the redacted bytes and how many hits were replaced.
     pub fn redact(&self, bytes: &[u8]) -> (Bytes, usize) {
         let Some(ac) = &self.automaton else {
@@ -275,6 +288,38 @@ pub fn pct_reserved(x: &[u8], keep: &[u8]) -> String {
             out.push(char::from(b));
         } else {
             out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `\uXXXX` (ASCII code points) and `%XX` escapes undone; everything else kept.
+fn unescape(bytes: &[u8]) -> Vec<u8> {
+    let hex = |b: &[u8]| {
+        std::str::from_utf8(b)
+            .ok()
+            .and_then(|t| u32::from_str_radix(t, 16).ok())
+    };
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let rest = &bytes[i..];
+        if rest.len() >= 6
+            && rest[0] == b'\\'
+            && rest[1] == b'u'
+            && let Some(c) = hex(&rest[2..6]).filter(|c| *c < 0x80)
+        {
+            out.push(c as u8);
+            i += 6;
+        } else if rest.len() >= 3
+            && rest[0] == b'%'
+            && let Some(c) = hex(&rest[1..3])
+        {
+            out.push(c as u8);
+            i += 3;
+        } else {
+            out.push(rest[0]);
+            i += 1;
         }
     }
     out

@@ -146,6 +146,17 @@ fn echo_origin() -> Origin {
         };
         match path.split('?').next().unwrap_or("") {
             "/reason" => respond(s, &value, &[], b"ok"),
+            "/escaped" => {
+                // One character escaped: no whole form of the secret matches.
+                let json = secret.replacen('C', "\\u0043", 1);
+                let pct = secret.replacen('a', "%61", 1);
+                respond(
+                    s,
+                    "OK",
+                    &[],
+                    format!("{{\"a\":\"{json}\",\"b\":\"{pct}\"}}").as_bytes(),
+                );
+            }
             "/forms" => {
                 let named = vec![format!("{}: 1", secret.to_lowercase())];
                 respond(s, "OK", &named, forms_body(&secret, &value).as_bytes())
@@ -361,6 +372,7 @@ fn undecodable_and_oversized_bodies_are_withheld_not_relayed() {
     for (path, reason) in [
         ("/echo?coding=compress", "unsupported_coding"),
         ("/bomb", "too_large"),
+        ("/escaped", "escaped_secret"),
     ] {
         let (status, body, head) = s.get(path, &[]);
         assert_eq!((status, body.as_str()), (200, ""), "{path}: {head}");

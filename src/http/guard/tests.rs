@@ -244,3 +244,16 @@ fn a_guard_is_built_once_per_credential_version() {
     assert!(c.is_some());
     assert_eq!(builds, 2, "a rotation (new version) builds a new guard");
 }
+
+#[test]
+fn a_partly_escaped_echo_is_seen_after_unescaping() {
+    let g = guard();
+    let json = SECRET.replacen('3', "\\u0033", 1);
+    let pct = SECRET.replacen('c', "%63", 1);
+    for body in [format!("{{\"a\":\"{json}\"}}"), format!("x={pct}")] {
+        let (out, hits) = g.redact(body.as_bytes());
+        assert_eq!(hits, 0, "no needle matches {body}");
+        assert!(g.leaks_after_unescaping(&out), "{body}");
+    }
+    assert!(!g.leaks_after_unescaping(b"{\"a\":\"\\u0041 100% plain\"}"));
+}
