@@ -18,8 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub const FD_RESERVE: u64 = 64;
 
 /// Sent to a connection over the cap before it is closed.
-const REFUSAL: &[u8] =
-    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n";
+const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\nContent-Type: application/json\r\nContent-Length: 110\r\n\r\n{\"error\":{\"code\":\"AT_CONNECTION_CAP\",\"message\":\"This listener is at its max_connections; retry in a second.\"}}";
 
 const BACKOFF_START: Duration = Duration::from_millis(5);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -180,6 +179,14 @@ impl Guarded {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_refusal_body_has_the_length_its_head_says() {
+        let text = String::from_utf8_lossy(super::REFUSAL);
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or_default();
+        assert!(head.contains(&format!("Content-Length: {}", body.len())), "{head}");
+        assert!(serde_json::from_str::<serde_json::Value>(body).is_ok());
+    }
+
     use super::*;
 
     #[test]
