@@ -73,6 +73,21 @@ pub fn registry(journal: &JournalMetrics, front: &FrontMetrics) -> Registry {
             "responses streamed because the buffer budget was exhausted",
             &front.budget_streamed,
         ),
+        (
+            "postern_proxy_auth_failures",
+            "requests refused for a wrong Proxy-Authorization",
+            &front.auth_failures,
+        ),
+        (
+            "postern_proxy_auth_failures_unjournaled",
+            "wrong-token refusals past the per-source journaling rate (not journaled)",
+            &front.auth_failures_unjournaled,
+        ),
+        (
+            "postern_proxy_refusals_unjournaled",
+            "refusals before any route past the per-agent journaling rate (not journaled)",
+            &front.refusals_unjournaled,
+        ),
     ];
     for (name, help, counter) in counters {
         registry.register(name, help, counter.clone());
@@ -81,21 +96,6 @@ pub fn registry(journal: &JournalMetrics, front: &FrontMetrics) -> Registry {
         "postern_buffer_budget_bytes_in_use",
         "bytes reserved from [proxy] buffer_budget",
         front.budget_in_use.clone(),
-    );
-    registry.register(
-        "postern_proxy_auth_failures",
-        "requests refused for a wrong Proxy-Authorization",
-        front.auth_failures.clone(),
-    );
-    registry.register(
-        "postern_proxy_refusals_unjournaled",
-        "refusals before any route past the per-agent journaling rate (not journaled)",
-        front.refusals_unjournaled.clone(),
-    );
-    registry.register(
-        "postern_proxy_auth_failures_unjournaled",
-        "wrong-token refusals past the per-source journaling rate (not journaled)",
-        front.auth_failures_unjournaled.clone(),
     );
     registry
 }
