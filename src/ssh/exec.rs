@@ -333,9 +333,27 @@ impl Run {
             End::Idle(d) => (Code::RemoteResultIncomplete, d),
         };
         let rejected = code == Code::RemoteExecRejected;
-        let env = self.inv.fail_with(code, diagnostic).await;
+        let env = if rejected {
+            // The refusal is the remote's own answer: only a `remote_response` source may
+            // move the dispatched (`unknown`) invocation to `rejected`; a transport
+            // observation would be refused by the projection and leave it unresolved.
+            let mut failure = Failure::of(code);
+            failure.diagnostic = Some(diagnostic);
+            let draft = Draft::observed(Body::Failed(failure))
+                .source(Source::RemoteResponse)
+                .hop("origin");
+            let recorded = self.inv.record(vec![draft]).await;
+            self.inv.envelope(&recorded, code)
+        } else {
+            self.inv.fail_with(code, diagnostic).await
+        };
         if rejected && !out.agent_gone {
+            // The remote's refusal is relayed as channel failure; the envelope line goes
+            // first, so the agent's client still learns the invocation id and the code.
+            let line = format!("postern: {}\n", refuse::json(&env));
+            let _ = self.channel.stderr(Bytes::from(line)).await;
             let _ = self.channel.reject().await;
+            let _ = self.channel.eof().await;
             let _ = self.channel.close().await;
             return;
         }
