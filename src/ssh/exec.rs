@@ -106,6 +106,8 @@ impl Output {
 /// How the remote side ended.
 enum End {
     Closed,
+    /// The session ended without the channel's close (the connection broke).
+    Dropped,
     Rejected,
     TimedOut(String),
     Idle(String),
@@ -248,7 +250,7 @@ impl Run {
             let idle = tokio::time::sleep(target.idle_timeout);
             tokio::select! {
                 msg = remote.wait() => {
-                    let Some(msg) = msg else { return (out, End::Closed) };
+                    let Some(msg) = msg else { return (out, End::Dropped) };
                     match msg {
                         ChannelMsg::Success if !accepted => {
                             accepted = true;
@@ -286,10 +288,12 @@ impl Run {
                         }
                     }
                 },
-                () = &mut deadline => {
+                // SPEC §5.5: `response_timeout` runs to the exec's answer (the head);
+                // after it, `idle_timeout` bounds each gap in output.
+                () = &mut deadline, if !accepted => {
                     return (out, End::TimedOut(format!("no exit status within {:?}", target.response_timeout)));
                 }
-                () = idle => {
+                () = idle, if accepted => {
                     return (out, End::Idle(format!("no output for {:?}", target.idle_timeout)));
                 }
             }
@@ -324,6 +328,10 @@ impl Run {
             End::Closed => (
                 Code::RemoteResultIncomplete,
                 "channel closed without exit-status".to_owned(),
+            ),
+            End::Dropped => (
+                Code::RemoteResultIncomplete,
+                "connection lost without exit-status".to_owned(),
             ),
             End::Rejected => (
                 Code::RemoteExecRejected,

@@ -319,6 +319,7 @@ fn an_exec_through_postern_prints_its_output_exits_with_its_code_and_is_journale
     let result: Value = serde_json::from_slice(&result.stdout).unwrap();
     assert_eq!(result["exit_status"], 3, "{result}");
     assert_eq!(result["stdout_base64"], "aGkK", "{result}");
+    assert_eq!(result["complete"], true, "{result}");
     let shown = f.daemon.cli(&["actions", "show", id, "--json"], &[]);
     let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
     let kinds: Vec<&str> = shown["events"]

@@ -309,6 +309,15 @@ fn status_then_abort() {
     let k = kinds(&r);
     before(&k, "DISPATCH_STARTED", "RESULT_COMMITTED");
     assert!(!k.iter().any(|k| k == "FAILED"), "{k:?}");
+    let id = r["invocation_id"].as_str().unwrap();
+    let result = f.daemon.cli(&["result", id, "--json"], &[]);
+    let result: Value = serde_json::from_slice(&result.stdout).unwrap();
+    assert_eq!(result["exit_status"], 0, "{result}");
+    assert_eq!(result["stdout_base64"], "ZG9uZQo=", "{result}");
+    assert_eq!(
+        result["complete"], false,
+        "the connection broke before the channel closed: {result}"
+    );
     assert!(!f.all_text().contains(&canary(&f.client_private)));
 }
 
@@ -414,4 +423,34 @@ fn git_clone_and_push_over_ssh_through_postern() {
         assert!(r["code"].is_null(), "{r}");
     }
     assert!(!f.all_text().contains(&canary(&f.client_private)));
+}
+
+/// `response_timeout` runs to the exec's answer (the response head), not to the exit
+/// status: a command that answers and keeps producing output outlives it.
+#[test]
+fn a_command_running_longer_than_response_timeout_is_not_a_timeout() {
+    let f = Front::start("response_timeout = \"1s\"\nidle_timeout = \"10s\"");
+    let out = f.ssh(TOKEN, &["--", "", "echo start; sleep 2; echo end"]);
+    let err = stderr(&out);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "start\nend\n",
+        "{err}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let r = the_exec(&f);
+    assert_eq!(r["outcome"], "committed", "{r}");
+    assert_eq!(r["result"]["exit_status"], 0, "{r}");
+}
+
+/// Before the exec is answered only `response_timeout` applies (SPEC §5.5: the idle
+/// timeout is a gap in output after the head).
+#[test]
+fn never_answers_exec_is_a_response_timeout_even_with_a_shorter_idle_timeout() {
+    let (f, _server) = front(
+        Fault::NeverAnswersExec,
+        "response_timeout = \"2s\"\nidle_timeout = \"1s\"",
+    );
+    let out = f.ssh(TOKEN, &["--", "", "make deploy"]);
+    assert_unknown(&f, &out, "REMOTE_TIMEOUT");
 }
