@@ -106,6 +106,8 @@ impl Output {
 /// How the remote side ended.
 enum End {
     Closed,
+    /// The session ended without the channel's close (the connection broke).
+    Dropped,
     Rejected,
     TimedOut(String),
     Idle(String),
@@ -248,7 +250,7 @@ impl Run {
             let idle = tokio::time::sleep(target.idle_timeout);
             tokio::select! {
                 msg = remote.wait() => {
-                    let Some(msg) = msg else { return (out, End::Closed) };
+                    let Some(msg) = msg else { return (out, End::Dropped) };
                     match msg {
                         ChannelMsg::Success if !accepted => {
                             accepted = true;
@@ -286,10 +288,12 @@ impl Run {
                         }
                     }
                 },
-                () = &mut deadline => {
+                // SPEC §5.5: `response_timeout` runs to the exec's answer (the head);
+                // after it, `idle_timeout` bounds each gap in output.
+                () = &mut deadline, if !accepted => {
                     return (out, End::TimedOut(format!("no exit status within {:?}", target.response_timeout)));
                 }
-                () = idle => {
+                () = idle, if accepted => {
                     return (out, End::Idle(format!("no output for {:?}", target.idle_timeout)));
                 }
             }
@@ -325,6 +329,10 @@ impl Run {
                 Code::RemoteResultIncomplete,
                 "channel closed without exit-status".to_owned(),
             ),
+            End::Dropped => (
+                Code::RemoteResultIncomplete,
+                "connection lost without exit-status".to_owned(),
+            ),
             End::Rejected => (
                 Code::RemoteExecRejected,
                 "exec refused by the remote".to_owned(),
@@ -333,9 +341,27 @@ impl Run {
             End::Idle(d) => (Code::RemoteResultIncomplete, d),
         };
         let rejected = code == Code::RemoteExecRejected;
-        let env = self.inv.fail_with(code, diagnostic).await;
+        let env = if rejected {
+            // The refusal is the remote's own answer: only a `remote_response` source may
+            // move the dispatched (`unknown`) invocation to `rejected`; a transport
+            // observation would be refused by the projection and leave it unresolved.
+            let mut failure = Failure::of(code);
+            failure.diagnostic = Some(diagnostic);
+            let draft = Draft::observed(Body::Failed(failure))
+                .source(Source::RemoteResponse)
+                .hop("origin");
+            let recorded = self.inv.record(vec![draft]).await;
+            self.inv.envelope(&recorded, code)
+        } else {
+            self.inv.fail_with(code, diagnostic).await
+        };
         if rejected && !out.agent_gone {
+            // The remote's refusal is relayed as channel failure; the envelope line goes
+            // first, so the agent's client still learns the invocation id and the code.
+            let line = format!("postern: {}\n", refuse::json(&env));
+            let _ = self.channel.stderr(Bytes::from(line)).await;
             let _ = self.channel.reject().await;
+            let _ = self.channel.eof().await;
             let _ = self.channel.close().await;
             return;
         }

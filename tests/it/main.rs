@@ -18,6 +18,7 @@ mod precedence;
 mod reflection;
 mod serve;
 mod ssh;
+mod ssh_hostile;
 mod sshd;
 mod streaming;
 mod support;

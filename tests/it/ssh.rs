@@ -11,24 +11,27 @@ use serde_json::Value;
 use crate::sshd::{Sshd, keygen};
 use crate::support::{BIN, Daemon, Home, TEST_CONFIG, secret_set, stderr};
 
-const VAULT_KEY: &str = "ssh test vault key";
-const TOKEN: &str = "ci-ssh-token";
+pub const VAULT_KEY: &str = "ssh test vault key";
+pub const TOKEN: &str = "ci-ssh-token";
 
 /// A config with one agent, one key credential and one target for `sshd` (host app1.internal).
 fn config_text(sshd: &Sshd, known_hosts: &Path, extra: &str) -> String {
+    target_config(&sshd.user, sshd.port, known_hosts, extra)
+}
+
+/// The same config for any upstream listening on `127.0.0.1:port`.
+pub fn target_config(user: &str, port: u16, known_hosts: &Path, extra: &str) -> String {
     format!(
         "{TEST_CONFIG}\n[[agents]]\nid = \"ci\"\ntoken = \"{TOKEN}\"\n\
          [[credentials]]\nid = \"deploy-key\"\nsecret = \"deploy-ssh-key\"\ninject = {{ ssh_key = true }}\n\
          [[ssh_targets]]\nid = \"deploy\"\nhost = \"app1.internal\"\nuser = \"{user}\"\nagents = [\"ci\"]\n\
          credential = \"deploy-key\"\nknown_hosts = \"{kh}\"\nresolve = \"127.0.0.1:{port}\"\nconnect_timeout = \"5s\"\n{extra}\n",
-        user = sshd.user,
         kh = known_hosts.display(),
-        port = sshd.port,
     )
 }
 
 /// The body line of a PEM: a canary that must never show anywhere.
-fn canary(pem: &str) -> String {
+pub fn canary(pem: &str) -> String {
     pem.lines().nth(1).unwrap_or("").to_owned()
 }
 
@@ -162,28 +165,39 @@ fn a_key_the_upstream_does_not_know_is_an_auth_failure() {
 }
 
 /// A daemon serving one SSH target, with the agent's known_hosts from `postern ssh-config`.
-struct Front {
-    daemon: Daemon,
-    ssh_addr: String,
-    known_hosts: String,
-    sshd: Sshd,
+pub struct Front {
+    pub daemon: Daemon,
+    pub ssh_addr: String,
+    pub known_hosts: String,
+    /// The upstream login user.
+    pub user: String,
+    /// The private key in the vault (a canary).
+    pub client_private: String,
+    _sshd: Option<Sshd>,
     _home: Home,
 }
 
 impl Front {
-    fn start(extra: &str) -> Self {
+    pub fn start(extra: &str) -> Self {
         let sshd = Sshd::start();
         let home = Home::new();
         let known = sshd.known_hosts(home.dir.path(), "app1.internal");
         let text = config_text(&sshd, &known, extra);
-        let out = secret_set(
-            &home,
-            "deploy-ssh-key",
-            &sshd.client_key.private,
-            Some(VAULT_KEY),
-        );
+        let (user, private) = (sshd.user.clone(), sshd.client_key.private.clone());
+        Self::serve(home, &text, user, private, Some(sshd))
+    }
+
+    /// A daemon with `text` as config, the vault holding `client_private`.
+    pub fn serve(
+        home: Home,
+        text: &str,
+        user: String,
+        client_private: String,
+        sshd: Option<Sshd>,
+    ) -> Self {
+        let out = secret_set(&home, "deploy-ssh-key", &client_private, Some(VAULT_KEY));
         assert!(out.status.success(), "{}", stderr(&out));
-        let daemon = Daemon::start_with(&home, Some(&text), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
+        let daemon = Daemon::start_with(&home, Some(text), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
         let ssh_addr = daemon
             .stdout
             .iter()
@@ -219,20 +233,22 @@ impl Front {
             daemon,
             ssh_addr,
             known_hosts,
-            sshd,
+            user,
+            client_private,
+            _sshd: sshd,
             _home: home,
         }
     }
 
     /// The real OpenSSH client through `postern ssh-connect`.
-    fn ssh(&self, token: &str, args: &[&str]) -> Output {
+    pub fn ssh(&self, token: &str, args: &[&str]) -> Output {
         self.ssh_command(token, args)
             .output()
             .expect("ssh must be installed (.ci/run installs openssh-client)")
     }
 
-    fn ssh_command(&self, token: &str, args: &[&str]) -> Command {
-        let user_at = format!("{}@app1.internal", self.sshd.user);
+    pub fn ssh_command(&self, token: &str, args: &[&str]) -> Command {
+        let user_at = format!("{}@app1.internal", self.user);
         let mut cmd = Command::new("ssh");
         cmd.args(["-F", "/dev/null", "-o"])
             .arg(format!("ProxyCommand={BIN} ssh-connect %r %h %p"))
@@ -259,7 +275,7 @@ impl Front {
         cmd
     }
 
-    fn all_text(&self) -> String {
+    pub fn all_text(&self) -> String {
         let out = self.daemon.cli(&["actions", "list", "--json"], &[]);
         format!(
             "{}{}",
@@ -270,7 +286,7 @@ impl Front {
 }
 
 /// The envelope in a `postern: {…}` stderr line (or the bridge's bare envelope line).
-fn envelope(stderr_text: &str) -> Value {
+pub fn envelope(stderr_text: &str) -> Value {
     stderr_text
         .lines()
         .find_map(|l| {
@@ -303,6 +319,7 @@ fn an_exec_through_postern_prints_its_output_exits_with_its_code_and_is_journale
     let result: Value = serde_json::from_slice(&result.stdout).unwrap();
     assert_eq!(result["exit_status"], 3, "{result}");
     assert_eq!(result["stdout_base64"], "aGkK", "{result}");
+    assert_eq!(result["complete"], true, "{result}");
     let shown = f.daemon.cli(&["actions", "show", id, "--json"], &[]);
     let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
     let kinds: Vec<&str> = shown["events"]
@@ -314,7 +331,7 @@ fn an_exec_through_postern_prints_its_output_exits_with_its_code_and_is_journale
     let dispatched = kinds.iter().position(|k| *k == "DISPATCH_STARTED").unwrap();
     let committed = kinds.iter().position(|k| *k == "RESULT_COMMITTED").unwrap();
     assert!(dispatched < committed, "{kinds:?}");
-    assert!(!f.all_text().contains(&canary(&f.sshd.client_key.private)));
+    assert!(!f.all_text().contains(&canary(&f.client_private)));
 }
 
 #[test]
@@ -357,7 +374,7 @@ fn a_wrong_agent_token_is_refused_by_the_bridge_with_the_envelope() {
 #[test]
 fn an_unknown_target_is_route_denied_naming_the_host() {
     let f = Front::start("");
-    let other = format!("{}@other.internal", f.sshd.user);
+    let other = format!("{}@other.internal", f.user);
     let out = f.ssh(TOKEN, &["--", &other, "echo hi"]);
     let env = envelope(&stderr(&out));
     assert_eq!(out.status.code(), Some(255));
