@@ -183,7 +183,10 @@ mod tests {
     fn the_refusal_body_has_the_length_its_head_says() {
         let text = String::from_utf8_lossy(super::REFUSAL);
         let (head, body) = text.split_once("\r\n\r\n").unwrap_or_default();
-        assert!(head.contains(&format!("Content-Length: {}", body.len())), "{head}");
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{head}"
+        );
         assert!(serde_json::from_str::<serde_json::Value>(body).is_ok());
     }
 

@@ -288,9 +288,9 @@ impl Run {
                         }
                     }
                 },
-                // SPEC §5.5: `response_timeout` runs to the exec's answer (the head);
-                // after it, `idle_timeout` bounds each gap in output.
-                () = &mut deadline, if !accepted => {
+                // SPEC §5.4 for targets: `response_timeout` is the exec's wall time until its
+                // exit status; `idle_timeout` bounds each gap in output once the exec was answered.
+                () = &mut deadline => {
                     return (out, End::TimedOut(format!("no exit status within {:?}", target.response_timeout)));
                 }
                 () = idle, if accepted => {
