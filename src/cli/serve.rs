@@ -236,6 +236,7 @@ async fn serve_until_stopped(
             journal: journal.clone(),
             vault: vault.clone(),
             approvals: approvals.clone(),
+            sessions: Default::default(),
         }),
     ));
     let state = Arc::new(AdminState {

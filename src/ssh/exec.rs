@@ -33,6 +33,47 @@ pub struct Exec {
     pub journal: Journal,
     pub vault: Arc<Vault>,
     pub approvals: Arc<Approvals>,
+    pub sessions: Arc<Sessions>,
+}
+
+/// Authenticated upstream sessions kept for the next exec, keyed by target and the exact
+/// credential version they logged in with (a rotated secret never reuses an old login).
+#[derive(Default)]
+pub struct Sessions {
+    idle: std::sync::Mutex<std::collections::HashMap<String, Vec<Upstream>>>,
+}
+
+/// Idle sessions kept per target and credential version.
+const MAX_IDLE_SESSIONS: usize = 4;
+
+impl Sessions {
+    fn key(target: &str, login: &Login) -> String {
+        format!("{target}|{}|{}", login.evidence.id, login.evidence.version)
+    }
+
+    fn take(&self, key: &str) -> Option<Upstream> {
+        let mut idle = self.idle.lock().ok()?;
+        let list = idle.get_mut(key)?;
+        while let Some(mut up) = list.pop() {
+            if up.is_usable() {
+                up.begin_reuse();
+                return Some(up);
+            }
+        }
+        None
+    }
+
+    fn give(&self, key: String, up: Upstream) {
+        if !up.is_usable() {
+            return;
+        }
+        if let Ok(mut idle) = self.idle.lock() {
+            let list = idle.entry(key).or_default();
+            if list.len() < MAX_IDLE_SESSIONS {
+                list.push(up);
+            }
+        }
+    }
 }
 
 impl ExecDispatch for Exec {
@@ -43,6 +84,9 @@ impl ExecDispatch for Exec {
         input: AgentInput,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
         let run = Run {
+            sessions: self.sessions.clone(),
+            reused: false,
+            session_key: String::new(),
             config: self.config.clone(),
             vault: self.vault.clone(),
             approvals: self.approvals.clone(),
@@ -64,6 +108,10 @@ impl ExecDispatch for Exec {
 }
 
 struct Run {
+    sessions: Arc<Sessions>,
+    /// The upstream session came from `sessions` (evidence `reused_connection`).
+    reused: bool,
+    session_key: String,
     config: Arc<Config>,
     vault: Arc<Vault>,
     approvals: Arc<Approvals>,
@@ -157,6 +205,11 @@ impl Run {
         } else if self.inv.record(drafts).await.is_err() {
             return Err(self.inv.fallback(Code::JournalUnavailable));
         }
+        self.session_key = Sessions::key(&target.id, &login);
+        if let Some(up) = self.sessions.take(&self.session_key) {
+            self.reused = true;
+            return Ok(up);
+        }
         match upstream::connect_with(&target, &login, &SystemLookup).await {
             Ok(up) => Ok(up),
             Err(f) => {
@@ -209,7 +262,7 @@ impl Run {
         let drafts = self.inv.attempt_drafts(&up.attempts);
         let dispatch = Dispatch {
             connection_id: Some(up.host_key.clone()),
-            reused_connection: false,
+            reused_connection: self.reused,
             address: Some(up.address.to_string()),
             tls: None,
         };
@@ -227,7 +280,13 @@ impl Run {
             return self.report(&env, false).await;
         }
         let (out, end) = self.relay(remote, input).await;
-        up.disconnect().await;
+        let clean = matches!(end, End::Closed) && out.exit_status.is_some();
+        if clean {
+            self.sessions
+                .give(std::mem::take(&mut self.session_key), up);
+        } else {
+            up.disconnect().await;
+        }
         self.settle(out, end).await;
     }
 

@@ -22,5 +22,5 @@ mod session;
 pub mod upstream;
 
 pub use dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent, NotBuilt};
-pub use exec::Exec;
+pub use exec::{Exec, Sessions};
 pub use front::{SshFront, serve};

@@ -474,6 +474,16 @@ impl Upstream {
         result
     }
 
+    /// The session can carry another channel.
+    pub fn is_usable(&self) -> bool {
+        !self.handle.is_closed()
+    }
+
+    /// Starts a new invocation's stages on a reused session (only `channel_open` follows).
+    pub fn begin_reuse(&mut self) {
+        self.attempts.clear();
+    }
+
     /// Ends the session politely.
     pub async fn disconnect(&self) {
         let _ = self

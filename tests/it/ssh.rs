@@ -441,3 +441,31 @@ fn port_forwarding_and_sftp_are_unsupported_actions() {
                     .is_some_and(|t| t.starts_with("ssh://")))
     );
 }
+
+/// An authenticated upstream session is kept for the next exec on the same target and
+/// credential version; the record says so.
+#[test]
+fn a_second_exec_reuses_the_authenticated_upstream_session() {
+    let f = Front::start("");
+    for expected in ["one\n", "two\n"] {
+        let word = expected.trim();
+        let out = f.ssh(TOKEN, &["--", "", &format!("echo {word}")]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            expected,
+            "{}",
+            stderr(&out)
+        );
+    }
+    let list = f.daemon.cli(&["actions", "list", "--json"], &[]);
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+    let (second, first) = (&list["invocations"][0], &list["invocations"][1]);
+    assert_eq!(first["outcome"], "committed", "{first}");
+    assert!(first["evidence"]["reused_connection"].is_null(), "{first}");
+    assert_eq!(second["outcome"], "committed", "{second}");
+    assert_eq!(second["evidence"]["reused_connection"], true, "{second}");
+    assert_eq!(
+        second["evidence"]["connection_id"],
+        first["evidence"]["connection_id"]
+    );
+}
