@@ -195,6 +195,8 @@ pub struct Route {
     pub upstream_ca: Option<PathBuf>,
     pub resolve: Option<SocketAddr>,
     pub via: Option<String>,
+    /// Basic `Proxy-Authorization` for the `via` hop only (a credential id).
+    pub via_credential: Option<String>,
     pub status_outcomes: BTreeMap<u16, Outcome>,
 }
 

@@ -126,6 +126,7 @@ pub struct RawRoute {
     pub upstream_ca: Option<String>,
     pub resolve: Option<String>,
     pub via: Option<String>,
+    pub via_credential: Option<String>,
     pub status_outcomes: Option<BTreeMap<String, String>>,
 }
 

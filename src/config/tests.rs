@@ -326,3 +326,18 @@ fn a_misspelt_method_is_refused_with_a_hint() {
     assert_eq!(e.0[0].path, "routes[0].match.methods[0]");
     assert!(e.0[0].message.contains("did you mean `POST`?"), "{e}");
 }
+
+#[test]
+fn via_credential_is_a_known_key_that_needs_via_and_a_defined_credential() {
+    let route =
+        |extra: &str| format!("[[routes]]\nid = \"r\"\nmatch = {{ host = \"x.test\" }}\n{extra}\n");
+    assert_eq!(
+        paths(&route("via_credential = \"nope\"")),
+        ["routes[0].via_credential", "routes[0].via_credential"]
+    );
+    let text = format!(
+        "[[credentials]]\nid = \"hop\"\nsecret = \"s\"\ninject = {{ basic = {{ user = \"u\" }} }}\n{}",
+        route("via = \"http://127.0.0.1:3130\"\nvia_credential = \"hop\"")
+    );
+    assert!(paths(&text).is_empty(), "{:?}", paths(&text));
+}

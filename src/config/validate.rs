@@ -647,6 +647,15 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
     {
         c.bad(format!("{p}.via"), "must be an http:// proxy URL");
     }
+    if let Some(id) = &r.via_credential {
+        if r.via.is_none() {
+            c.bad(
+                format!("{p}.via_credential"),
+                "needs `via` (the hop it authenticates to)",
+            );
+        }
+        refs.check_credential(c, format!("{p}.via_credential"), id);
+    }
     let upstream_ca = r.upstream_ca.as_deref().map(|s| c.path(s));
     if let Some(ca) = &upstream_ca
         && !ca.is_file()
@@ -691,6 +700,7 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
         upstream_ca,
         resolve,
         via: r.via.clone(),
+        via_credential: r.via_credential.clone(),
         status_outcomes,
     }
 }
