@@ -289,13 +289,10 @@ impl Exchange {
         let deadline = tokio::time::sleep_until(far);
         tokio::pin!(deadline);
         loop {
+            // Biased: a request written and answered in one poll still records REQUEST_SENT
+            // before the answer ends the wait.
             tokio::select! {
-                r = &mut send => {
-                    return r.map_err(|e| match e {
-                        SendFailure::Unwritten(req, diag) => HeadError::Unwritten(req, diag),
-                        SendFailure::Failed(diag) => HeadError::Failed(Code::RemoteOutcomeUnknown, diag),
-                    });
-                }
+                biased;
                 s = &mut sent_rx, if !written => {
                     written = true;
                     if matches!(s, Ok(DeliveryEnd::Delivered)) {
@@ -304,6 +301,12 @@ impl Exchange {
                         self.inv.observe(vec![sent]).await;
                     }
                     deadline.as_mut().reset(tokio::time::Instant::now() + response_timeout);
+                }
+                r = &mut send => {
+                    return r.map_err(|e| match e {
+                        SendFailure::Unwritten(req, diag) => HeadError::Unwritten(req, diag),
+                        SendFailure::Failed(diag) => HeadError::Failed(Code::RemoteOutcomeUnknown, diag),
+                    });
                 }
                 () = &mut deadline => {
                     return Err(HeadError::Failed(Code::RemoteTimeout, format!("no response head within {response_timeout:?}")));
