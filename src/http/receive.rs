@@ -49,7 +49,17 @@ impl Exchange {
         let (mut parts, incoming) = resp.into_parts();
         // An origin's reason phrase is free text (it may echo the secret): never relayed.
         parts.extensions.remove::<hyper::ext::ReasonPhrase>();
-        if let Some((name, member)) = intermediary_error(&parts.headers) {
+        // The member is origin-side text: guarded before it names the hop or is relayed.
+        let guard = match &self.injection {
+            Some(injection) => injection.guard(&self.proxy.guards),
+            None => Some(Arc::new(ReflectionGuard::default())),
+        };
+        let hop = guard.and_then(|g| {
+            let mut headers = parts.headers.clone();
+            g.redact_headers(&mut headers);
+            intermediary_error(&headers)
+        });
+        if let Some((name, member)) = hop {
             return Outgoing::Respond(self.hop_error(status, name, member, started).await);
         }
         let completion = framing(&parts.headers, parts.version);

@@ -146,6 +146,17 @@ fn echo_origin() -> Origin {
         };
         match path.split('?').next().unwrap_or("") {
             "/reason" => respond(s, &value, &[], b"ok"),
+            "/hop" => {
+                let member =
+                    format!("proxy-status: cdn; error=connection_refused; details=\"{value}\"");
+                let body = b"cdn error";
+                let head = format!(
+                    "HTTP/1.1 502 Bad Gateway\r\ncontent-length: {}\r\nconnection: close\r\n{member}\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes());
+                let _ = s.write_all(body);
+            }
             "/escaped" => {
                 // One character escaped: no whole form of the secret matches.
                 let json = secret.replacen('C', "\\u0043", 1);
@@ -452,4 +463,17 @@ fn no_output_of_the_daemon_holds_the_canary() {
             assert_clean(&format!("journal file {}", p.display()), &raw);
         }
     }
+}
+
+/// An intermediary's `Proxy-Status` is origin-side text too: relayed and journaled guarded.
+#[test]
+fn an_intermediary_error_that_echoes_the_secret_is_guarded() {
+    let s = setup();
+    let (status, body, head) = s.get("/hop", &[]);
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("UPSTREAM_HOP_ERROR"), "{body}");
+    assert_clean("the agent's head", &head);
+    assert_clean("the agent's body", &body);
+    let id = s.newest()["invocation_id"].as_str().unwrap().to_owned();
+    assert_clean("the read-back views", &s.read_back(&id));
 }
