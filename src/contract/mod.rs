@@ -19,4 +19,6 @@ pub use resolve::{
     FailureContext, KeyWindow, OperationFacts, Resolution, is_resolved, resolve_failure,
     retry_for_unknown,
 };
-pub use status::{ResponseFacts, StatusOverrides, StatusResolution, classify_status};
+pub use status::{
+    ResponseFacts, StatusOverrides, StatusResolution, classify_exit, classify_status,
+};

@@ -48,8 +48,23 @@ pub fn classify_status(
     Some(StatusResolution { outcome, retry })
 }
 
+/// SPEC §4: an `exit-status` or `exit-signal` resolves an SSH exec as `committed`, whatever
+/// the code (exit 23 is a complete, authoritative result, not a failure postern can judge).
+pub fn classify_exit() -> StatusResolution {
+    StatusResolution {
+        outcome: Outcome::Committed,
+        retry: Retry::Never,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn any_exit_resolves_an_exec_as_committed() {
+        let r = classify_exit();
+        assert_eq!((r.outcome, r.retry), (Outcome::Committed, Retry::Never));
+    }
+
     use super::*;
 
     fn classify(status: u16, retry_after: bool, idempotent: bool) -> Option<(Outcome, Retry)> {

@@ -16,7 +16,7 @@ use super::dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEve
 use super::refuse;
 use super::upstream::{self, Login, SystemLookup, Upstream};
 use crate::config::{Approval, Config};
-use crate::contract::{Code, Completion, Envelope, Outcome, Retry};
+use crate::contract::{Code, Completion, Envelope, classify_exit};
 use crate::journal::{
     Accepted, Body, Dispatch, Draft, Failure, Journal, Payload, Preflight, Protocol,
     ResponseComplete, ResultCommitted, Source, SshResult, StoredResult, b64, rfc3339,
@@ -40,11 +40,12 @@ pub struct Exec {
 /// credential version they logged in with (a rotated secret never reuses an old login).
 #[derive(Default)]
 pub struct Sessions {
-    idle: std::sync::Mutex<std::collections::HashMap<String, Vec<Upstream>>>,
+    idle: std::sync::Mutex<std::collections::HashMap<String, Vec<(Upstream, std::time::Instant)>>>,
 }
 
-/// Idle sessions kept per target and credential version.
+/// Idle sessions kept per target and credential version, and for how long.
 const MAX_IDLE_SESSIONS: usize = 4;
+const MAX_IDLE_TIME: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Sessions {
     fn key(target: &str, login: &Login) -> String {
@@ -54,8 +55,9 @@ impl Sessions {
     fn take(&self, key: &str) -> Option<Upstream> {
         let mut idle = self.idle.lock().ok()?;
         let list = idle.get_mut(key)?;
-        while let Some(mut up) = list.pop() {
-            if up.is_usable() {
+        while let Some((mut up, since)) = list.pop() {
+            // A session idle too long is dropped (closing it), not reused.
+            if up.is_usable() && since.elapsed() < MAX_IDLE_TIME {
                 up.begin_reuse();
                 return Some(up);
             }
@@ -69,8 +71,9 @@ impl Sessions {
         }
         if let Ok(mut idle) = self.idle.lock() {
             let list = idle.entry(key).or_default();
+            list.retain(|(_, since)| since.elapsed() < MAX_IDLE_TIME);
             if list.len() < MAX_IDLE_SESSIONS {
-                list.push(up);
+                list.push((up, std::time::Instant::now()));
             }
         }
     }
@@ -432,9 +435,10 @@ impl Run {
         let digest = sha256_tagged_digest(&out.hasher.clone().finalize());
         let exit_status = out.exit_status.map(i64::from);
         let exit_signal = out.exit_signal.as_ref().map(|s| format!("{s:?}"));
+        let resolution = classify_exit();
         let committed = Draft::observed(Body::ResultCommitted(ResultCommitted {
-            outcome: Outcome::Committed,
-            retry: Retry::Never,
+            outcome: resolution.outcome,
+            retry: resolution.retry,
             status: None,
             exit_status,
             exit_signal: exit_signal.clone(),
@@ -455,7 +459,7 @@ impl Run {
         .hop("origin");
         let result = StoredResult {
             invocation_id: self.inv.id().to_owned(),
-            outcome: Outcome::Committed,
+            outcome: resolution.outcome,
             payload: Payload::Ssh(SshResult {
                 exit_status,
                 exit_signal,
