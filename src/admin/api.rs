@@ -16,6 +16,7 @@ use crate::contract::{Outcome, Phase};
 use crate::journal::{
     Body, Draft, Journal, JournalError, Payload, Reconciliation, Record, Source, unb64,
 };
+use crate::lifecycle::retry::Resend;
 use crate::listen::Guarded;
 use crate::policy::approvals::{Approvals, Verdict};
 use crate::vault::{KeyState, Vault};
@@ -29,9 +30,11 @@ pub struct AdminState {
     pub vault: Arc<Vault>,
     /// The vault entry names the configured credentials use.
     pub secrets: Vec<String>,
+    /// Sends a kept request again for `POST …/retry`.
+    pub resend: Arc<dyn Resend>,
 }
 
-type Reply = Response<Full<Bytes>>;
+pub(super) type Reply = Response<Full<Bytes>>;
 
 /// A client gets this long to send a request head (and to stay idle between requests).
 const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -56,7 +59,7 @@ pub async fn serve(mut listener: Guarded, state: Arc<AdminState>) {
     }
 }
 
-fn json_reply(status: StatusCode, body: &Value) -> Reply {
+pub(super) fn json_reply(status: StatusCode, body: &Value) -> Reply {
     let text = serde_json::to_vec(body).unwrap_or_default();
     let mut r = Response::new(Full::new(Bytes::from(text)));
     *r.status_mut() = status;
@@ -67,14 +70,14 @@ fn json_reply(status: StatusCode, body: &Value) -> Reply {
     r
 }
 
-fn error(status: StatusCode, code: &str, message: &str) -> Reply {
+pub(super) fn error(status: StatusCode, code: &str, message: &str) -> Reply {
     json_reply(
         status,
         &json!({"error": {"code": code, "message": message}}),
     )
 }
 
-fn storage_error() -> Reply {
+pub(super) fn storage_error() -> Reply {
     error(
         StatusCode::SERVICE_UNAVAILABLE,
         "JOURNAL_UNAVAILABLE",
@@ -151,11 +154,13 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
             answer(state, id, Verdict::Approve).await
         }
         (&Method::POST, ["v1", "approvals", id, "deny"]) => answer(state, id, Verdict::Deny).await,
-        (_, ["v1", "invocations", _, "retry"]) => error(
-            StatusCode::NOT_IMPLEMENTED,
-            "NOT_IMPLEMENTED",
-            "Retries are not available in this build yet.",
-        ),
+        (&Method::POST, ["v1", "invocations", id, "retry"]) => {
+            let id = (*id).to_owned();
+            match read_json(req).await {
+                Ok(body) => super::retry::answer(state, &id, &body).await,
+                Err(r) => r,
+            }
+        }
         _ => error(
             StatusCode::NOT_FOUND,
             "NOT_FOUND",
@@ -266,7 +271,7 @@ fn list(state: &AdminState, query: &str) -> Reply {
     json_reply(StatusCode::OK, &json!({"invocations": found, "next": next}))
 }
 
-fn not_found(id: &str) -> Reply {
+pub(super) fn not_found(id: &str) -> Reply {
     let msg = if id.starts_with("act_") {
         "No invocation with this id."
     } else {
@@ -377,6 +382,7 @@ pub fn parse_range(spec: &str, total: u64) -> Option<(u64, u64)> {
     (start <= end && start < total).then_some((start, end))
 }
 
+/// A JSON body; none at all reads as `{}` (`postern retry` sends none by default).
 async fn read_json(req: Request<Incoming>) -> Result<Value, Reply> {
     let bad = |m: &str| error(StatusCode::BAD_REQUEST, "BAD_REQUEST_BODY", m);
     let body = Limited::new(req.into_body(), 64 * 1024)
@@ -384,6 +390,9 @@ async fn read_json(req: Request<Incoming>) -> Result<Value, Reply> {
         .await
         .map_err(|_| bad("The body could not be read (at most 64 KiB)."))?
         .to_bytes();
+    if body.is_empty() {
+        return Ok(json!({}));
+    }
     serde_json::from_slice(&body).map_err(|_| bad("The body is not JSON."))
 }
 

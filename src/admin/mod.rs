@@ -2,5 +2,6 @@
 
 mod api;
 pub mod metrics;
+mod retry;
 
 pub use api::{AdminState, parse_range, serve};

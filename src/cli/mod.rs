@@ -25,6 +25,7 @@ mod env;
 mod home;
 mod operator;
 mod render;
+mod retry;
 mod secret;
 mod serve;
 mod ssh;
@@ -135,6 +136,24 @@ pub enum Command {
         #[command(flatten)]
         id: IdArg,
         /// Print JSON: {"invocation_id","verdict"}.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Act on the decide() verdict: send the kept request again as a new generation of the
+    /// same invocation (RETRY_NEW_ATTEMPT, RETRY_SAME_KEY), or say why not (nothing is sent).
+    Retry {
+        #[command(flatten)]
+        id: IdArg,
+        /// Repeat although the verdict is RECONCILE: you established that the action did not
+        /// happen. Journaled as operator-attested with --note. Never overrides STOP_FOR_CORRECTION.
+        #[arg(long, requires = "note")]
+        i_have_reconciled: bool,
+        /// How you established that repeating is safe (journaled).
+        #[arg(long, value_name = "TEXT")]
+        note: Option<String>,
+        /// Print the admin API's JSON.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -312,6 +331,20 @@ fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
             admin,
         } => operator::result(&target(admin), &id.id, json, output.as_deref()),
         Command::Decide { id, json, admin } => operator::decide(&target(admin), &id.id, json),
+        Command::Retry {
+            id,
+            i_have_reconciled,
+            note,
+            json,
+            admin,
+        } => {
+            let ask = retry::Ask {
+                reconciled: i_have_reconciled,
+                note,
+                json,
+            };
+            retry::run(&target(admin), &id.id, &ask)
+        }
         Command::Reconcile {
             id,
             outcome,

@@ -239,14 +239,6 @@ async fn serve_until_stopped(
             sessions: Default::default(),
         }),
     ));
-    let state = Arc::new(AdminState {
-        registry: admin::metrics::registry(journal.metrics(), &front),
-        journal: journal.clone(),
-        token: config.admin.token.clone(),
-        approvals: approvals.clone(),
-        vault: vault.clone(),
-        secrets: secret_names(&config),
-    });
     let proxy = Arc::new(Proxy {
         config: config.clone(),
         journal: journal.clone(),
@@ -254,13 +246,22 @@ async fn serve_until_stopped(
         tls: Default::default(),
         pool: Default::default(),
         dns: crate::http::upstream::Dns::new(config.dns.as_ref()),
-        vault,
+        vault: vault.clone(),
         budget: Budget::new(config.proxy.buffer_budget, config.proxy.buffer_wait, &front),
-        metrics: front,
-        approvals,
+        metrics: front.clone(),
+        approvals: approvals.clone(),
         failed_logins: crate::lifecycle::refusals::RefusalRate::failed_logins(),
         refusals: crate::lifecycle::refusals::RefusalRate::refusals(),
         guards: Default::default(),
+    });
+    let state = Arc::new(AdminState {
+        registry: admin::metrics::registry(journal.metrics(), &front),
+        journal: journal.clone(),
+        token: config.admin.token.clone(),
+        approvals: approvals.clone(),
+        vault: vault.clone(),
+        secrets: secret_names(&config),
+        resend: Arc::new(crate::http::retry::HttpResend(proxy.clone())),
     });
     tokio::spawn(admin::serve(admin_listener, state));
     tokio::spawn(proxy_http::serve(proxy_listener, proxy));

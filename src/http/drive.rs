@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
-use hyper::body::Incoming;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
 use tokio::sync::oneshot;
 
@@ -14,6 +13,7 @@ use super::body::DeliveryEnd;
 use super::exchange::{Exchange, Inbound};
 use super::headers::query_has;
 use super::inject::Injection;
+use super::intake::AgentBody;
 use super::pool::Pool;
 use super::respond::{self, POSTERN_CREDENTIAL, ProxyBody};
 use super::stream::{StreamEnd, StreamPlan};
@@ -26,10 +26,11 @@ use crate::policy::{denial_field, fingerprint, match_route, route_is_built};
 impl Exchange {
     pub(super) async fn run(
         &mut self,
-        request: Request<Incoming>,
+        parts: http::request::Parts,
+        body: AgentBody,
         mut reply: oneshot::Sender<Response<ProxyBody>>,
     ) {
-        let resp = self.drive(request, &mut reply).await;
+        let resp = self.drive(parts, body, &mut reply).await;
         match resp {
             Outgoing::Respond(resp) => {
                 let _ = reply.send(resp);
@@ -71,10 +72,10 @@ impl Exchange {
 
     async fn drive(
         &mut self,
-        request: Request<Incoming>,
+        parts: http::request::Parts,
+        body: AgentBody,
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
-        let (parts, body) = request.into_parts();
         if self.inv.journal().admit().is_err() {
             return Outgoing::Respond(
                 self.fail(vec![], Failure::of(Code::JournalUnavailable))
@@ -107,6 +108,7 @@ impl Exchange {
             &body,
         );
         let held_fingerprint = fp.clone();
+        self.keep_request(&parts, &body).await;
         let mut preflight = Preflight {
             route: route.id.clone(),
             fingerprint: fp,
@@ -265,7 +267,8 @@ pub async fn handle(proxy: Arc<Proxy>, inbound: Inbound) -> Response<ProxyBody> 
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
         let mut ex = Exchange::new(proxy, &inbound);
-        ex.run(inbound.request, tx).await;
+        let (parts, body) = inbound.request.into_parts();
+        ex.run(parts, AgentBody::Incoming(body), tx).await;
     });
     match rx.await {
         Ok(resp) => resp,

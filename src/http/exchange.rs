@@ -48,37 +48,53 @@ pub(super) struct Exchange {
 
 impl Exchange {
     pub(super) fn new(proxy: Arc<Proxy>, inbound: &Inbound) -> Self {
-        let target = inbound.target.clone();
-        let method = inbound.request.method().as_str().to_owned();
-        let protocol = match target.scheme {
+        let protocol = match inbound.target.scheme {
             Scheme::Https => Protocol::Https,
             Scheme::Http => Protocol::Http,
         };
         let accepted = Accepted {
             agent: inbound.agent.clone(),
             protocol,
-            method: Some(method.clone()),
-            target: target.url(),
+            method: Some(inbound.request.method().as_str().to_owned()),
+            target: inbound.target.url(),
             command: None,
         };
-        Self {
-            inv: Invocation::accept(proxy.journal.clone(), accepted),
+        let inv = Invocation::accept(proxy.journal.clone(), accepted);
+        let request = &inbound.request;
+        let mut ex = Self::on(
             proxy,
-            agent: inbound.agent.clone(),
-            target,
-            method,
-            framing_conflict: inbound.framing_conflict,
+            inv,
+            &inbound.agent,
+            &inbound.target,
+            request.method(),
+            request.headers(),
+        );
+        ex.framing_conflict = inbound.framing_conflict;
+        ex.agent_trailers |= inbound.request.version() == http::Version::HTTP_2;
+        ex
+    }
+
+    /// An exchange driving `inv`, a new invocation or a new generation of one.
+    pub(super) fn on(
+        proxy: Arc<Proxy>,
+        inv: Invocation,
+        agent: &str,
+        target: &Target,
+        method: &http::Method,
+        headers: &http::HeaderMap,
+    ) -> Self {
+        Self {
+            inv,
+            proxy,
+            agent: agent.to_owned(),
+            target: target.clone(),
+            method: method.as_str().to_owned(),
+            framing_conflict: false,
             injection: None,
-            agent_trailers: inbound.request.version() == http::Version::HTTP_2
-                || inbound
-                    .request
-                    .headers()
-                    .get_all(header::TE)
-                    .iter()
-                    .any(|v| {
-                        v.to_str()
-                            .is_ok_and(|t| t.to_ascii_lowercase().contains("trailers"))
-                    }),
+            agent_trailers: headers.get_all(header::TE).iter().any(|v| {
+                v.to_str()
+                    .is_ok_and(|t| t.to_ascii_lowercase().contains("trailers"))
+            }),
             request_bytes: 0,
             delivered_bytes: 0,
             held: Reservation::default(),

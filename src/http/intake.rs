@@ -42,13 +42,24 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.trim().parse::<u64>().ok())
 }
 
+/// The body of the request an exchange sends: the agent's, still arriving, or one kept in
+/// the journal (a retried invocation's).
+pub(super) enum AgentBody {
+    Incoming(Incoming),
+    Kept(Bytes),
+}
+
 impl Exchange {
     /// Reads the agent's body whole; on failure records it and answers with the envelope.
     pub(super) async fn intake(
         &mut self,
-        body: Incoming,
+        body: AgentBody,
         headers: &HeaderMap,
     ) -> Result<Bytes, Response<ProxyBody>> {
+        let body = match body {
+            AgentBody::Incoming(b) => b,
+            AgentBody::Kept(bytes) => return Ok(bytes),
+        };
         match self.read_body(body, headers).await {
             Ok(b) => Ok(b),
             Err(e) => Err(self.body_refused(e).await),

@@ -25,6 +25,7 @@ pub mod mitm;
 mod pool;
 mod receive;
 pub mod respond;
+pub mod retry;
 mod sniff;
 mod stream;
 mod tap;

@@ -320,6 +320,9 @@ pub struct Lease {
     pub generation: u32,
     #[serde(default)]
     pub unsafe_override: bool,
+    /// The operator's words when an operator asked for this generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// What a caller asks the journal to append.

@@ -6,6 +6,7 @@ use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
 use super::event::Event;
 use super::projection::State;
+use super::request::StoredRequest;
 use super::result::StoredResult;
 use super::store::{EventStore, RawEvent, StoreError, WriteSet};
 
@@ -17,6 +18,7 @@ pub struct FjallStore {
     states: Keyspace,
     open: Keyspace,
     results: Keyspace,
+    requests: Keyspace,
     result_expiry: Keyspace,
 }
 
@@ -91,6 +93,7 @@ impl FjallStore {
             states: ks_small("states")?,
             open: ks_small("open")?,
             results: ks_small("results")?,
+            requests: ks_small("requests")?,
             result_expiry: ks_small("result_expiry")?,
             db,
         })
@@ -127,8 +130,18 @@ impl EventStore for FjallStore {
                 [],
             );
         }
+        for request in &set.requests {
+            let id = request.invocation_id.as_bytes();
+            batch.insert(&self.requests, id, to_json("request", request)?);
+            batch.insert(
+                &self.result_expiry,
+                expiry_key(request.expires_at_ms, &request.invocation_id),
+                [],
+            );
+        }
         for (at_ms, id) in &set.expired_results {
             batch.remove(&self.results, id.as_bytes());
+            batch.remove(&self.requests, id.as_bytes());
             batch.remove(&self.result_expiry, expiry_key(*at_ms, id));
         }
         batch.commit()?;
@@ -219,6 +232,15 @@ impl EventStore for FjallStore {
             Some(v) => serde_json::from_slice(&v)
                 .map(Some)
                 .map_err(|e| corrupt("result", e)),
+        }
+    }
+
+    fn request(&self, invocation_id: &str) -> Result<Option<StoredRequest>, StoreError> {
+        match self.requests.get(invocation_id.as_bytes())? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| corrupt("request", e)),
         }
     }
 

@@ -16,6 +16,7 @@ mod fjall_store;
 mod health;
 mod metrics;
 mod projection;
+mod request;
 mod result;
 mod space;
 mod store;
@@ -37,6 +38,7 @@ pub use fjall_store::FjallStore;
 pub use health::Health;
 pub use metrics::JournalMetrics;
 pub use projection::{Progress, Record, Refusal, ResultSummary, State, apply, apply_body, replay};
+pub use request::StoredRequest;
 pub use result::{HttpResult, Payload, SshResult, StoredResult, as_text, b64, unb64};
 pub use space::SpaceGuard;
 pub use store::{EventStore, RawEvent, StoreError, WriteSet};
@@ -320,6 +322,20 @@ impl Journal {
 
     pub fn result(&self, invocation_id: &str) -> Result<Option<StoredResult>, StoreError> {
         self.store.result(invocation_id)
+    }
+
+    /// The request an invocation bound at preflight, if it was kept.
+    pub fn request(&self, invocation_id: &str) -> Result<Option<StoredRequest>, StoreError> {
+        self.store.request(invocation_id)
+    }
+
+    /// Keeps a request for `postern retry`. No ack: it is queued before the invocation's
+    /// next append, so it is durable once that append's sync is (`DISPATCH_STARTED` syncs).
+    pub async fn keep_request(&self, request: StoredRequest) {
+        let keep = Request::Keep {
+            request: Box::new(request),
+        };
+        let _ = self.tx.send(keep).await;
     }
 
     pub fn verify(&self) -> Result<AuditReport, StoreError> {

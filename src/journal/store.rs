@@ -5,6 +5,7 @@
 
 use super::event::Event;
 use super::projection::State;
+use super::request::StoredRequest;
 use super::result::StoredResult;
 
 /// A storage failure.
@@ -30,12 +31,17 @@ pub struct WriteSet {
     pub opened: Vec<String>,
     pub closed: Vec<String>,
     pub results: Vec<StoredResult>,
+    /// Requests kept for `postern retry` (they expire with the results).
+    pub requests: Vec<StoredRequest>,
     pub expired_results: Vec<(i64, String)>,
 }
 
 impl WriteSet {
     pub fn is_empty(&self) -> bool {
-        self.events.is_empty() && self.results.is_empty() && self.expired_results.is_empty()
+        self.events.is_empty()
+            && self.results.is_empty()
+            && self.requests.is_empty()
+            && self.expired_results.is_empty()
     }
 }
 
@@ -65,6 +71,8 @@ pub trait EventStore: Send + Sync + 'static {
     fn open_invocations(&self) -> Result<Vec<String>, StoreError>;
     /// The stored result of one invocation.
     fn result(&self, invocation_id: &str) -> Result<Option<StoredResult>, StoreError>;
+    /// The request one invocation bound at preflight.
+    fn request(&self, invocation_id: &str) -> Result<Option<StoredRequest>, StoreError>;
     /// Results whose retention ended at or before `now_ms`.
     fn expired_results(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, String)>, StoreError>;
 }

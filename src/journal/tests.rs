@@ -477,6 +477,9 @@ impl EventStore for FailingSync {
     fn result(&self, id: &str) -> Result<Option<StoredResult>, StoreError> {
         self.inner.result(id)
     }
+    fn request(&self, id: &str) -> Result<Option<StoredRequest>, StoreError> {
+        self.inner.request(id)
+    }
     fn expired_results(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, String)>, StoreError> {
         self.inner.expired_results(now_ms, limit)
     }

@@ -15,6 +15,7 @@ use super::failpoints::Failpoints;
 use super::health::Health;
 use super::metrics::JournalMetrics;
 use super::projection::{Refusal, State, apply_body, replay};
+use super::request::StoredRequest;
 use super::result::StoredResult;
 use super::store::{EventStore, StoreError, WriteSet};
 use super::{Durability, JournalError};
@@ -39,6 +40,10 @@ pub(super) enum Request {
     },
     Expire {
         results: Vec<(i64, String)>,
+    },
+    /// A request kept for `postern retry`; rides the next write (and its sync).
+    Keep {
+        request: Box<StoredRequest>,
     },
     Flush {
         reply: oneshot::Sender<Result<(), JournalError>>,
@@ -154,6 +159,7 @@ impl Writer {
                     }
                 },
                 Request::Expire { results } => set.expired_results.extend(results),
+                Request::Keep { request } => set.requests.push(*request),
                 Request::Flush { reply } => {
                     needs_sync = true;
                     flushes.push(reply);

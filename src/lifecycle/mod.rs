@@ -11,7 +11,11 @@
 //! invocation is never again `not_attempted`.
 
 mod approval;
+mod lease;
 pub mod refusals;
+pub mod retry;
+
+pub use lease::LeaseTerms;
 
 use crate::contract::{
     Code, Envelope, Evidence, FailureContext, OperationFacts, Outcome, Phase, resolve_failure,

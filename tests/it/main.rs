@@ -16,6 +16,7 @@ mod limits;
 mod origins;
 mod precedence;
 mod reflection;
+mod retry;
 mod serve;
 mod ssh;
 mod ssh_hostile;

@@ -125,6 +125,7 @@ fn body_of(m: &Move, generation: u32) -> (Body, Source, u32) {
                 Body::RetryLeased(Lease {
                     generation: g,
                     unsafe_override: false,
+                    note: None,
                 }),
                 observed,
                 g,

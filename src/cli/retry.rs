@@ -1,0 +1,89 @@
+//! `postern retry ID`: asks the daemon to act on the verdict and says what happened.
+//! Exit status 0 when the answer settles the invocation (a new generation resolved, a
+//! stored result or a recorded outcome), 1 when nothing could be sent or it stayed open.
+
+use std::process::ExitCode;
+
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use super::client::{api_error, call};
+use super::{AdminTarget, CliError, percent_encode};
+
+pub struct Ask {
+    pub reconciled: bool,
+    pub note: Option<String>,
+    pub json: bool,
+}
+
+pub fn run(target: &AdminTarget, id: &str, ask: &Ask) -> Result<ExitCode, CliError> {
+    let mut body = json!({});
+    if ask.reconciled {
+        body["operator_attested_safe"] = json!(true);
+    }
+    if let Some(note) = &ask.note {
+        body["note"] = json!(note);
+    }
+    let path = format!("/v1/invocations/{}/retry", percent_encode(id));
+    let (status, reply) = call(target, Method::POST, &path, Some(&body))?;
+    if ask.json {
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&reply).unwrap_or_default()
+        );
+    }
+    if status == StatusCode::CONFLICT && reply["error"]["verdict"].is_string() {
+        return refused(&reply, ask.json);
+    }
+    if !status.is_success() {
+        return Err(api_error(status, &reply));
+    }
+    if ask.json {
+        return Ok(settled(&reply));
+    }
+    outln!("{}", describe(id, &reply));
+    Ok(settled(&reply))
+}
+
+/// A refusal names the verdict and what to do instead; nothing was sent.
+fn refused(reply: &Value, json: bool) -> Result<ExitCode, CliError> {
+    let e = &reply["error"];
+    if !json {
+        errln!(
+            "postern: {} ({}): {}",
+            e["code"].as_str().unwrap_or("RETRY_REFUSED"),
+            e["verdict"].as_str().unwrap_or("-"),
+            e["message"].as_str().unwrap_or("")
+        );
+    }
+    Ok(ExitCode::from(1))
+}
+
+/// One line: what the answer is, by its shape (record, or stored result).
+fn describe(id: &str, reply: &Value) -> String {
+    let s = |v: &Value| v.as_str().unwrap_or("-").to_owned();
+    if reply.get("body_base64").is_some() || reply.get("stdout_base64").is_some() {
+        return format!(
+            "{id}: a result is stored ({}); nothing was sent. `postern result {id}` prints it.",
+            s(&reply["outcome"])
+        );
+    }
+    let generation = reply["generation"].as_u64().unwrap_or(1);
+    let code = reply["code"]
+        .as_str()
+        .map(|c| format!(" {c}"))
+        .unwrap_or_default();
+    format!(
+        "{id} generation {generation}: {} {}{code} (retry {})",
+        s(&reply["phase"]),
+        s(&reply["outcome"]),
+        s(&reply["retry"])
+    )
+}
+
+fn settled(reply: &Value) -> ExitCode {
+    match reply["outcome"].as_str() {
+        Some("committed" | "rejected") => ExitCode::SUCCESS,
+        _ => ExitCode::from(1),
+    }
+}

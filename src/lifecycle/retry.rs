@@ -1,0 +1,194 @@
+//! `postern retry`: act on `decide()` for a recorded invocation (SPEC §1.7, §5.1).
+//! Only RETRY_NEW_ATTEMPT and RETRY_SAME_KEY send anything, and then the bound snapshot as
+//! a new generation of the same invocation; RECONCILE is repeated only when an operator
+//! vouches for it, and that is journaled; STOP_FOR_CORRECTION never is.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::contract::{Envelope, OperationView, RecordFacts, Verdict, decide};
+use crate::journal::{Journal, Payload, Record, StoredRequest, StoredResult};
+
+use super::Invocation;
+use super::lease::LeaseTerms;
+
+/// What the operator asked for.
+#[derive(Debug, Clone, Default)]
+pub struct RetryAsk {
+    /// `--i-have-reconciled` / `{"operator_attested_safe": true}`: overrides RECONCILE only.
+    pub operator_attested_safe: bool,
+    pub note: Option<String>,
+}
+
+/// Why a snapshot can no longer be sent as it was bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotChanged(pub String);
+
+/// The transport that sends an invocation's kept request again.
+pub trait Resend: Send + Sync {
+    /// Whether route, target and credential version still are what the invocation bound.
+    fn snapshot_holds(
+        &self,
+        record: &Record,
+        request: &StoredRequest,
+    ) -> Result<(), SnapshotChanged>;
+    /// The retry budget of the invocation's route or target.
+    fn budget(&self, record: &Record) -> u32;
+    /// Runs the leased generation to its end (result committed or failure recorded).
+    fn resend(
+        &self,
+        inv: Invocation,
+        record: Record,
+        request: StoredRequest,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// What `retry` did.
+#[derive(Debug)]
+pub enum RetryAnswer {
+    /// A new generation ran; this is the record after it settled.
+    Retried(Box<Record>),
+    /// The stored result is the answer (FETCH, RETURN_RECORDED_RESULT); nothing was sent.
+    Fetched(Verdict, Box<StoredResult>),
+    /// The recorded outcome is the answer; nothing was sent.
+    Settled(Verdict, Box<Record>),
+    /// Nothing was sent, and why.
+    Refused {
+        verdict: Option<Verdict>,
+        code: &'static str,
+        message: String,
+        record: Box<Record>,
+    },
+    /// The lease or the budget refused the new generation.
+    Failed(Box<Envelope>),
+    NotFound,
+    Unavailable,
+}
+
+/// Acts on the verdict for `id`.
+pub async fn retry(journal: &Journal, resend: &dyn Resend, id: &str, ask: RetryAsk) -> RetryAnswer {
+    let (record, result_stored) = match journal.state(id) {
+        Ok(Some(s)) => (s.record, s.progress.result_stored),
+        Ok(None) => return RetryAnswer::NotFound,
+        Err(_) => return RetryAnswer::Unavailable,
+    };
+    let verdict = verdict_of(&record, result_stored);
+    match verdict {
+        Verdict::Fetch | Verdict::ReturnRecordedResult | Verdict::ReturnRecordedOutcome => {
+            match journal.result(id) {
+                Ok(Some(r)) => RetryAnswer::Fetched(verdict, Box::new(r)),
+                Ok(None) => RetryAnswer::Settled(verdict, Box::new(record)),
+                Err(_) => RetryAnswer::Unavailable,
+            }
+        }
+        Verdict::RetryWhenAllowed => {
+            let after = retry_after(journal, id);
+            refuse(verdict, "RETRY_NOT_YET", when_allowed(after), record)
+        }
+        Verdict::StopForCorrection => refuse(verdict, "RETRY_REFUSED", STOP.into(), record),
+        Verdict::Reconcile if !ask.operator_attested_safe => {
+            refuse(verdict, "RETRY_REFUSED", RECONCILE.into(), record)
+        }
+        Verdict::Reconcile | Verdict::RetryNewAttempt | Verdict::RetrySameKey => {
+            let vouched = verdict == Verdict::Reconcile;
+            resend_generation(journal, resend, record, vouched, ask.note).await
+        }
+    }
+}
+
+const STOP: &str = "The verdict is STOP_FOR_CORRECTION: this invocation is not repeated. Correct the request, route or credential and send a new request.";
+const RECONCILE: &str = "The verdict is RECONCILE: the action may have happened. Find out at the remote, then record it with `postern reconcile ID --outcome committed|rejected --note …`; if you established that it did not happen, `postern retry ID --i-have-reconciled --note …` repeats it (journaled as operator-attested).";
+
+fn verdict_of(record: &Record, result_stored: bool) -> Verdict {
+    let facts = RecordFacts {
+        code: record.code,
+        outcome: record.outcome,
+        retry: record.retry,
+        result_stored,
+    };
+    let view = OperationView {
+        idempotent: record.evidence.idempotent.unwrap_or(false),
+        // The kept request is the bound snapshot itself.
+        fingerprint_equal: true,
+    };
+    decide(facts, view)
+}
+
+/// The remote's `Retry-After` from the stored response, if there is one.
+fn retry_after(journal: &Journal, id: &str) -> Option<String> {
+    let Ok(Some(result)) = journal.result(id) else {
+        return None;
+    };
+    match result.payload {
+        Payload::Http(h) => h
+            .headers
+            .into_iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("retry-after"))
+            .map(|(_, v)| v),
+        Payload::Ssh(_) => None,
+    }
+}
+
+fn when_allowed(after: Option<String>) -> String {
+    let after = after.map_or("the Retry-After it sent".into(), |a| {
+        format!("Retry-After: {a}")
+    });
+    format!(
+        "The remote refused for now (RETRY_WHEN_ALLOWED): send the request again as a new one after {after}."
+    )
+}
+
+fn refuse(verdict: Verdict, code: &'static str, message: String, record: Record) -> RetryAnswer {
+    RetryAnswer::Refused {
+        verdict: Some(verdict),
+        code,
+        message,
+        record: Box::new(record),
+    }
+}
+
+async fn resend_generation(
+    journal: &Journal,
+    resend: &dyn Resend,
+    record: Record,
+    vouched: bool,
+    note: Option<String>,
+) -> RetryAnswer {
+    let id = record.invocation_id.clone();
+    let request = match journal.request(&id) {
+        Ok(Some(r)) if r.resendable() => r,
+        Ok(_) => {
+            let message = "The request of this invocation was not kept whole (its body was larger than max_result_bytes, it expired, or it came from an older postern): send it again as a new request.";
+            return RetryAnswer::Refused {
+                verdict: None,
+                code: "REQUEST_NOT_KEPT",
+                message: message.into(),
+                record: Box::new(record),
+            };
+        }
+        Err(_) => return RetryAnswer::Unavailable,
+    };
+    if let Err(SnapshotChanged(why)) = resend.snapshot_holds(&record, &request) {
+        return RetryAnswer::Refused {
+            verdict: None,
+            code: "FINGERPRINT_CHANGED",
+            message: format!("The bound snapshot no longer holds ({why}); nothing was sent."),
+            record: Box::new(record),
+        };
+    }
+    let terms = LeaseTerms {
+        budget: resend.budget(&record),
+        unsafe_override: vouched,
+        note,
+    };
+    let inv = match Invocation::lease(journal.clone(), &id, terms).await {
+        Ok(inv) => inv,
+        Err(env) => return RetryAnswer::Failed(Box::new(env)),
+    };
+    resend.resend(inv, record, request).await;
+    match journal.record(&id) {
+        Ok(Some(r)) => RetryAnswer::Retried(Box::new(r)),
+        Ok(None) => RetryAnswer::NotFound,
+        Err(_) => RetryAnswer::Unavailable,
+    }
+}

@@ -1,0 +1,245 @@
+//! `postern retry` / `POST …/retry` against loopback origins that count what they were
+//! asked: only RETRY_NEW_ATTEMPT and RETRY_SAME_KEY send anything (a new generation of the
+//! same invocation), RECONCILE only when an operator vouches (journaled), and a stored
+//! result is fetched, never re-executed.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::process::Output;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+
+use crate::origins::{self, Origin};
+use crate::support::{Daemon, Home, curl, get_json, secret_set, stderr, stdout};
+
+const VAULT_KEY: &str = "retry-vault-key";
+
+/// Closes the first `failures` requests without a response, then answers `200 done-<n>`.
+fn fails_then_answers(failures: usize) -> Origin {
+    let seen = Arc::new(AtomicUsize::new(0));
+    Origin::script(move |s: &mut TcpStream, _| {
+        let n = seen.fetch_add(1, Ordering::SeqCst) + 1;
+        if n <= failures {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+        let body = format!("done-{n}");
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = s.write_all(format!("{head}{body}").as_bytes());
+    })
+}
+
+struct Setup {
+    home: Home,
+    daemon: Daemon,
+    port: u16,
+}
+
+fn setup(port: u16, extra: &str, vault: bool) -> Setup {
+    let home = Home::new();
+    let config = format!(
+        "{}\n[[credentials]]\nid = \"api\"\nsecret = \"api-token\"\ninject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\n\n[[routes]]\nid = \"origin\"\nmatch = {{ scheme = \"http\", host = \"origin.test\", port = {port} }}\nresolve = \"127.0.0.1:{port}\"\n{extra}\n",
+        crate::support::TEST_CONFIG
+    );
+    let mut envs = vec![];
+    if vault {
+        assert!(
+            secret_set(&home, "api-token", "tok-v1", Some(VAULT_KEY))
+                .status
+                .success()
+        );
+        envs.push(("POSTERN_VAULT_KEY", VAULT_KEY));
+    }
+    let daemon = Daemon::start_with(&home, Some(&config), &envs);
+    Setup { home, daemon, port }
+}
+
+impl Setup {
+    fn send(&self, args: &[&str], path: &str) -> (u16, String, String) {
+        let url = format!("http://origin.test:{}{path}", self.port);
+        let mut all = vec!["-x", self.daemon.proxy.as_str()];
+        all.extend_from_slice(args);
+        all.push(&url);
+        curl(&all)
+    }
+
+    fn retry(&self, args: &[&str]) -> Output {
+        let mut all = vec!["retry"];
+        all.extend_from_slice(args);
+        self.daemon.cli(&all, &[])
+    }
+
+    fn record(&self, id: &str) -> Value {
+        get_json(&self.daemon.url(&format!("/v1/invocations/{id}")), &[]).1
+    }
+
+    fn events(&self, id: &str) -> Vec<Value> {
+        let url = self.daemon.url(&format!("/v1/invocations/{id}/events"));
+        get_json(&url, &[]).1["events"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+fn invocation(head: &str) -> String {
+    head.lines()
+        .find_map(|l| l.strip_prefix("postern-invocation:"))
+        .map(|v| v.trim().to_owned())
+        .expect("postern-invocation header")
+}
+
+#[test]
+fn reconcile_is_refused_until_an_operator_vouches_and_then_runs_as_generation_two() {
+    let origin = fails_then_answers(1);
+    let s = setup(origin.port(), "", false);
+    let (status, _, head) = s.send(&["-X", "POST", "--data", "amount=5"], "/pay");
+    assert_eq!(status, 502);
+    let id = invocation(&head);
+
+    let out = s.retry(&[&id]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("RECONCILE") && err.contains("postern reconcile"),
+        "{err}"
+    );
+    assert_eq!(origin.hits(), 1, "a refused retry sends nothing");
+
+    let out = s.retry(&[&id, "--i-have-reconciled"]);
+    assert!(!out.status.success(), "the flag needs a note: {out:?}");
+    assert_eq!(origin.hits(), 1);
+
+    let note = "ledger shows no charge";
+    let out = s.retry(&[&id, "--i-have-reconciled", "--note", note]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout(&out).contains("generation 2"), "{}", stdout(&out));
+    assert_eq!(origin.hits(), 2);
+    assert!(
+        origin.last_request().ends_with("amount=5"),
+        "the kept body is sent"
+    );
+
+    let r = s.record(&id);
+    assert_eq!(r["invocation_id"], id.as_str(), "the same invocation");
+    assert_eq!(
+        (r["generation"].as_u64(), r["outcome"].as_str()),
+        (Some(2), Some("committed"))
+    );
+    let lease = s
+        .events(&id)
+        .into_iter()
+        .find(|e| e["kind"] == "RETRY_LEASED")
+        .expect("RETRY_LEASED journaled");
+    assert_eq!(lease["source"], "operator_attested");
+    assert_eq!(lease["data"]["unsafe_override"], true);
+    assert_eq!(lease["data"]["note"], note);
+    assert_eq!(lease["generation"], 2);
+
+    let out = s.retry(&[&id]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout(&out).contains("nothing was sent"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(
+        origin.hits(),
+        2,
+        "a stored result is fetched, never re-executed"
+    );
+    let result = s.daemon.cli(&["result", &id], &[]);
+    assert!(stdout(&result).contains("done-2"), "{}", stdout(&result));
+}
+
+#[test]
+fn an_idempotent_request_that_stayed_unknown_is_retried_through_the_api() {
+    let origin = fails_then_answers(1);
+    let s = setup(origin.port(), "", false);
+    let (status, _, head) = s.send(&[], "/balance");
+    assert_eq!(status, 502);
+    let id = invocation(&head);
+    let decide = s.daemon.cli(&["decide", &id], &[]);
+    assert_eq!(stdout(&decide).trim(), "RETRY_NEW_ATTEMPT");
+
+    let url = s.daemon.url(&format!("/v1/invocations/{id}/retry"));
+    let (status, body, head) = curl(&["-X", "POST", &url]);
+    assert_eq!(status, 200, "{body}");
+    assert!(head.contains("postern-verdict: RETRIED"), "{head}");
+    let r: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (r["generation"].as_u64(), r["outcome"].as_str()),
+        (Some(2), Some("committed"))
+    );
+    assert_eq!(r["result"]["status"], 200);
+    assert_eq!(origin.hits(), 2);
+    let kinds: Vec<String> = s
+        .events(&id)
+        .iter()
+        .map(|e| format!("{}@{}", e["kind"].as_str().unwrap(), e["generation"]))
+        .collect();
+    let lease = kinds
+        .iter()
+        .position(|k| k == "RETRY_LEASED@2")
+        .expect("lease");
+    let dispatch = kinds
+        .iter()
+        .rposition(|k| k == "DISPATCH_STARTED@2")
+        .expect("dispatch");
+    assert!(lease < dispatch, "{kinds:?}");
+    assert!(
+        kinds.contains(&"RESULT_COMMITTED@2".to_owned()),
+        "{kinds:?}"
+    );
+}
+
+#[test]
+fn a_rotated_credential_means_the_snapshot_no_longer_holds_and_nothing_is_sent() {
+    let origin = fails_then_answers(1);
+    let s = setup(origin.port(), "credential = \"api\"", true);
+    let (status, _, head) = s.send(&[], "/balance");
+    assert_eq!(status, 502);
+    let id = invocation(&head);
+    assert!(
+        secret_set(&s.home, "api-token", "tok-v2", Some(VAULT_KEY))
+            .status
+            .success()
+    );
+    let url = s.daemon.url(&format!("/v1/invocations/{id}/retry"));
+    let (status, body, _) = curl(&["-X", "POST", &url]);
+    assert_eq!(status, 409, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "FINGERPRINT_CHANGED");
+    assert_eq!(origin.hits(), 1, "nothing sent");
+    assert_eq!(s.record(&id)["generation"], 1, "no generation was opened");
+}
+
+#[test]
+fn a_polite_rejection_and_a_refusal_before_dispatch_are_not_repeated() {
+    let origin = origins::responds("429 Too Many Requests", &["retry-after: 7"], "slow down");
+    let s = setup(origin.port(), "", false);
+    let (status, _, head) = s.send(&[], "/balance");
+    assert_eq!(status, 429);
+    let id = invocation(&head);
+    let out = s.retry(&[&id]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(stderr(&out).contains("Retry-After: 7"), "{}", stderr(&out));
+    assert_eq!(origin.hits(), 1);
+
+    let url = format!("http://elsewhere.test:{}/x", s.port);
+    let (status, _, head) = curl(&["-x", s.daemon.proxy.as_str(), &url]);
+    assert_eq!(status, 403);
+    let denied = invocation(&head);
+    let out = s.retry(&[&denied, "--i-have-reconciled", "--note", "trust me"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        stderr(&out).contains("STOP_FOR_CORRECTION"),
+        "{}",
+        stderr(&out)
+    );
+}
