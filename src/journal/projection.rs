@@ -57,6 +57,7 @@ pub struct Progress {
     pub dispatched_this_generation: bool,
     /// No live exchange appends to this generation any more.
     pub closed: bool,
+    /// `RESULT_COMMITTED` is recorded; the writer only takes it together with its result.
     pub result_stored: bool,
     pub delivered: bool,
     pub idempotent: bool,
@@ -96,8 +97,10 @@ pub enum Refusal {
     NotAttemptedAfterDispatch(Code),
     #[error("the outcome is already resolved")]
     AlreadyResolved,
-    #[error("{0} needs a resolved outcome")]
-    NotResolved(Code),
+    #[error("{0:?} needs RESULT_COMMITTED with its result")]
+    NoResult(EventKind),
+    #[error("RESULT_COMMITTED and its result are written together or not at all")]
+    ResultWithoutCommit,
     #[error("source {0:?} cannot resolve an unknown outcome")]
     SourceCannotResolve(Source),
     #[error("only an unknown outcome can be reconciled")]
@@ -326,8 +329,11 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             p.result_stored = true;
         }
         Body::ResultDelivered(_) => {
-            if !is_resolved(r.outcome) || p.closed {
-                return Err(Refusal::NotResolved(Code::ResultDeliveryFailed));
+            if !p.result_stored {
+                return Err(Refusal::NoResult(kind));
+            }
+            if p.closed {
+                return Err(Refusal::Closed(kind));
             }
             p.delivered = true;
             p.closed = true;
@@ -418,8 +424,9 @@ fn fail(
     if code.is_pre_dispatch() && p.dispatched_this_generation {
         return Err(Refusal::NotAttemptedAfterDispatch(code));
     }
-    if code == Code::ResultDeliveryFailed && !is_resolved(r.outcome) {
-        return Err(Refusal::NotResolved(code));
+    // `fetch_result` points at a stored result: never without one.
+    if code == Code::ResultDeliveryFailed && !p.result_stored {
+        return Err(Refusal::NoResult(EventKind::Failed));
     }
     let keeps_outcome = matches!(
         code.row().outcome,

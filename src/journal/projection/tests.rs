@@ -169,6 +169,9 @@ fn check_transition(
         "not_attempted after DISPATCH_STARTED"
     );
     prop_assert_eq!(r.code.is_some(), r.envelope.is_some());
+    if r.code == Some(Code::ResultDeliveryFailed) || after.progress.delivered {
+        prop_assert!(after.progress.result_stored, "fetch_result without a stored result");
+    }
     if let Some(env) = &r.envelope {
         prop_assert_eq!(env.error.outcome, r.outcome);
         prop_assert_eq!(env.error.retry, r.retry);
