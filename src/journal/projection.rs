@@ -215,7 +215,17 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             r.evidence.credential = Some(cred);
             reach(p, Phase::ConnectionSetup);
         }
-        Body::ApprovalRequested(_) | Body::ApprovalGranted(_) | Body::ApprovalDenied(_) => {
+        Body::ApprovalRequested(_) => {
+            before_dispatch(p, kind)?;
+            // SPEC §1.1: a held request stopped where the credential awaits approval, even
+            // though the credential itself was already authorized.
+            p.phase_reached = Some(Phase::CredentialInjection);
+        }
+        Body::ApprovalGranted(_) => {
+            before_dispatch(p, kind)?;
+            reach(p, Phase::ConnectionSetup);
+        }
+        Body::ApprovalDenied(_) => {
             before_dispatch(p, kind)?;
             reach(p, Phase::CredentialInjection);
         }
