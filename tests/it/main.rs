@@ -6,6 +6,7 @@ mod approvals;
 mod audit;
 mod cli;
 mod crash;
+mod crash_http;
 mod credentials;
 mod dns;
 mod git;
