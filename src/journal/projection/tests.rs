@@ -170,7 +170,10 @@ fn check_transition(
     );
     prop_assert_eq!(r.code.is_some(), r.envelope.is_some());
     if r.code == Some(Code::ResultDeliveryFailed) || after.progress.delivered {
-        prop_assert!(after.progress.result_stored, "fetch_result without a stored result");
+        prop_assert!(
+            after.progress.result_stored,
+            "fetch_result without a stored result"
+        );
     }
     if let Some(env) = &r.envelope {
         prop_assert_eq!(env.error.outcome, r.outcome);

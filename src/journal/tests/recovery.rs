@@ -184,7 +184,10 @@ fn recovery_never_points_at_a_result_that_is_gone() {
         assert_eq!(removed, Ok(1));
     }
     let (journal, report) = reopen(dir.path());
-    assert_eq!(report.recovered, vec![(id.clone(), Code::ResultStoreFailed)]);
+    assert_eq!(
+        report.recovered,
+        vec![(id.clone(), Code::ResultStoreFailed)]
+    );
     let r = journal.record(&id).ok().flatten();
     assert!(
         r.as_ref().is_some_and(|r| r.outcome == Outcome::Committed
@@ -258,12 +261,26 @@ fn a_failed_result_write_recovers_unknown_and_a_landed_one_is_fetchable() {
         let (journal, report) = reopen(dir.path());
         let (code, outcome, retry, verdict_now) = if landed {
             let fetch = (Retry::FetchResult, Verdict::Fetch);
-            (Code::ResultDeliveryFailed, Outcome::Committed, fetch.0, fetch.1)
+            (
+                Code::ResultDeliveryFailed,
+                Outcome::Committed,
+                fetch.0,
+                fetch.1,
+            )
         } else {
             let reconcile = (Retry::Reconcile, Verdict::Reconcile);
-            (Code::BrokerRestarted, Outcome::Unknown, reconcile.0, reconcile.1)
+            (
+                Code::BrokerRestarted,
+                Outcome::Unknown,
+                reconcile.0,
+                reconcile.1,
+            )
         };
-        assert_eq!(report.recovered, vec![(id.clone(), code)], "landed={landed}");
+        assert_eq!(
+            report.recovered,
+            vec![(id.clone(), code)],
+            "landed={landed}"
+        );
         let r = journal.record(&id).ok().flatten();
         assert!(
             r.as_ref()
