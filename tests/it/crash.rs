@@ -5,6 +5,8 @@
 //! matrices over real exchanges (`crash_http`, `crash_ssh`) share `Expect` and
 //! `check_recovered`.
 
+use std::time::{Duration, Instant};
+
 use serde_json::Value;
 
 use crate::support::{Daemon, Home, TEST_CONFIG, get_json, stdout};
@@ -93,6 +95,21 @@ pub const fn failed_before_dispatch(code: &'static str, phase: &'static str) -> 
         recovered: false,
         ..before_dispatch(phase)
     }
+}
+
+/// Approves the one held request once postern lists it.
+pub fn approve_held(daemon: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let (_, list) = get_json(&daemon.url("/v1/approvals"), &[]);
+        if let Some(id) = list["approvals"][0]["invocation_id"].as_str() {
+            // The daemon dies while answering: the reply does not matter.
+            let _ = daemon.cli(&["approve", id], &[]);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("the request was never held for approval");
 }
 
 /// Checks the one invocation of a restarted daemon against `e`: record, envelope, `decide`,

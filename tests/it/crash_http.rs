@@ -16,11 +16,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::crash::{
-    Expect, before_dispatch, check_recovered, delivered, failed_after_dispatch,
+    Expect, approve_held, before_dispatch, check_recovered, delivered, failed_after_dispatch,
     failed_before_dispatch, fetch, restarted,
 };
 use crate::origins::{self, Origin};
-use crate::support::{Daemon, Home, TEST_CONFIG, get_json, run_cells, secret_set};
+use crate::support::{Daemon, Home, TEST_CONFIG, run_cells, secret_set};
 
 const VAULT_KEY: &str = "vault-passphrase-for-crash-cells";
 const BODY: &str = "{\"paid\":1}";
@@ -246,21 +246,6 @@ fn agent(proxy: &str, url: String, c: &Cell, origin: &Origin) -> JoinHandle<Seen
     })
 }
 
-/// Approves the one held request once postern lists it.
-fn approve(daemon: &Daemon) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        let (_, list) = get_json(&daemon.url("/v1/approvals"), &[]);
-        if let Some(id) = list["approvals"][0]["invocation_id"].as_str() {
-            // The daemon dies while answering: the reply does not matter.
-            let _ = daemon.cli(&["approve", id], &[]);
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    panic!("the request was never held for approval");
-}
-
 fn run(c: &Cell, template: &Home) {
     let ctx = name(c);
     let origin = origin(c.remote);
@@ -276,7 +261,7 @@ fn run(c: &Cell, template: &Home) {
     let url = format!("http://origin.test:{port}/pay");
     let seen = agent(&daemon.proxy, url, c, &origin);
     if c.approval && c.crash_after != "APPROVAL_REQUESTED" {
-        approve(&daemon);
+        approve_held(&daemon);
     }
     let exit = daemon.wait_exit(Duration::from_secs(20));
     assert!(

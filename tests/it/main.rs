@@ -7,6 +7,7 @@ mod audit;
 mod cli;
 mod crash;
 mod crash_http;
+mod crash_ssh;
 mod credentials;
 mod dns;
 mod git;
