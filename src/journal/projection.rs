@@ -291,9 +291,15 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             during_dispatch(p, kind)?;
             r.evidence.request_complete = true;
         }
-        Body::RemoteResponseStarted(_) => {
+        Body::RemoteResponseStarted(started) => {
             during_dispatch(p, kind)?;
             r.evidence.response_headers_received = true;
+            // Evidence only (SPEC §5.5): a status without RESULT_COMMITTED resolves nothing.
+            if let Some(status) = started.status {
+                r.evidence
+                    .extra
+                    .insert("response_status".into(), status.into());
+            }
         }
         Body::RemoteResponseComplete(c) => {
             during_dispatch(p, kind)?;

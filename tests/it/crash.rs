@@ -114,8 +114,8 @@ pub fn approve_held(daemon: &Daemon) {
 
 /// Checks the one invocation of a restarted daemon against `e`: record, envelope, `decide`,
 /// events, and the rule that `fetch_result` (and a committed outcome) needs a stored
-/// result, which exists only after `RESULT_COMMITTED`. Returns its id and stored result.
-pub fn check_recovered(daemon: &Daemon, e: &Expect, ctx: &str) -> (String, Option<Value>) {
+/// result, which exists only after `RESULT_COMMITTED`. Returns the record and the result.
+pub fn check_recovered(daemon: &Daemon, e: &Expect, ctx: &str) -> (Value, Option<Value>) {
     let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);
     let all = list["invocations"].as_array().cloned().unwrap_or_default();
     assert_eq!(all.len(), 1, "{ctx}: one invocation: {list}");
@@ -178,7 +178,7 @@ pub fn check_recovered(daemon: &Daemon, e: &Expect, ctx: &str) -> (String, Optio
             "{ctx}: fetch_result without a stored result"
         );
     }
-    (id, result)
+    (r, result)
 }
 
 struct Case {

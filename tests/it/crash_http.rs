@@ -284,7 +284,17 @@ fn run(c: &Cell, template: &Home) {
     drop(daemon);
     // Reading the record needs no vault: the restart skips its key derivation.
     let daemon = Daemon::start(&home, Some(&text));
-    let (_, result) = check_recovered(&daemon, &c.expect, &ctx);
+    let (record, result) = check_recovered(&daemon, &c.expect, &ctx);
+    let evidence = &record["evidence"];
+    if evidence["response_headers_received"] == true && result.is_none() {
+        // A head without RESULT_COMMITTED: its status is evidence, not an outcome.
+        let status = if matches!(c.remote, Remote::BreaksMidBody) {
+            200
+        } else {
+            201
+        };
+        assert_eq!(evidence["response_status"], status, "{ctx}: {record}");
+    }
     assert_eq!(
         origin.hits(),
         c.expect.effects,

@@ -191,9 +191,7 @@ fn run(c: &Cell, shared: &Shared) {
         "{ctx}: the agent's ssh exited {code} with {out:?}"
     );
     front.restart();
-    let (_, result) = check_recovered(&front.daemon, &c.expect, &ctx);
-    let (_, r) = crate::support::get_json(&front.daemon.url("/v1/invocations?limit=1"), &[]);
-    let r = &r["invocations"][0];
+    let (r, result) = check_recovered(&front.daemon, &c.expect, &ctx);
     assert_eq!(r["protocol"], "ssh", "{ctx}: {r}");
     assert!(
         r["command"]

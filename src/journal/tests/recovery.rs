@@ -155,6 +155,7 @@ fn a_response_received_but_not_committed_recovers_as_unknown_with_its_evidence()
         )
     );
     assert!(r.evidence.response_headers_received && r.evidence.response_complete);
+    assert_eq!(r.evidence.extra.get("response_status"), Some(&201.into()));
     assert_eq!(r.evidence.response_digest.as_deref(), Some(digest.as_str()));
     assert_eq!(r.evidence.completion, Some(Completion::ContentLength));
     assert!(r.result.is_none());
