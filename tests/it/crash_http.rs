@@ -20,9 +20,11 @@ use crate::crash::{
     failed_before_dispatch, fetch, restarted,
 };
 use crate::origins::{self, Origin};
-use crate::support::{Daemon, Home, TEST_CONFIG, run_cells, secret_set};
+use crate::support::{Daemon, Home, TEST_CONFIG, run_cells, secret_set, stdout};
 
 const VAULT_KEY: &str = "vault-passphrase-for-crash-cells";
+/// The injected secret: it must not show in any record, event or log line.
+const SECRET: &str = "pay-key-v1-canary";
 const BODY: &str = "{\"paid\":1}";
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -281,6 +283,7 @@ fn run(c: &Cell, template: &Home) {
         seen.body,
         seen.clean
     );
+    let crashed_log = daemon.stderr();
     drop(daemon);
     // Reading the record needs no vault: the restart skips its key derivation.
     let daemon = Daemon::start(&home, Some(&text));
@@ -309,12 +312,24 @@ fn run(c: &Cell, template: &Home) {
     }
     // Neither the restart nor fetching the result sent the request again.
     assert_eq!(origin.hits(), c.expect.effects, "{ctx}: after the fetch");
+    if c.expect.effects > 0 {
+        // The secret was injected (so its absence below means something).
+        let sent = origin.last_request().to_ascii_lowercase();
+        assert!(
+            sent.contains(&format!("x-api-key: {SECRET}")),
+            "{ctx}: {sent}"
+        );
+    }
+    let id = record["invocation_id"].as_str().unwrap_or_default();
+    let shown = daemon.cli(&["actions", "show", id, "--json"], &[]);
+    let all = format!("{}{crashed_log}{}", stdout(&shown), daemon.stderr());
+    assert!(!all.contains(SECRET), "{ctx}: the secret leaked");
 }
 
 #[test]
 fn a_crash_after_any_durable_write_of_an_http_exchange_recovers_to_what_the_journal_proves() {
     let template = Home::new();
-    let out = secret_set(&template, "pay-key", "pay-key-v1", Some(VAULT_KEY));
+    let out = secret_set(&template, "pay-key", SECRET, Some(VAULT_KEY));
     assert!(out.status.success());
     // One start makes the CA and host key every cell's home copies.
     let _ = Daemon::start_with(

@@ -17,9 +17,9 @@ use crate::crash::{
     Expect, approve_held, before_dispatch, check_recovered, delivered, failed_after_dispatch,
     failed_before_dispatch, fetch, restarted,
 };
-use crate::ssh::{Front, TOKEN, VAULT_KEY, target_config};
+use crate::ssh::{Front, TOKEN, VAULT_KEY, canary, target_config};
 use crate::sshd::{Sshd, keygen};
-use crate::support::{Daemon, Home, run_cells, secret_set, stderr};
+use crate::support::{Daemon, Home, run_cells, secret_set, stderr, stdout};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Run {
@@ -189,6 +189,7 @@ fn run(c: &Cell, shared: &Shared) {
     if c.crash_after != "RESULT_DELIVERED" {
         assert_ne!(code, 3, "{ctx}: the agent's ssh exited {code} with {out:?}");
     }
+    let crashed_log = front.daemon.stderr();
     front.restart();
     let (r, result) = check_recovered(&front.daemon, &c.expect, &ctx);
     assert_eq!(r["protocol"], "ssh", "{ctx}: {r}");
@@ -226,6 +227,14 @@ fn run(c: &Cell, shared: &Shared) {
     }
     // Neither the restart nor fetching the result ran the command again.
     assert_eq!(runs(&counter), c.expect.effects, "{ctx}: after the fetch");
+    let id = r["invocation_id"].as_str().unwrap_or_default();
+    let shown = front.daemon.cli(&["actions", "show", id, "--json"], &[]);
+    let all = format!("{}{crashed_log}{}", stdout(&shown), front.all_text());
+    let key_line = canary(&front.client_private);
+    assert!(
+        !all.contains(&key_line),
+        "{ctx}: a line of the private key leaked"
+    );
 }
 
 /// A file name unique to the cell.
