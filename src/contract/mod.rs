@@ -16,8 +16,8 @@ pub use envelope::{
     IdempotencyEvidence, Stage, postern_outcome, proxy_status, unjournaled_refusal,
 };
 pub use resolve::{
-    FailureContext, KeyWindow, OperationFacts, Resolution, is_resolved, resolve_failure,
-    retry_for_unknown,
+    FailureContext, KeyWindow, OperationFacts, RecoveryFacts, Resolution, is_resolved,
+    recovery_code, resolve_failure, retry_for_unknown,
 };
 pub use status::{
     ResponseFacts, StatusOverrides, StatusResolution, classify_exit, classify_status,

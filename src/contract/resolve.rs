@@ -98,6 +98,34 @@ pub fn resolve_failure(code: Code, ctx: &FailureContext) -> Resolution {
     }
 }
 
+/// What the journal proves about an invocation that was live when postern stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecoveryFacts {
+    /// `DISPATCH_STARTED` is durable in the invocation's current generation.
+    pub dispatched: bool,
+    /// `RESULT_COMMITTED`, the resolving event (SPEC §5.5), is durable.
+    pub result_committed: bool,
+    /// The result store holds the committed result under the invocation id.
+    pub result_retrievable: bool,
+}
+
+/// SPEC §2 "Recovery at start": the code that settles a live invocation. `fetch_result`
+/// (from `RESULT_DELIVERY_FAILED`) only when a result is there to fetch; received status
+/// and digest without `RESULT_COMMITTED` resolve nothing, so that stays `BROKER_RESTARTED`.
+pub const fn recovery_code(facts: RecoveryFacts) -> Code {
+    if facts.result_committed && facts.result_retrievable {
+        Code::ResultDeliveryFailed
+    } else if facts.result_committed {
+        // Resolved, but the result is gone (its retention passed): the outcome stands,
+        // there is nothing to fetch and nothing to repeat.
+        Code::ResultStoreFailed
+    } else if facts.dispatched {
+        Code::BrokerRestarted
+    } else {
+        Code::BrokerRestartedBeforeDispatch
+    }
+}
+
 /// `committed` and `rejected` are final.
 pub const fn is_resolved(outcome: Outcome) -> bool {
     matches!(outcome, Outcome::Committed | Outcome::Rejected)
@@ -288,6 +316,40 @@ mod tests {
             );
             c.now_ms = 2_000;
             assert_eq!(resolve_failure(code, &c).retry, Retry::Reconcile, "{code}");
+        }
+    }
+
+    #[test]
+    fn recovery_points_at_a_result_only_when_one_is_stored() {
+        let facts = |dispatched, result_committed, result_retrievable| RecoveryFacts {
+            dispatched,
+            result_committed,
+            result_retrievable,
+        };
+        use Code::*;
+        assert_eq!(
+            recovery_code(facts(false, false, false)),
+            BrokerRestartedBeforeDispatch
+        );
+        assert_eq!(recovery_code(facts(true, false, false)), BrokerRestarted);
+        // A stray result without its resolving event proves nothing.
+        assert_eq!(recovery_code(facts(true, false, true)), BrokerRestarted);
+        assert_eq!(recovery_code(facts(true, true, true)), ResultDeliveryFailed);
+        assert_eq!(recovery_code(facts(true, true, false)), ResultStoreFailed);
+        // Whatever the facts, fetch_result is only computed where a result is retrievable.
+        for d in [false, true] {
+            for c in [false, true] {
+                for r in [false, true] {
+                    let mut ctx = ctx(d);
+                    if c {
+                        ctx.current_outcome = Outcome::Committed;
+                        ctx.result_stored = true;
+                    }
+                    let code = recovery_code(facts(d, c, r));
+                    let retry = resolve_failure(code, &ctx).retry;
+                    assert_eq!(retry == Retry::FetchResult, c && r, "{d} {c} {r}: {code}");
+                }
+            }
         }
     }
 

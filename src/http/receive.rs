@@ -168,7 +168,8 @@ impl Exchange {
         .hop("origin");
         let drafts = vec![started, complete, committed];
         if self.inv.commit_result(drafts, stored).await.is_err() {
-            return Outgoing::Respond(self.fallback(Code::ResultStoreFailed));
+            let env = self.inv.result_store_failed().await;
+            return Outgoing::Respond(respond::envelope(&env));
         }
         if reply.is_closed() {
             return Outgoing::Gone;

@@ -339,10 +339,7 @@ impl Exchange {
         if self.inv.commit_result(drafts, result).await.is_ok() {
             return true;
         }
-        let _ = self
-            .inv
-            .fail(vec![], Failure::of(Code::ResultStoreFailed))
-            .await;
+        let _ = self.inv.result_store_failed().await;
         false
     }
 

@@ -44,7 +44,7 @@ pub use space::SpaceGuard;
 pub use store::{EventStore, RawEvent, StoreError, WriteSet};
 pub use writer::{Appended, LiveStates, needs_sync_rule, rfc3339};
 
-use crate::contract::Code;
+use crate::contract::{Code, RecoveryFacts, recovery_code};
 use writer::{Request, Writer};
 
 /// `journal.durability` (SPEC §5.4).
@@ -365,7 +365,14 @@ impl Journal {
             let Some(state) = replay(&self.store.events_of(&id)?) else {
                 continue;
             };
-            let code = recovery_code(&state.progress, &state.record);
+            let result_committed = state.progress.result_stored;
+            let facts = RecoveryFacts {
+                dispatched: state.progress.dispatched_this_generation,
+                result_committed,
+                // Checked in the store itself: its retention may have run out meanwhile.
+                result_retrievable: result_committed && self.store.result(&id)?.is_some(),
+            };
+            let code = recovery_code(facts);
             let draft = Draft::observed(Body::Failed(Failure::of(code))).source(Source::Recovery);
             match self.append_blocking(&id, vec![draft]) {
                 Ok(_) => report.recovered.push((id, code)),
@@ -375,17 +382,6 @@ impl Journal {
             }
         }
         Ok(report)
-    }
-}
-
-/// Which code a live invocation gets when postern restarts under it.
-fn recovery_code(progress: &Progress, record: &Record) -> Code {
-    if crate::contract::is_resolved(record.outcome) {
-        Code::ResultDeliveryFailed
-    } else if progress.dispatched_this_generation {
-        Code::BrokerRestarted
-    } else {
-        Code::BrokerRestartedBeforeDispatch
     }
 }
 

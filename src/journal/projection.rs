@@ -57,6 +57,7 @@ pub struct Progress {
     pub dispatched_this_generation: bool,
     /// No live exchange appends to this generation any more.
     pub closed: bool,
+    /// `RESULT_COMMITTED` is recorded; the writer only takes it together with its result.
     pub result_stored: bool,
     pub delivered: bool,
     pub idempotent: bool,
@@ -96,8 +97,10 @@ pub enum Refusal {
     NotAttemptedAfterDispatch(Code),
     #[error("the outcome is already resolved")]
     AlreadyResolved,
-    #[error("{0} needs a resolved outcome")]
-    NotResolved(Code),
+    #[error("{0:?} needs RESULT_COMMITTED with its result")]
+    NoResult(EventKind),
+    #[error("RESULT_COMMITTED and its result are written together or not at all")]
+    ResultWithoutCommit,
     #[error("source {0:?} cannot resolve an unknown outcome")]
     SourceCannotResolve(Source),
     #[error("only an unknown outcome can be reconciled")]
@@ -212,7 +215,17 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             r.evidence.credential = Some(cred);
             reach(p, Phase::ConnectionSetup);
         }
-        Body::ApprovalRequested(_) | Body::ApprovalGranted(_) | Body::ApprovalDenied(_) => {
+        Body::ApprovalRequested(_) => {
+            before_dispatch(p, kind)?;
+            // SPEC §1.1: a held request stopped where the credential awaits approval, even
+            // though the credential itself was already authorized.
+            p.phase_reached = Some(Phase::CredentialInjection);
+        }
+        Body::ApprovalGranted(_) => {
+            before_dispatch(p, kind)?;
+            reach(p, Phase::ConnectionSetup);
+        }
+        Body::ApprovalDenied(_) => {
             before_dispatch(p, kind)?;
             reach(p, Phase::CredentialInjection);
         }
@@ -278,9 +291,15 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             during_dispatch(p, kind)?;
             r.evidence.request_complete = true;
         }
-        Body::RemoteResponseStarted(_) => {
+        Body::RemoteResponseStarted(started) => {
             during_dispatch(p, kind)?;
             r.evidence.response_headers_received = true;
+            // Evidence only (SPEC §5.5): a status without RESULT_COMMITTED resolves nothing.
+            if let Some(status) = started.status {
+                r.evidence
+                    .extra
+                    .insert("response_status".into(), status.into());
+            }
         }
         Body::RemoteResponseComplete(c) => {
             during_dispatch(p, kind)?;
@@ -326,8 +345,11 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             p.result_stored = true;
         }
         Body::ResultDelivered(_) => {
-            if !is_resolved(r.outcome) || p.closed {
-                return Err(Refusal::NotResolved(Code::ResultDeliveryFailed));
+            if !p.result_stored {
+                return Err(Refusal::NoResult(kind));
+            }
+            if p.closed {
+                return Err(Refusal::Closed(kind));
             }
             p.delivered = true;
             p.closed = true;
@@ -418,8 +440,9 @@ fn fail(
     if code.is_pre_dispatch() && p.dispatched_this_generation {
         return Err(Refusal::NotAttemptedAfterDispatch(code));
     }
-    if code == Code::ResultDeliveryFailed && !is_resolved(r.outcome) {
-        return Err(Refusal::NotResolved(code));
+    // `fetch_result` points at a stored result: never without one.
+    if code == Code::ResultDeliveryFailed && !p.result_stored {
+        return Err(Refusal::NoResult(EventKind::Failed));
     }
     let keeps_outcome = matches!(
         code.row().outcome,

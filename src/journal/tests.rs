@@ -235,83 +235,6 @@ fn expired_results_are_removed_and_the_record_stays() {
     assert!(journal.record(&id).ok().flatten().is_some());
 }
 
-#[test]
-fn recovery_settles_every_live_invocation_by_what_is_durable() {
-    let Ok(dir) = tempfile::tempdir() else {
-        panic!("no temp dir");
-    };
-    let (before, dispatched, resolved, idempotent) = (
-        new_invocation_id(),
-        new_invocation_id(),
-        new_invocation_id(),
-        new_invocation_id(),
-    );
-    {
-        let journal = open(dir.path());
-        let rt = rt();
-        let (draft, result) = committed(&resolved, journal.result_expiry_ms());
-        let r = rt.block_on(async {
-            journal
-                .append(&before, vec![accepted("POST"), preflight(false)])
-                .await?;
-            journal
-                .append(
-                    &dispatched,
-                    vec![accepted("POST"), preflight(false), dispatch()],
-                )
-                .await?;
-            journal
-                .append(
-                    &idempotent,
-                    vec![accepted("GET"), preflight(true), dispatch()],
-                )
-                .await?;
-            journal
-                .append(
-                    &resolved,
-                    vec![accepted("POST"), preflight(false), dispatch()],
-                )
-                .await?;
-            journal.commit_result(&resolved, vec![draft], result).await
-        });
-        assert!(r.is_ok());
-    }
-    let (journal, report) = match Journal::open(dir.path(), JournalOptions::default()) {
-        Ok(x) => x,
-        Err(e) => panic!("reopen: {e}"),
-    };
-    assert_eq!(report.recovered.len(), 4);
-    let get = |id: &str| journal.record(id).ok().flatten();
-    let b = get(&before);
-    assert!(
-        b.is_some_and(|r| r.code == Some(Code::BrokerRestartedBeforeDispatch)
-            && r.outcome == Outcome::NotAttempted
-            && r.phase == Phase::CredentialInjection
-            && r.retry == Retry::Backoff)
-    );
-    let d = get(&dispatched);
-    assert!(d.is_some_and(|r| r.code == Some(Code::BrokerRestarted)
-        && r.outcome == Outcome::Unknown
-        && r.retry == Retry::Reconcile));
-    let i = get(&idempotent);
-    assert!(i.is_some_and(|r| r.code == Some(Code::BrokerRestarted) && r.retry == Retry::Backoff));
-    let c = get(&resolved);
-    assert!(c.is_some_and(|r| r.code == Some(Code::ResultDeliveryFailed)
-        && r.outcome == Outcome::Committed
-        && r.retry == Retry::FetchResult));
-    let events = journal.events(&dispatched).unwrap_or_default();
-    assert!(
-        events
-            .last()
-            .is_some_and(|e| e.source == Source::Recovery && e.kind == EventKind::Failed)
-    );
-    // A second restart finds nothing live.
-    drop(journal);
-    let again =
-        Journal::open(dir.path(), JournalOptions::default()).map(|(_, r)| r.recovered.len());
-    assert_eq!(again.ok(), Some(0));
-}
-
 /// Enough results to rotate memtables and compact tables many times over (2 MiB
 /// memtables, 4 MiB tables, one background worker): nothing may go missing.
 #[test]
@@ -439,14 +362,29 @@ fn the_sync_rule_matches_the_spec() {
     }
 }
 
-/// A real fjall store whose sync can be made to fail, as a dying disk would.
+/// A real fjall store whose sync (or a write carrying a result) can be made to fail, as a
+/// dying disk would.
 struct FailingSync {
     inner: FjallStore,
     fail: AtomicBool,
+    fail_result_writes: AtomicBool,
+}
+
+impl FailingSync {
+    fn open(dir: &Path) -> Option<Arc<Self>> {
+        Some(Arc::new(Self {
+            inner: FjallStore::open(dir).ok()?,
+            fail: AtomicBool::new(false),
+            fail_result_writes: AtomicBool::new(false),
+        }))
+    }
 }
 
 impl EventStore for FailingSync {
     fn write(&self, set: WriteSet) -> Result<(), StoreError> {
+        if self.fail_result_writes.load(Ordering::SeqCst) && !set.results.is_empty() {
+            return Err(StoreError::Io("write: ENOSPC".into()));
+        }
         self.inner.write(set)
     }
     fn sync(&self) -> Result<(), StoreError> {
@@ -490,13 +428,9 @@ fn a_failed_sync_stops_the_journal_and_refuses_dispatch() {
     let Ok(dir) = tempfile::tempdir() else {
         panic!("no temp dir");
     };
-    let Ok(inner) = FjallStore::open(dir.path()) else {
+    let Some(store) = FailingSync::open(dir.path()) else {
         return;
     };
-    let store = Arc::new(FailingSync {
-        inner,
-        fail: AtomicBool::new(false),
-    });
     let Ok((journal, _)) = Journal::with_store(store.clone(), JournalOptions::default()) else {
         return;
     };
@@ -539,3 +473,5 @@ fn low_free_space_releases_the_reserve_and_refuses_new_dispatches() {
     assert!(health.refusing_dispatch());
     assert!(!dir.path().join("reserve.bin").exists());
 }
+
+mod recovery;

@@ -131,7 +131,7 @@ impl Writer {
                     drafts,
                     result,
                     reply,
-                } => match self.stage(&invocation_id, drafts, &overlay) {
+                } => match self.stage(&invocation_id, drafts, result.as_ref(), &overlay) {
                     Ok(staged) => {
                         needs_sync |= staged.needs_sync;
                         let seqs = staged.events.iter().map(|(e, _)| e.seq).collect();
@@ -268,8 +268,17 @@ impl Writer {
         &mut self,
         id: &str,
         drafts: Vec<Draft>,
+        result: Option<&StoredResult>,
         overlay: &HashMap<String, Arc<State>>,
     ) -> Result<Staged, JournalError> {
+        // The projection counts RESULT_COMMITTED as a stored result (recovery and
+        // `fetch_result` rely on it): the two go into one atomic write or neither does.
+        let commits = drafts
+            .iter()
+            .any(|d| matches!(d.body, super::event::Body::ResultCommitted(_)));
+        if commits != result.is_some() || result.is_some_and(|r| r.invocation_id != id) {
+            return Err(JournalError::Refused(Refusal::ResultWithoutCommit));
+        }
         let (mut state, was_open, was_live) = match self.current(id, overlay)? {
             Some((s, open)) => (Some(s), open, open),
             None => (None, false, true),

@@ -203,6 +203,14 @@ impl Invocation {
         self.journal.commit_result(&self.id, all, result).await
     }
 
+    /// The remote completed but its result could not be committed: recorded when the journal
+    /// still takes it, so the record settles as `RESULT_STORE_FAILED` (unknown, reconcile)
+    /// now instead of at the next start; never `fetch_result`, never a second dispatch.
+    pub async fn result_store_failed(&mut self) -> Envelope {
+        self.fail(vec![], Failure::of(Code::ResultStoreFailed))
+            .await
+    }
+
     /// The caller left before the remote answered; the exchange runs on.
     pub async fn caller_cancelled(&mut self) {
         let _ = self.record_failure(Code::CallerCancelled).await;

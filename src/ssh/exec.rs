@@ -474,7 +474,7 @@ impl Run {
             .commit_result(vec![complete_draft, committed], result)
             .await;
         if stored.is_err() {
-            let env = self.inv.fallback(Code::ResultStoreFailed);
+            let env = self.inv.result_store_failed().await;
             return self.report(&env, true).await;
         }
         if out.agent_gone {

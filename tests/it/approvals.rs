@@ -266,6 +266,7 @@ fn a_request_held_across_a_crash_is_settled_as_never_dispatched() {
     let (_, r) = get_json(&again.url(&format!("/v1/invocations/{id}")), &[]);
     assert_eq!(r["code"], "BROKER_RESTARTED_BEFORE_DISPATCH", "{r}");
     assert_eq!(r["outcome"], "not_attempted", "{r}");
+    assert_eq!(r["phase"], "credential_injection", "held for approval: {r}");
     let (_, list) = get_json(&again.url("/v1/approvals"), &[]);
     assert_eq!(list["approvals"], serde_json::json!([]));
     assert_eq!(origin.hits(), 0);

@@ -1,9 +1,185 @@
 //! Crash matrix: abort right after each durable transition, restart, and read
 //! what recovery made of it. After DISPATCH_STARTED nothing is `not_attempted`.
+//!
+//! The drill here walks one synthetic invocation with one write per event kind; the
+//! matrices over real exchanges (`crash_http`, `crash_ssh`) share `Expect` and
+//! `check_recovered`.
+
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use crate::support::{Daemon, Home, TEST_CONFIG, get_json, stdout};
+
+/// What recovery must make of one crash cell.
+#[derive(Debug, Clone, Copy)]
+pub struct Expect {
+    pub code: Option<&'static str>,
+    pub phase: &'static str,
+    pub outcome: &'static str,
+    pub retry: &'static str,
+    /// `postern decide`.
+    pub verdict: &'static str,
+    /// How often the remote saw the operation (its side-effect counter).
+    pub effects: usize,
+    /// Recovery settled it: the last event is `FAILED` from `recovery`.
+    pub recovered: bool,
+}
+
+/// Stopped before `DISPATCH_STARTED`: nothing reached the remote, a new attempt is safe.
+pub const fn before_dispatch(phase: &'static str) -> Expect {
+    Expect {
+        code: Some("BROKER_RESTARTED_BEFORE_DISPATCH"),
+        phase,
+        outcome: "not_attempted",
+        retry: "backoff",
+        verdict: "RETRY_NEW_ATTEMPT",
+        effects: 0,
+        recovered: true,
+    }
+}
+
+/// Dispatched, not resolved: `unknown`, whatever the remote saw.
+pub const fn restarted(effects: usize) -> Expect {
+    Expect {
+        code: Some("BROKER_RESTARTED"),
+        phase: "remote_execution",
+        outcome: "unknown",
+        retry: "reconcile",
+        verdict: "RECONCILE",
+        effects,
+        recovered: true,
+    }
+}
+
+/// `RESULT_COMMITTED` durable with its result, not delivered: fetch it.
+pub const fn fetch() -> Expect {
+    Expect {
+        code: Some("RESULT_DELIVERY_FAILED"),
+        phase: "result_delivery",
+        outcome: "committed",
+        retry: "fetch_result",
+        verdict: "FETCH",
+        effects: 1,
+        recovered: true,
+    }
+}
+
+/// Delivered before the crash: a clean committed record, nothing for recovery to do.
+pub const fn delivered() -> Expect {
+    Expect {
+        code: None,
+        phase: "remote_execution",
+        outcome: "committed",
+        retry: "never",
+        verdict: "RETURN_RECORDED_RESULT",
+        effects: 1,
+        recovered: false,
+    }
+}
+
+/// A failure after dispatch recorded (and settled) before the crash: recovery leaves it.
+pub const fn failed_after_dispatch(code: &'static str, effects: usize) -> Expect {
+    Expect {
+        code: Some(code),
+        effects,
+        recovered: false,
+        ..restarted(effects)
+    }
+}
+
+/// A failure before dispatch recorded before the crash: recovery leaves it.
+pub const fn failed_before_dispatch(code: &'static str, phase: &'static str) -> Expect {
+    Expect {
+        code: Some(code),
+        recovered: false,
+        ..before_dispatch(phase)
+    }
+}
+
+/// Approves the one held request once postern lists it.
+pub fn approve_held(daemon: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let (_, list) = get_json(&daemon.url("/v1/approvals"), &[]);
+        if let Some(id) = list["approvals"][0]["invocation_id"].as_str() {
+            // The daemon dies while answering: the reply does not matter.
+            let _ = daemon.cli(&["approve", id], &[]);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("the request was never held for approval");
+}
+
+/// Checks the one invocation of a restarted daemon against `e`: record, envelope, `decide`,
+/// events, and the rule that `fetch_result` (and a committed outcome) needs a stored
+/// result, which exists only after `RESULT_COMMITTED`. Returns the record and the result.
+pub fn check_recovered(daemon: &Daemon, e: &Expect, ctx: &str) -> (Value, Option<Value>) {
+    let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);
+    let all = list["invocations"].as_array().cloned().unwrap_or_default();
+    assert_eq!(all.len(), 1, "{ctx}: one invocation: {list}");
+    let id = all[0]["invocation_id"].as_str().unwrap().to_owned();
+    let (status, r) = get_json(&daemon.url(&format!("/v1/invocations/{id}")), &[]);
+    let (_, events) = get_json(&daemon.url(&format!("/v1/invocations/{id}/events")), &[]);
+    let events = events["events"].as_array().cloned().unwrap_or_default();
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap_or(""))
+        .collect();
+    let ctx = format!("{ctx}: events {kinds:?}: {r}");
+    assert_eq!(status, 200, "{ctx}");
+    let code = e.code.map_or(Value::Null, |c| Value::String(c.into()));
+    assert_eq!(
+        (
+            &r["code"],
+            r["phase"].as_str(),
+            r["outcome"].as_str(),
+            r["retry"].as_str()
+        ),
+        (&code, Some(e.phase), Some(e.outcome), Some(e.retry)),
+        "{ctx}"
+    );
+    match e.code {
+        None => assert!(r["envelope"].is_null(), "{ctx}"),
+        Some(_) => {
+            assert_eq!(r["envelope"]["error"]["code"], code, "{ctx}");
+            assert_eq!(r["envelope"]["error"]["outcome"], e.outcome, "{ctx}");
+            assert_eq!(r["envelope"]["error"]["retry"], e.retry, "{ctx}");
+        }
+    }
+    let verdict = daemon.cli(&["decide", &id], &[]);
+    assert_eq!(stdout(&verdict).trim(), e.verdict, "{ctx}");
+    let dispatched = kinds.contains(&"DISPATCH_STARTED");
+    assert_eq!(
+        dispatched,
+        r["evidence"]["dispatch_started"] == true,
+        "{ctx}"
+    );
+    assert_eq!(dispatched, e.outcome != "not_attempted", "{ctx}");
+    let last = events.last().cloned().unwrap_or_default();
+    let by_recovery = last["kind"] == "FAILED" && last["source"] == "recovery";
+    assert_eq!(by_recovery, e.recovered, "{ctx}");
+    let out = daemon.cli(&["result", &id, "--json"], &[]);
+    let result = out
+        .status
+        .success()
+        .then(|| serde_json::from_slice::<Value>(&out.stdout).unwrap());
+    let committed = kinds.contains(&"RESULT_COMMITTED");
+    assert_eq!(
+        result.is_some(),
+        committed,
+        "{ctx}: stored result {result:?}"
+    );
+    assert_eq!(committed, e.outcome == "committed", "{ctx}");
+    if e.retry == "fetch_result" {
+        assert!(
+            result.is_some(),
+            "{ctx}: fetch_result without a stored result"
+        );
+    }
+    (r, result)
+}
 
 struct Case {
     crash_after: &'static str,

@@ -6,6 +6,8 @@ mod approvals;
 mod audit;
 mod cli;
 mod crash;
+mod crash_http;
+mod crash_ssh;
 mod credentials;
 mod dns;
 mod git;

@@ -173,6 +173,8 @@ pub struct Front {
     pub user: String,
     /// The private key in the vault (a canary).
     pub client_private: String,
+    /// The config text, for a restart on the same home.
+    text: String,
     _sshd: Option<Sshd>,
     _home: Home,
 }
@@ -197,12 +199,22 @@ impl Front {
     ) -> Self {
         let out = secret_set(&home, "deploy-ssh-key", &client_private, Some(VAULT_KEY));
         assert!(out.status.success(), "{}", stderr(&out));
-        let daemon = Daemon::start_with(&home, Some(text), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
-        let ssh_addr = daemon
-            .stdout
-            .iter()
-            .find_map(|l| l.trim().strip_prefix("ssh").map(|a| a.trim().to_owned()))
-            .expect("the banner names the SSH front");
+        Self::serve_with(home, text, user, client_private, sshd, &[])
+    }
+
+    /// `serve` for a home whose vault already holds `client_private`, with extra env.
+    pub fn serve_with(
+        home: Home,
+        text: &str,
+        user: String,
+        client_private: String,
+        sshd: Option<Sshd>,
+        envs: &[(&str, &str)],
+    ) -> Self {
+        let mut all = vec![("POSTERN_VAULT_KEY", VAULT_KEY)];
+        all.extend_from_slice(envs);
+        let daemon = Daemon::start_with(&home, Some(text), &all);
+        let ssh_addr = ssh_front(&daemon);
         let key = home.root().join("ssh/host_ed25519");
         let first = std::fs::read(&key).expect("serve made postern's SSH host key");
         #[cfg(unix)]
@@ -235,9 +247,17 @@ impl Front {
             known_hosts,
             user,
             client_private,
+            text: text.to_owned(),
             _sshd: sshd,
             _home: home,
         }
+    }
+
+    /// A new daemon on the same home and config (after the old one died), without the
+    /// vault key: enough to read records and results.
+    pub fn restart(&mut self) {
+        self.daemon = Daemon::start(&self._home, Some(&self.text));
+        self.ssh_addr = ssh_front(&self.daemon);
     }
 
     /// The real OpenSSH client through `postern ssh-connect`.
@@ -283,6 +303,14 @@ impl Front {
             self.daemon.stderr()
         )
     }
+}
+
+fn ssh_front(daemon: &Daemon) -> String {
+    daemon
+        .stdout
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("ssh").map(|a| a.trim().to_owned()))
+        .expect("the banner names the SSH front")
 }
 
 /// The envelope in a `postern: {…}` stderr line (or the bridge's bare envelope line).

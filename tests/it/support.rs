@@ -38,6 +38,19 @@ impl Home {
         path
     }
 
+    /// A fresh home holding `template`'s vault, CA and SSH host key, so a test that starts
+    /// many daemons skips making them (key derivation and certificates cost most of a start).
+    pub fn seeded_from(template: &Home) -> Self {
+        let home = Self::new();
+        for name in ["vault.json", "certs", "ssh"] {
+            let from = template.root().join(name);
+            if from.exists() {
+                copy_tree(&from, &home.root().join(name));
+            }
+        }
+        home
+    }
+
     /// Runs the CLI with this home and no daemon.
     pub fn cli(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
         let mut cmd = Command::new(BIN);
@@ -220,6 +233,18 @@ impl Daemon {
         format!("{}{path}", self.admin)
     }
 
+    /// Waits for the daemon to end on its own (a failpoint's abort); `None` if it still runs.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Sends SIGTERM and waits for the exit code.
     pub fn terminate(mut self) -> Option<i32> {
         let pid = self.child.id().to_string();
@@ -310,4 +335,61 @@ pub fn secret_set(home: &Home, name: &str, value: &str, key: Option<&str>) -> Ou
         .write_all(format!("{value}\n").as_bytes())
         .unwrap();
     child.wait_with_output().unwrap()
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    if from.is_dir() {
+        std::fs::create_dir_all(to).expect("create dir");
+        for entry in std::fs::read_dir(from).expect("read dir").flatten() {
+            copy_tree(&entry.path(), &to.join(entry.file_name()));
+        }
+    } else {
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).expect("create dir");
+        }
+        std::fs::copy(from, to).expect("copy file");
+    }
+}
+
+/// Runs `check` on every cell, `width` at a time, and fails once at the end naming every
+/// cell that failed (a table-driven test reports its whole table, not its first miss).
+pub fn run_cells<T: Sync>(
+    cells: &[T],
+    width: usize,
+    name: impl Fn(&T) -> String + Sync,
+    check: impl Fn(&T) + Sync,
+) {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..width.max(1) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Some(cell) = cells.get(i) else { break };
+                    let run =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(cell)));
+                    if let Err(panic) = run {
+                        let why = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        failed
+                            .lock()
+                            .unwrap()
+                            .push(format!("{}: {why}", name(cell)));
+                    }
+                }
+            });
+        }
+    });
+    let failed = failed.into_inner().unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} of {} cells failed:\n{}",
+        failed.len(),
+        cells.len(),
+        failed.join("\n")
+    );
 }

@@ -170,6 +170,12 @@ fn check_transition(
         "not_attempted after DISPATCH_STARTED"
     );
     prop_assert_eq!(r.code.is_some(), r.envelope.is_some());
+    if r.code == Some(Code::ResultDeliveryFailed) || after.progress.delivered {
+        prop_assert!(
+            after.progress.result_stored,
+            "fetch_result without a stored result"
+        );
+    }
     if let Some(env) = &r.envelope {
         prop_assert_eq!(env.error.outcome, r.outcome);
         prop_assert_eq!(env.error.retry, r.retry);
@@ -388,4 +394,48 @@ fn a_retry_lease_keeps_unknown_and_counts_generations() {
         && r.outcome == Outcome::Unknown
         && r.code == Some(Code::ConnectionRefused)
         && r.retry == Retry::Backoff));
+}
+
+#[test]
+fn a_request_held_for_approval_stopped_at_credential_injection() {
+    let cred = crate::contract::CredentialEvidence {
+        id: "pay".into(),
+        version: 1,
+        mode: "header".into(),
+    };
+    let held = [
+        Body::CredentialAuthorized(cred),
+        Body::ApprovalRequested(ApprovalRequest {
+            fingerprint: "sha256:f".into(),
+            expires_at: "2026-01-01T00:05:00.000Z".into(),
+        }),
+    ];
+    let granted = Body::ApprovalGranted(ApprovalAnswer { by: None });
+    let restarted = Body::Failed(Failure::of(Code::BrokerRestartedBeforeDispatch));
+    for (answered, phase) in [
+        (false, Phase::CredentialInjection),
+        (true, Phase::ConnectionSetup),
+    ] {
+        let Ok(mut state) = run(&[Move::Accept, Move::Preflight(false)]) else {
+            panic!("accept");
+        };
+        let mut bodies: Vec<Body> = held.to_vec();
+        if answered {
+            bodies.push(granted.clone());
+        }
+        bodies.push(restarted.clone());
+        for (i, b) in bodies.iter().enumerate() {
+            let e = event(10 + i as u64, b, Source::TransportObserved, 1);
+            state = match apply(Some(state), &e) {
+                Ok(s) => s,
+                Err(r) => panic!("{r}"),
+            };
+        }
+        let r = &state.record;
+        assert_eq!(
+            (r.phase, r.outcome, r.retry),
+            (phase, Outcome::NotAttempted, Retry::Backoff),
+            "answered={answered}"
+        );
+    }
 }
