@@ -7,12 +7,13 @@
 //! connection may hold an upstream connection too, and the reserve keeps the journal, the
 //! listeners and the admin API answerable when the proxy is full.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// Descriptors kept outside both caps: journal files, listeners, DNS, logs.
 pub const FD_RESERVE: u64 = 64;
@@ -111,6 +112,8 @@ pub struct Guarded {
     backoff: Backoff,
     error_log: Throttle,
     refusal_log: Throttle,
+    /// At the cap, the connection idle longest is closed to admit a new one.
+    evict: Option<IdleRoster>,
 }
 
 impl Guarded {
@@ -125,7 +128,15 @@ impl Guarded {
             backoff: Backoff::default(),
             error_log: Throttle::new(LOG_EVERY),
             refusal_log: Throttle::new(LOG_EVERY),
+            evict: None,
         }
+    }
+
+    /// At the cap, closes the connection idle longest instead of refusing the new one
+    /// (the admin API: idle or half-sent connections cannot lock an operator out).
+    pub fn evicting(mut self, roster: IdleRoster) -> Self {
+        self.evict = Some(roster);
+        self
     }
 
     /// Counts accept errors in this counter as well.
@@ -147,9 +158,9 @@ impl Guarded {
             match self.inner.accept().await {
                 Ok((stream, _)) => {
                     self.backoff = Backoff::default();
-                    match self.slots.clone().try_acquire_owned() {
-                        Ok(permit) => return (stream, Slot(permit)),
-                        Err(_) => self.refuse(stream),
+                    match self.admit().await {
+                        Some(permit) => return (stream, Slot(permit)),
+                        None => self.refuse(stream),
                     }
                 }
                 Err(e) => {
@@ -163,6 +174,18 @@ impl Guarded {
         }
     }
 
+    async fn admit(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.slots.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        let roster = self.evict.as_ref()?;
+        if !roster.evict_idlest() {
+            return None;
+        }
+        let freed = self.slots.clone().acquire_owned();
+        tokio::time::timeout(EVICTION_WAIT, freed).await.ok()?.ok()
+    }
+
     fn refuse(&mut self, stream: TcpStream) {
         self.refused.inc();
         // Best effort: a full socket buffer just gets the close.
@@ -174,6 +197,91 @@ impl Guarded {
                 "connection cap reached; refusing connections"
             );
         }
+    }
+}
+
+/// How long a new connection waits for an evicted one's place.
+const EVICTION_WAIT: Duration = Duration::from_millis(500);
+
+/// The connections of one listener and since when each is idle (no request running).
+#[derive(Debug, Clone, Default)]
+pub struct IdleRoster(Arc<Mutex<Roster>>);
+
+#[derive(Debug, Default)]
+struct Roster {
+    next: u64,
+    members: HashMap<u64, (Option<Instant>, Arc<Notify>)>,
+}
+
+impl IdleRoster {
+    /// A new connection, idle from now.
+    pub fn join(&self) -> Member {
+        let close = Arc::new(Notify::new());
+        let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        r.next += 1;
+        let id = r.next;
+        r.members.insert(id, (Some(Instant::now()), close.clone()));
+        Member {
+            roster: self.clone(),
+            id,
+            close,
+        }
+    }
+
+    /// Tells the connection idle longest to close; false if none is idle.
+    fn evict_idlest(&self) -> bool {
+        let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let idlest = r
+            .members
+            .iter()
+            .filter_map(|(id, (since, _))| since.map(|t| (t, *id)))
+            .min();
+        let Some((_, id)) = idlest else {
+            return false;
+        };
+        if let Some((_, close)) = r.members.remove(&id) {
+            close.notify_one();
+        }
+        true
+    }
+
+    fn set(&self, id: u64, since: Option<Instant>) {
+        let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = r.members.get_mut(&id) {
+            entry.0 = since;
+        }
+    }
+}
+
+/// One connection on an `IdleRoster`; leaves it when dropped.
+#[derive(Debug)]
+pub struct Member {
+    roster: IdleRoster,
+    id: u64,
+    close: Arc<Notify>,
+}
+
+impl Member {
+    /// A request is running: not to be evicted.
+    pub fn busy(&self) {
+        self.roster.set(self.id, None);
+    }
+
+    /// The request finished: idle from now.
+    pub fn idle(&self) {
+        self.roster.set(self.id, Some(Instant::now()));
+    }
+
+    /// Resolves when the listener needs this connection's place.
+    pub async fn evicted(&self) {
+        self.close.notified().await;
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let mut r = self.roster.0.lock().unwrap_or_else(|p| p.into_inner());
+        r.members.remove(&self.id);
     }
 }
 

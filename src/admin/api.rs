@@ -17,7 +17,7 @@ use crate::journal::{
     Body, Draft, Journal, JournalError, Payload, Reconciliation, Record, Source, unb64,
 };
 use crate::lifecycle::retry::Resend;
-use crate::listen::Guarded;
+use crate::listen::{Guarded, IdleRoster};
 use crate::policy::approvals::{Approvals, Verdict};
 use crate::vault::{KeyState, Vault};
 
@@ -40,21 +40,35 @@ pub(super) type Reply = Response<Full<Bytes>>;
 const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Accepts connections, at most `[admin] max_connections` at once.
-pub async fn serve(mut listener: Guarded, state: Arc<AdminState>) {
+/// At the cap, the connection idle longest makes room: idle or half-sent connections of
+/// another local process cannot lock the operator out.
+pub async fn serve(listener: Guarded, state: Arc<AdminState>) {
+    let roster = IdleRoster::default();
+    let mut listener = listener.evicting(roster.clone());
     loop {
         let (stream, slot) = listener.next().await;
         let state = state.clone();
+        let member = Arc::new(roster.join());
         tokio::spawn(async move {
             let _slot = slot;
+            let m = member.clone();
             let service = hyper::service::service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(&state, req).await) }
+                let (state, m) = (state.clone(), m.clone());
+                async move {
+                    m.busy();
+                    let reply = handle(&state, req).await;
+                    m.idle();
+                    Ok::<_, Infallible>(reply)
+                }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
+            let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = conn => {}
+                () = member.evicted() => {}
+            }
         });
     }
 }

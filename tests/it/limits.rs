@@ -151,6 +151,35 @@ fn the_connection_cap_refuses_quickly_and_the_admin_still_answers() {
 }
 
 #[test]
+fn idle_and_half_sent_admin_connections_cannot_lock_the_operator_out() {
+    let home = Home::new();
+    let config = base("").replace(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n",
+        "[admin]\nlisten = \"127.0.0.1:0\"\nmax_connections = 4\n",
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    let admin = daemon.admin.trim_start_matches("http://").to_owned();
+    let mut hogs: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut s = TcpStream::connect(&admin).unwrap();
+            s.write_all(b"GET /v1/invocations HTTP/1.1\r\nHost: x\r\n").unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let out = daemon.cli(&["actions", "list"], &[]);
+        assert!(out.status.success(), "the operator was locked out: {out:?}");
+    }
+    let evicted = hogs
+        .iter_mut()
+        .map(|s| closed_within(s, Duration::from_secs(2)).0.is_some())
+        .filter(|closed| *closed)
+        .count();
+    assert!(evicted >= 1, "the idlest connections made room");
+}
+
+#[test]
 fn a_low_descriptor_limit_neither_spins_nor_floods_the_log() {
     let origin = ok_origin();
     let home = Home::new();
