@@ -16,7 +16,6 @@ mod dispatch;
 mod drive;
 mod exchange;
 mod front;
-pub mod guard;
 mod headers;
 mod inject;
 mod intake;
@@ -55,7 +54,7 @@ pub struct Proxy {
     /// Refusals before any route (ROUTE_DENIED, INVALID_TARGET, …) journaled per agent.
     pub refusals: crate::lifecycle::refusals::RefusalRate,
     /// Reflection guards, one per credential version.
-    pub guards: guard::GuardCache,
+    pub guards: crate::guard::GuardCache,
     /// Memory for buffered bodies, shared by requests and responses.
     pub budget: budget::Budget,
 }
