@@ -43,7 +43,7 @@ pub struct Proxy {
     pub journal: Journal,
     pub authority: Arc<mitm::Authority>,
     pub tls: upstream::TlsClients,
-    pub dns: upstream::Dns,
+    pub dns: Arc<crate::dns::Dns>,
     pub pool: pool::Pool,
     pub vault: Arc<crate::vault::Vault>,
     pub metrics: FrontMetrics,

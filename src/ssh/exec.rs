@@ -14,9 +14,10 @@ use sha2::{Digest, Sha256};
 
 use super::dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent};
 use super::refuse;
-use super::upstream::{self, Login, SystemLookup, Upstream};
+use super::upstream::{self, Login, Upstream};
 use crate::config::{Approval, Config};
 use crate::contract::{Code, Completion, Envelope, classify_exit};
+use crate::dns::Dns;
 use crate::journal::{
     Accepted, Body, Dispatch, Draft, Failure, Journal, Payload, Preflight, Protocol,
     ResponseComplete, ResultCommitted, Source, SshResult, StoredResult, b64, rfc3339,
@@ -34,6 +35,8 @@ pub struct Exec {
     pub vault: Arc<Vault>,
     pub approvals: Arc<Approvals>,
     pub sessions: Arc<Sessions>,
+    /// Name resolution for targets without `resolve` (shared with HTTP).
+    pub dns: Arc<Dns>,
 }
 
 /// Authenticated upstream sessions kept for the next exec, keyed by target and the exact
@@ -93,6 +96,7 @@ impl ExecDispatch for Exec {
             config: self.config.clone(),
             vault: self.vault.clone(),
             approvals: self.approvals.clone(),
+            dns: self.dns.clone(),
             inv: Invocation::accept(
                 self.journal.clone(),
                 Accepted {
@@ -118,6 +122,7 @@ struct Run {
     config: Arc<Config>,
     vault: Arc<Vault>,
     approvals: Arc<Approvals>,
+    dns: Arc<Dns>,
     inv: Invocation,
     call: ExecCall,
     channel: AgentChannel,
@@ -213,7 +218,7 @@ impl Run {
             self.reused = true;
             return Ok(up);
         }
-        match upstream::connect_with(&target, &login, &SystemLookup).await {
+        match upstream::connect_with(&target, &login, &self.dns).await {
             Ok(up) => Ok(up),
             Err(f) => {
                 let drafts = self.inv.attempt_drafts(&f.attempts);

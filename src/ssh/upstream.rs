@@ -6,7 +6,6 @@
 //! `SSH_HOST_KEY_MISMATCH`, and the key exchange stops before any credential is sent).
 //! The injected key or password never leaves this module.
 
-use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,45 +18,11 @@ use tokio::net::TcpStream;
 
 use crate::config::{Config, Inject, SshTarget};
 use crate::contract::{Code, CredentialEvidence, Stage};
+use crate::dns::Dns;
 use crate::journal::ConnectAttempt;
 use crate::vault::{Vault, VaultError};
 
 const MAX_TCP_ATTEMPTS: usize = 3;
-
-/// Name resolution for targets without `resolve` (the HTTP side's resolver can implement it).
-pub trait Lookup: Send + Sync {
-    fn lookup(
-        &self,
-        host: &str,
-        port: u16,
-        limit: Duration,
-    ) -> impl Future<Output = Result<Vec<SocketAddr>, String>> + Send;
-}
-
-/// The system resolver, through tokio.
-pub struct SystemLookup;
-
-impl Lookup for SystemLookup {
-    async fn lookup(
-        &self,
-        host: &str,
-        port: u16,
-        limit: Duration,
-    ) -> Result<Vec<SocketAddr>, String> {
-        match tokio::time::timeout(limit, tokio::net::lookup_host((host, port))).await {
-            Ok(Ok(found)) => {
-                let list: Vec<SocketAddr> = found.collect();
-                if list.is_empty() {
-                    Err("no addresses".into())
-                } else {
-                    Ok(list)
-                }
-            }
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("name resolution took longer than {limit:?}")),
-        }
-    }
-}
 
 enum Secret {
     Key(Arc<PrivateKey>),
@@ -175,7 +140,7 @@ pub async fn connect(
     config: &Config,
     target: &SshTarget,
     vault: &Vault,
-    dns: &impl Lookup,
+    dns: &Dns,
 ) -> Result<Upstream, SetupFailure> {
     let login = login(config, target, vault).map_err(|code| SetupFailure {
         code,
@@ -191,7 +156,7 @@ type StageError = (Stage, Code, Option<SocketAddr>, String);
 pub async fn connect_with(
     target: &SshTarget,
     login: &Login,
-    dns: &impl Lookup,
+    dns: &Dns,
 ) -> Result<Upstream, SetupFailure> {
     let mut stages = Stages::default();
     match setup(target, login, dns, &mut stages).await {
@@ -211,7 +176,7 @@ pub async fn connect_with(
 async fn setup(
     target: &SshTarget,
     login: &Login,
-    dns: &impl Lookup,
+    dns: &Dns,
     stages: &mut Stages,
 ) -> Result<(Handle<Verifier>, SocketAddr, String), StageError> {
     let addresses = resolve(target, dns, stages).await?;
@@ -223,7 +188,7 @@ async fn setup(
 
 async fn resolve(
     target: &SshTarget,
-    dns: &impl Lookup,
+    dns: &Dns,
     stages: &mut Stages,
 ) -> Result<Vec<SocketAddr>, StageError> {
     if let Some(pinned) = target.resolve {

@@ -19,6 +19,8 @@ mod reflection;
 mod serve;
 mod ssh;
 mod ssh_hostile;
+mod ssh_peer;
+mod ssh_session;
 mod sshd;
 mod streaming;
 mod support;
