@@ -14,19 +14,19 @@ use sha2::{Digest, Sha256};
 
 use super::dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent};
 use super::refuse;
-use super::upstream::{self, Login, Upstream};
-use crate::config::{Approval, Config};
+use super::upstream::{Login, Upstream};
+use crate::config::Config;
 use crate::contract::{Code, Completion, Envelope, classify_exit};
 use crate::dns::Dns;
 use crate::journal::{
-    Accepted, Body, Dispatch, Draft, Failure, Journal, Payload, Preflight, Protocol,
-    ResponseComplete, ResultCommitted, Source, SshResult, StoredResult, b64, rfc3339,
-    sha256_tagged_digest,
+    Accepted, Body, Dispatch, Draft, Failure, Journal, Payload, Protocol, ResponseComplete,
+    ResultCommitted, Source, SshResult, StoredResult, b64, sha256_tagged_digest,
 };
 use crate::lifecycle::Invocation;
-use crate::policy::approvals::{Approvals, Held, preview};
-use crate::policy::fingerprint;
+use crate::policy::approvals::Approvals;
 use crate::vault::Vault;
+
+mod setup;
 
 /// The lifecycle-backed `ExecDispatch`.
 pub struct Exec {
@@ -171,102 +171,23 @@ enum End {
 
 impl Run {
     async fn go(mut self, input: AgentInput) {
-        let upstream = match self.set_up().await {
-            Ok(up) => up,
-            Err(env) => return self.report(&env, false).await,
+        let opened = match self.set_up().await {
+            Ok((up, login)) => self.open(up, &login).await,
+            Err(env) => Err(env),
         };
-        self.dispatch(upstream, input).await;
-    }
-
-    /// Preflight, approval and connection stages: nothing reaches the remote host here.
-    async fn set_up(&mut self) -> Result<Upstream, Envelope> {
-        if self.inv.journal().admit().is_err() {
-            return Err(self
-                .inv
-                .fail(vec![], Failure::of(Code::JournalUnavailable))
-                .await);
+        match opened {
+            Ok((up, remote)) => self.dispatch(up, remote, input).await,
+            Err(env) => self.report(&env, false).await,
         }
-        let target = self.call.target.clone();
-        let fp = fingerprint("EXEC", &target.url(), &[], self.call.command.as_bytes());
-        let mut preflight = Preflight {
-            route: target.id.clone(),
-            fingerprint: fp.clone(),
-            idempotent: false,
-            credential: None,
-            idempotency: None,
-            safe_until_ms: None,
-        };
-        let login = match upstream::login(&self.config, &target, &self.vault) {
-            Ok(l) => l,
-            Err(code) => {
-                let drafts = vec![Draft::observed(Body::PreflightValidated(preflight))];
-                return Err(self.inv.fail(drafts, Failure::of(code)).await);
-            }
-        };
-        preflight.credential = Some(login.evidence.clone());
-        let drafts = vec![
-            Draft::observed(Body::PreflightValidated(preflight)),
-            Draft::observed(Body::CredentialAuthorized(login.evidence.clone())),
-        ];
-        if target.approval == Approval::Required {
-            self.hold(drafts, &fp, &login).await?;
-        } else if self.inv.record(drafts).await.is_err() {
-            return Err(self.inv.fallback(Code::JournalUnavailable));
-        }
-        self.session_key = Sessions::key(&target.id, &login);
-        if let Some(up) = self.sessions.take(&self.session_key) {
-            self.reused = true;
-            return Ok(up);
-        }
-        match upstream::connect_with(&target, &login, &self.dns).await {
-            Ok(up) => Ok(up),
-            Err(f) => {
-                let drafts = self.inv.attempt_drafts(&f.attempts);
-                Err(self.inv.fail(drafts, Failure::of(f.code)).await)
-            }
-        }
-    }
-
-    /// SPEC §3.5 for targets: held until approved; a login rotated meanwhile refuses.
-    async fn hold(&mut self, drafts: Vec<Draft>, fp: &str, login: &Login) -> Result<(), Envelope> {
-        let target = self.call.target.clone();
-        let now = time::OffsetDateTime::now_utc();
-        let command = self.call.command.as_bytes();
-        let held = Held {
-            invocation_id: self.inv.id().to_owned(),
-            agent: self.call.agent.clone(),
-            route: target.id.clone(),
-            method: "exec".into(),
-            target: target.url(),
-            fingerprint: fp.to_owned(),
-            requested_at: rfc3339(now),
-            expires_at: rfc3339(now + target.approval_timeout),
-            body_bytes: command.len(),
-            body_preview: preview(command),
-        };
-        let (config, vault) = (self.config.clone(), self.vault.clone());
-        let bound = login.evidence.clone();
-        let changed = move || {
-            upstream::login(&config, &target, &vault).map_or(true, |now| now.evidence != bound)
-        };
-        let timeout = self.call.target.approval_timeout;
-        let approvals = self.approvals.clone();
-        self.inv
-            .await_approval(&approvals, held, timeout, drafts, changed)
-            .await
     }
 
     /// `DISPATCH_STARTED` durable, then the `exec`; the remote's answer decides the rest.
-    async fn dispatch(&mut self, mut up: Upstream, input: AgentInput) {
-        let remote = match up.open_channel().await {
-            Ok(c) => c,
-            Err(code) => {
-                let drafts = self.inv.attempt_drafts(&up.attempts);
-                let env = self.inv.fail(drafts, Failure::of(code)).await;
-                up.disconnect().await;
-                return self.report(&env, false).await;
-            }
-        };
+    async fn dispatch(
+        &mut self,
+        up: Upstream,
+        remote: russh::Channel<russh::client::Msg>,
+        input: AgentInput,
+    ) {
         let drafts = self.inv.attempt_drafts(&up.attempts);
         let dispatch = Dispatch {
             connection_id: Some(up.host_key.clone()),

@@ -149,6 +149,14 @@ pub async fn connect(
     connect_with(target, &login, dns).await
 }
 
+/// Numbers a further connection's stages after the `n` attempts already recorded for the
+/// invocation (each connection is one attempt, SPEC §2 counters).
+pub fn number_after(attempts: &mut [ConnectAttempt], n: u32) {
+    for a in attempts {
+        a.n += n;
+    }
+}
+
 /// A stage that failed: which, its code, the address, the library's words (operators only).
 type StageError = (Stage, Code, Option<SocketAddr>, String);
 

@@ -44,6 +44,16 @@ impl Peer {
         Self::start(Script::default(), dir, hosts)
     }
 
+    /// Key login; a session kept after its first exec dies when asked for a second channel
+    /// (as one closed by the server, or expired while idle, does).
+    pub fn drops_a_kept_session(dir: &Path) -> Self {
+        let script = Script {
+            one_channel_per_connection: true,
+            ..Script::default()
+        };
+        Self::start(script, dir, &[])
+    }
+
     /// TCP connections accepted so far.
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)

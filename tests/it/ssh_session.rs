@@ -1,5 +1,6 @@
-//! The upstream SSH session before the dispatch boundary: a target named by DNS resolves
-//! through `[dns] servers` (the `dns` stage recorded).
+//! The upstream SSH session before the dispatch boundary: a kept session that died is
+//! replaced by a fresh login, a target named by DNS resolves through `[dns] servers` (the
+//! `dns` stage recorded).
 
 use serde_json::Value;
 
@@ -35,6 +36,15 @@ pub fn exec_records(f: &Front) -> Vec<Value> {
         .collect()
 }
 
+pub fn kinds(shown: &Value) -> Vec<String> {
+    shown["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
 /// The `CONNECT_ATTEMPT` events' data, in order.
 fn connect_attempts(shown: &Value) -> Vec<Value> {
     shown["events"]
@@ -57,6 +67,57 @@ fn stage_summary(attempts: &[Value]) -> Vec<(u64, String, bool)> {
             )
         })
         .collect()
+}
+
+#[test]
+fn a_kept_session_that_died_is_replaced_by_a_fresh_login() {
+    let home = Home::new();
+    let peer = Peer::drops_a_kept_session(home.dir.path());
+    let f = key_front(&peer, home, "");
+    for word in ["first", "second"] {
+        let out = f.ssh(TOKEN, &["--", "", word]);
+        assert_eq!(stdout(&out), format!("ran {word}\n"), "{}", stderr(&out));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    assert_eq!(
+        peer.connections(),
+        2,
+        "one fresh login after the kept session died"
+    );
+    let records = exec_records(&f);
+    let (second, first) = (&records[0], &records[1]);
+    assert_eq!(first["outcome"], "committed", "{first}");
+    assert_eq!(second["outcome"], "committed", "{second}");
+    assert!(
+        second["evidence"]["reused_connection"].is_null(),
+        "it ran on the fresh login: {second}"
+    );
+    assert_eq!(
+        second["attempts"], 2,
+        "the kept session and the fresh login: {second}"
+    );
+    let failed = &second["evidence"]["attempts"];
+    assert_eq!(failed.as_array().map(Vec::len), Some(1), "{second}");
+    assert_eq!(failed[0]["n"], 1, "{second}");
+    assert_eq!(failed[0]["stage"], "channel_open", "{second}");
+    assert_eq!(failed[0]["outcome"], "not_attempted", "{second}");
+    let stages = stage_summary(&connect_attempts(second));
+    assert_eq!(
+        stages,
+        [
+            (1, "channel_open".into(), false),
+            (2, "tcp_connect".into(), true),
+            (2, "ssh_transport".into(), true),
+            (2, "host_key".into(), true),
+            (2, "user_auth".into(), true),
+            (2, "channel_open".into(), true),
+        ],
+        "{second}"
+    );
+    let k = kinds(second);
+    let dispatched = k.iter().position(|k| k == "DISPATCH_STARTED").unwrap();
+    let last_attempt = k.iter().rposition(|k| k == "CONNECT_ATTEMPT").unwrap();
+    assert!(last_attempt < dispatched, "all before the boundary: {k:?}");
 }
 
 #[test]
