@@ -239,6 +239,7 @@ async fn serve_until_stopped(
             approvals: approvals.clone(),
             sessions: Default::default(),
             dns: dns.clone(),
+            guards: Default::default(),
         }),
     ));
     let state = Arc::new(AdminState {

@@ -2,7 +2,8 @@
 //! approval, upstream stages, `DISPATCH_STARTED` durable before the `exec` request (with
 //! want-reply), output relayed and tallied, `exit-status`/`exit-signal` → `RESULT_COMMITTED`
 //! (any exit code is `committed`), a close without either → `REMOTE_RESULT_INCOMPLETE`.
-//! postern never fabricates an exit-status: its own errors are one stderr line.
+//! postern never fabricates an exit-status: its own errors are one stderr line. Output
+//! passes the reflection guard (`Screen`) before it reaches the agent or the stored result.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,10 +15,12 @@ use sha2::{Digest, Sha256};
 
 use super::dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent};
 use super::refuse;
+use super::screen::Screen;
 use super::upstream::{Login, Upstream};
 use crate::config::Config;
 use crate::contract::{Code, Completion, Envelope, classify_exit};
 use crate::dns::Dns;
+use crate::guard::GuardCache;
 use crate::journal::{
     Accepted, Body, Dispatch, Draft, Failure, Journal, Payload, Protocol, ResponseComplete,
     ResultCommitted, Source, SshResult, StoredResult, b64, sha256_tagged_digest,
@@ -37,6 +40,8 @@ pub struct Exec {
     pub sessions: Arc<Sessions>,
     /// Name resolution for targets without `resolve` (shared with HTTP).
     pub dns: Arc<Dns>,
+    /// Reflection guards, one per credential version.
+    pub guards: Arc<GuardCache>,
 }
 
 /// Authenticated upstream sessions kept for the next exec, keyed by target and the exact
@@ -97,6 +102,8 @@ impl ExecDispatch for Exec {
             vault: self.vault.clone(),
             approvals: self.approvals.clone(),
             dns: self.dns.clone(),
+            guards: self.guards.clone(),
+            screen: Screen::default(),
             inv: Invocation::accept(
                 self.journal.clone(),
                 Accepted {
@@ -123,10 +130,17 @@ struct Run {
     vault: Arc<Vault>,
     approvals: Arc<Approvals>,
     dns: Arc<Dns>,
+    guards: Arc<GuardCache>,
+    /// The reflection guard over stdout and stderr (SPEC §1.8).
+    screen: Screen,
     inv: Invocation,
     call: ExecCall,
     channel: AgentChannel,
 }
+
+/// How long output the guard holds back (it may start the secret) waits for more. A
+/// command waiting for the agent's answer (git's protocol) must get the bytes it sent.
+const HELD_AT_MOST: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// What came back from the remote command.
 #[derive(Default)]
@@ -208,7 +222,8 @@ impl Run {
             up.disconnect().await;
             return self.report(&env, false).await;
         }
-        let (out, end) = self.relay(remote, input).await;
+        let (mut out, end) = self.relay(remote, input).await;
+        self.release_held(&mut out).await;
         let clean = matches!(end, End::Closed) && out.exit_status.is_some();
         if clean {
             self.sessions
@@ -246,13 +261,13 @@ impl Run {
                         }
                         ChannelMsg::Failure if !accepted => return (out, End::Rejected),
                         ChannelMsg::Data { data } => {
+                            let data = self.screen.pass(&data, false);
                             out.absorb(&data, false, cap);
-                            let data = Bytes::copy_from_slice(&data);
                             self.relay_to_agent(&mut out, move |c| Box::pin(async move { c.stdout(data).await })).await;
                         }
                         ChannelMsg::ExtendedData { data, ext: 1 } => {
+                            let data = self.screen.pass(&data, true);
                             out.absorb(&data, true, cap);
-                            let data = Bytes::copy_from_slice(&data);
                             self.relay_to_agent(&mut out, move |c| Box::pin(async move { c.stderr(data).await })).await;
                         }
                         ChannelMsg::ExitStatus { exit_status } => out.exit_status = Some(exit_status),
@@ -284,6 +299,9 @@ impl Run {
                 () = idle, if accepted => {
                     return (out, End::Idle(format!("no output for {:?}", target.idle_timeout)));
                 }
+                () = tokio::time::sleep(HELD_AT_MOST), if self.screen.holding() => {
+                    self.release_held(&mut out).await;
+                }
             }
         }
     }
@@ -303,6 +321,27 @@ impl Run {
         if write(self.channel.clone()).await.is_err() {
             out.agent_gone = true;
             self.inv.caller_cancelled().await;
+        }
+    }
+
+    /// What the guard held back (a possible start of the secret) goes out: at the end, or
+    /// when no more output came for `HELD_AT_MOST`.
+    async fn release_held(&mut self, out: &mut Output) {
+        let cap = self.config.journal.max_result_bytes;
+        let (stdout, stderr) = self.screen.finish();
+        if !stdout.is_empty() {
+            out.absorb(&stdout, false, cap);
+            self.relay_to_agent(out, move |c| {
+                Box::pin(async move { c.stdout(stdout).await })
+            })
+            .await;
+        }
+        if !stderr.is_empty() {
+            out.absorb(&stderr, true, cap);
+            self.relay_to_agent(out, move |c| {
+                Box::pin(async move { c.stderr(stderr).await })
+            })
+            .await;
         }
     }
 
@@ -341,7 +380,10 @@ impl Run {
             let recorded = self.inv.record(vec![draft]).await;
             self.inv.envelope(&recorded, code)
         } else {
-            self.inv.fail_with(code, diagnostic).await
+            let mut failure = Failure::of(code);
+            failure.diagnostic = Some(diagnostic);
+            failure.evidence = self.screen.evidence();
+            self.inv.fail(vec![], failure).await
         };
         if rejected && !out.agent_gone {
             // The remote's refusal is relayed as channel failure; the envelope line goes
@@ -372,7 +414,7 @@ impl Run {
             bytes: out.bytes,
             complete,
             completion: Some(Completion::ExitStatus),
-            evidence: serde_json::Map::new(),
+            evidence: self.screen.evidence(),
         }))
         .source(Source::RemoteResponse)
         .hop("origin");

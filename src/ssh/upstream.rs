@@ -19,13 +19,15 @@ use tokio::net::TcpStream;
 use crate::config::{Config, Inject, SshTarget};
 use crate::contract::{Code, CredentialEvidence, Stage};
 use crate::dns::Dns;
+use crate::guard::{GuardCache, ReflectionGuard};
 use crate::journal::ConnectAttempt;
 use crate::vault::{Vault, VaultError};
 
 const MAX_TCP_ATTEMPTS: usize = 3;
 
 enum Secret {
-    Key(Arc<PrivateKey>),
+    /// The decoded key, and its PEM for the reflection guard.
+    Key(Arc<PrivateKey>, String),
     Password(String),
 }
 
@@ -39,6 +41,18 @@ pub struct Login {
 impl std::fmt::Debug for Login {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Login({:?}, [redacted])", self.evidence)
+    }
+}
+
+impl Login {
+    /// The reflection guard for what the remote prints: the password in every encoded
+    /// form, or the key's PEM body lines. `None` if it cannot be built.
+    pub fn guard(&self, cache: &GuardCache) -> Option<Arc<ReflectionGuard>> {
+        let evidence = &self.evidence;
+        cache.get(&evidence.id, evidence.version, || match &self.secret {
+            Secret::Key(_, pem) => ReflectionGuard::for_pem(pem),
+            Secret::Password(p) => ReflectionGuard::new(p.as_bytes(), p.as_bytes()),
+        })
     }
 }
 
@@ -62,7 +76,7 @@ pub fn login(config: &Config, target: &SshTarget, vault: &Vault) -> Result<Login
     };
     let secret = match credential.inject {
         Inject::SshKey => russh::keys::decode_secret_key(&secret.value, None)
-            .map(|k| Secret::Key(Arc::new(k)))
+            .map(|k| Secret::Key(Arc::new(k), secret.value))
             // A value that is no private key cannot be injected as one.
             .map_err(|_| Code::InjectionModeUnsupported)?,
         Inject::SshPassword => Secret::Password(secret.value),
@@ -374,7 +388,7 @@ async fn authenticate(
     let limit = target.connect_timeout;
     let attempt = async {
         match &login.secret {
-            Secret::Key(key) => {
+            Secret::Key(key, _) => {
                 let hash = handle.best_supported_rsa_hash().await?.flatten();
                 let key = PrivateKeyWithHashAlg::new(key.clone(), hash);
                 handle

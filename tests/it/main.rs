@@ -19,6 +19,7 @@ mod reflection;
 mod serve;
 mod ssh;
 mod ssh_hostile;
+mod ssh_password;
 mod ssh_peer;
 mod ssh_session;
 mod sshd;

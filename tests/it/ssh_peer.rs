@@ -39,9 +39,22 @@ pub struct Peer {
 }
 
 impl Peer {
-    /// Key login, known under `names` too (known_hosts form, `[host]:port` is added here).
-    pub fn named(hosts: &[&str], dir: &Path) -> Self {
-        Self::start(Script::default(), dir, hosts)
+    /// Logs in only with `password`.
+    pub fn accepts_password(password: &str, dir: &Path) -> Self {
+        let script = Script {
+            password: Some(password.to_owned()),
+            ..Script::default()
+        };
+        Self::start(script, dir, &[])
+    }
+
+    /// Key login; the `print` command writes `text`.
+    pub fn prints(text: &str, dir: &Path) -> Self {
+        let script = Script {
+            print: text.to_owned(),
+            ..Script::default()
+        };
+        Self::start(script, dir, &[])
     }
 
     /// Key login; a session kept after its first exec dies when asked for a second channel
@@ -52,6 +65,11 @@ impl Peer {
             ..Script::default()
         };
         Self::start(script, dir, &[])
+    }
+
+    /// Key login, known under `names` too (known_hosts form, `[host]:port` is added here).
+    pub fn named(hosts: &[&str], dir: &Path) -> Self {
+        Self::start(Script::default(), dir, hosts)
     }
 
     /// TCP connections accepted so far.

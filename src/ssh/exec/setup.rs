@@ -1,6 +1,6 @@
 //! Everything of an exec before the dispatch boundary: preflight with the vault login
-//! bound, approval, an idle session or a fresh login, and the `channel_open`. Nothing of
-//! the exec reaches the remote host here.
+//! bound, the reflection guard, approval, an idle session or a fresh login, and the
+//! `channel_open`. Nothing of the exec reaches the remote host here.
 
 use russh::Channel;
 use russh::client::Msg;
@@ -11,6 +11,7 @@ use crate::contract::{Code, Envelope};
 use crate::journal::{Body, Draft, Failure, Preflight, rfc3339};
 use crate::policy::approvals::{Held, preview};
 use crate::policy::fingerprint;
+use crate::ssh::screen::Screen;
 use crate::ssh::upstream::{self, Login, Upstream, number_after};
 
 impl Run {
@@ -33,11 +34,11 @@ impl Run {
             idempotency: None,
             safe_until_ms: None,
         };
-        let login = match upstream::login(&self.config, &target, &self.vault) {
+        let login = match self.login_and_guard() {
             Ok(l) => l,
-            Err(code) => {
+            Err(failure) => {
                 let drafts = vec![Draft::observed(Body::PreflightValidated(preflight))];
-                return Err(self.inv.fail(drafts, Failure::of(code)).await);
+                return Err(self.inv.fail(drafts, failure).await);
             }
         };
         preflight.credential = Some(login.evidence.clone());
@@ -57,6 +58,20 @@ impl Run {
         }
         let up = self.connect(&login, 0).await?;
         Ok((up, login))
+    }
+
+    /// The vault login and the guard over what the remote prints (SPEC §1.8): output
+    /// that cannot be screened is never relayed, so no guard means no exec.
+    fn login_and_guard(&mut self) -> Result<Login, Failure> {
+        let login =
+            upstream::login(&self.config, &self.call.target, &self.vault).map_err(Failure::of)?;
+        let Some(guard) = login.guard(&self.guards) else {
+            let mut f = Failure::of(Code::InjectionModeUnsupported);
+            f.diagnostic = Some("the reflection guard for this credential cannot be built".into());
+            return Err(f);
+        };
+        self.screen = Screen::new(guard);
+        Ok(login)
     }
 
     /// SPEC §3.5 for targets: held until approved; a login rotated meanwhile refuses.
