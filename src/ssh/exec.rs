@@ -22,8 +22,9 @@ use crate::contract::{Code, Completion, Envelope, classify_exit};
 use crate::dns::Dns;
 use crate::guard::GuardCache;
 use crate::journal::{
-    Accepted, Body, Dispatch, Draft, Failure, Journal, Payload, Protocol, ResponseComplete,
-    ResultCommitted, Source, SshResult, StoredResult, b64, sha256_tagged_digest,
+    Accepted, Body, Dispatch, Draft, Failure, Journal, Payload, Protocol, RequestSent,
+    ResponseComplete, ResponseStarted, ResultCommitted, Source, SshResult, StoredResult, b64,
+    sha256_tagged_digest,
 };
 use crate::lifecycle::Invocation;
 use crate::policy::approvals::Approvals;
@@ -222,6 +223,13 @@ impl Run {
             up.disconnect().await;
             return self.report(&env, false).await;
         }
+        // The exec request is handed over (`request_complete`); stdin may still follow.
+        let sent = Body::RequestSent(RequestSent {
+            bytes: command.len() as u64,
+        });
+        self.inv
+            .observe(vec![Draft::observed(sent).hop("origin")])
+            .await;
         let (mut out, end) = self.relay(remote, input).await;
         self.release_held(&mut out).await;
         let clean = matches!(end, End::Closed) && out.exit_status.is_some();
@@ -257,6 +265,7 @@ impl Run {
                     match msg {
                         ChannelMsg::Success if !accepted => {
                             accepted = true;
+                            self.answered().await;
                             self.relay_to_agent(&mut out, |c| Box::pin(async move { c.accept().await })).await;
                         }
                         ChannelMsg::Failure if !accepted => return (out, End::Rejected),
@@ -343,6 +352,15 @@ impl Run {
             })
             .await;
         }
+    }
+
+    /// The exec's channel success: the remote answered it (`response_headers_received`).
+    async fn answered(&mut self) {
+        let started = Body::RemoteResponseStarted(ResponseStarted { status: None });
+        let draft = Draft::observed(started)
+            .source(Source::RemoteResponse)
+            .hop("origin");
+        self.inv.observe(vec![draft]).await;
     }
 
     /// The exit status commits the result (any code); without one nothing is fabricated.

@@ -1,6 +1,6 @@
 //! The upstream SSH session before the dispatch boundary: a kept session that died is
 //! replaced by a fresh login, a target named by DNS resolves through `[dns] servers` (the
-//! `dns` stage recorded).
+//! `dns` stage recorded), and what the evidence says about an answered exec.
 
 use serde_json::Value;
 
@@ -161,4 +161,29 @@ fn a_target_named_by_dns_resolves_through_the_configured_servers() {
     assert_eq!(stage_summary(&attempts), [(1, "dns".into(), false)], "{r}");
     assert_eq!(attempts[0]["code"], "DNS_ERROR", "{r}");
     assert_eq!(peer.connections(), 1, "the unresolved name never connected");
+}
+
+/// SPEC §1.8 evidence for SSH: `request_complete` once the exec request is handed over,
+/// `response_headers_received` once the remote answered it with channel success.
+#[test]
+fn an_answered_exec_says_so_in_its_evidence() {
+    let home = Home::new();
+    let peer = Peer::named(&[], home.dir.path());
+    let f = key_front(&peer, home, "");
+    let out = f.ssh(TOKEN, &["--", "", "uptime"]);
+    assert_eq!(stdout(&out), "ran uptime\n", "{}", stderr(&out));
+    let r = &exec_records(&f)[0];
+    assert_eq!(r["outcome"], "committed", "{r}");
+    assert_eq!(r["evidence"]["dispatch_started"], true, "{r}");
+    assert_eq!(r["evidence"]["request_complete"], true, "{r}");
+    assert_eq!(r["evidence"]["response_headers_received"], true, "{r}");
+    assert_eq!(r["evidence"]["response_complete"], true, "{r}");
+    let k = kinds(r);
+    let at = |kind: &str| k.iter().position(|k| k == kind).unwrap();
+    assert!(at("DISPATCH_STARTED") < at("REQUEST_SENT"), "{k:?}");
+    assert!(at("REQUEST_SENT") < at("REMOTE_RESPONSE_STARTED"), "{k:?}");
+    assert!(
+        at("REMOTE_RESPONSE_STARTED") < at("RESULT_COMMITTED"),
+        "{k:?}"
+    );
 }
