@@ -604,7 +604,7 @@ fn main() {
 /// The reflection guard's own cost: building it, and scanning 8 MiB whole and as a
 /// stream of 4 KiB chunks (both per MiB).
 fn guard_cost() {
-    use postern::http::guard::ReflectionGuard;
+    use postern::guard::ReflectionGuard;
     let secret = b"bench-secret-7f3a9c0d1e2b";
     let started = Instant::now();
     let runs = 200u32;

@@ -5,12 +5,15 @@
 //! `DISPATCH_STARTED` durable in the `journal` before the first byte → upstream.
 //! Transports only report observations; the journal's projection asks `contract` what
 //! they mean (phase, outcome, retry, evidence). Operators read the journal through
-//! `admin` and the `cli`.
+//! `admin` and the `cli`. Shared by every transport: `dns` (name resolution, `[dns]`)
+//! and `guard` (the reflection guard over what a remote sends back).
 
 pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod contract;
+pub mod dns;
+pub mod guard;
 pub mod http;
 pub mod journal;
 pub mod lifecycle;

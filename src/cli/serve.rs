@@ -227,6 +227,7 @@ async fn serve_until_stopped(
     let (proxy_listener, admin_listener) = guard(&config, proxy_listener, admin_listener, &front);
     let ssh_listener = guard_ssh(&config, ssh_listener, &front);
     let approvals = Arc::new(crate::policy::approvals::Approvals::default());
+    let dns = Arc::new(crate::dns::Dns::new(config.dns.as_ref()));
     let ssh_front = Arc::new(crate::ssh::SshFront::new(
         config.clone(),
         journal.clone(),
@@ -237,6 +238,8 @@ async fn serve_until_stopped(
             vault: vault.clone(),
             approvals: approvals.clone(),
             sessions: Default::default(),
+            dns: dns.clone(),
+            guards: Default::default(),
         }),
     ));
     let proxy = Arc::new(Proxy {
@@ -245,7 +248,7 @@ async fn serve_until_stopped(
         authority,
         tls: Default::default(),
         pool: Default::default(),
-        dns: crate::http::upstream::Dns::new(config.dns.as_ref()),
+        dns,
         vault: vault.clone(),
         budget: Budget::new(config.proxy.buffer_budget, config.proxy.buffer_wait, &front),
         metrics: front.clone(),

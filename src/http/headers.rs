@@ -1,11 +1,12 @@
 //! Header rules of the HTTP exchange: hop-by-hop stripping, what a stored result keeps,
 //! framing markers and the delivery mode a response head asks for.
 
-use http::{HeaderMap, HeaderName, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 
 use super::respond::PROXY_STATUS;
 use crate::config::Delivery;
 use crate::contract::Completion;
+use crate::guard::ReflectionGuard;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and postern's own, never forwarded.
 pub(super) const HOP_BY_HOP: &[&str] = &[
@@ -152,10 +153,35 @@ pub(super) fn intermediary_error(headers: &HeaderMap) -> Option<(String, String)
         })
 }
 
+/// The reflection guard over a header block: values redacted, headers whose name is a
+/// form of the secret dropped (a name cannot be rewritten). Returns the hits.
+pub(super) fn redact_headers(guard: &ReflectionGuard, headers: &mut HeaderMap) -> usize {
+    if guard.is_empty() {
+        return 0;
+    }
+    let names: Vec<_> = headers
+        .keys()
+        .filter(|k| guard.is_match(k.as_str().as_bytes()))
+        .cloned()
+        .collect();
+    let mut hits = 0;
+    for name in names {
+        hits += headers.get_all(&name).iter().count();
+        headers.remove(&name);
+    }
+    for value in headers.values_mut() {
+        let (clean, n) = guard.redact(value.as_bytes());
+        if n > 0 {
+            hits += n;
+            *value = HeaderValue::from_bytes(&clean)
+                .unwrap_or(HeaderValue::from_static("[postern:redacted]"));
+        }
+    }
+    hits
+}
+
 #[cfg(test)]
 mod tests {
-    use http::HeaderValue;
-
     use super::*;
 
     #[test]
@@ -208,5 +234,32 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert_eq!(h["x-kept"], "yes");
+    }
+
+    #[test]
+    fn headers_are_redacted_and_secret_named_headers_dropped() {
+        use base64::Engine;
+        const SECRET: &str = "s3cr/t+val~Z9?q";
+        let g =
+            ReflectionGuard::new(SECRET.as_bytes(), format!("Bearer {SECRET}").as_bytes()).unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("x-echo", HeaderValue::from_static("Bearer s3cr/t+val~Z9?q"));
+        let b64 = base64::engine::general_purpose::STANDARD.encode(format!("Bearer {SECRET}"));
+        h.insert("x-b64", HeaderValue::from_str(&b64).unwrap());
+        let hex: String = SECRET.bytes().map(|b| format!("{b:02x}")).collect();
+        h.insert(
+            HeaderName::from_bytes(format!("x-{hex}").as_bytes()).unwrap(),
+            HeaderValue::from_static("1"),
+        );
+        let g2 = ReflectionGuard::new(b"Abc-Token-123", b"Abc-Token-123").unwrap();
+        let mut named = HeaderMap::new();
+        named.insert("abc-token-123", HeaderValue::from_static("1"));
+        named.insert("ok", HeaderValue::from_static("1"));
+        assert_eq!(redact_headers(&g2, &mut named), 1);
+        assert_eq!(named.len(), 1);
+        assert_eq!(redact_headers(&g, &mut h), 3);
+        assert_eq!(h["x-echo"], "Bearer [postern:redacted]");
+        assert_eq!(h["x-b64"], "[postern:redacted]");
+        assert_eq!(h.len(), 2, "the header named by the secret is dropped");
     }
 }

@@ -6,7 +6,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, header};
 
 use std::sync::Arc;
 
-use super::guard::{GuardCache, ReflectionGuard, pct_reserved};
+use crate::guard::{GuardCache, ReflectionGuard, pct_reserved};
 
 use crate::config::{Config, Inject};
 use crate::contract::{Code, CredentialEvidence};

@@ -16,7 +16,6 @@ mod dispatch;
 mod drive;
 mod exchange;
 mod front;
-pub mod guard;
 mod headers;
 mod inject;
 mod intake;
@@ -45,7 +44,7 @@ pub struct Proxy {
     pub journal: Journal,
     pub authority: Arc<mitm::Authority>,
     pub tls: upstream::TlsClients,
-    pub dns: upstream::Dns,
+    pub dns: Arc<crate::dns::Dns>,
     pub pool: pool::Pool,
     pub vault: Arc<crate::vault::Vault>,
     pub metrics: FrontMetrics,
@@ -56,7 +55,7 @@ pub struct Proxy {
     /// Refusals before any route (ROUTE_DENIED, INVALID_TARGET, …) journaled per agent.
     pub refusals: crate::lifecycle::refusals::RefusalRate,
     /// Reflection guards, one per credential version.
-    pub guards: guard::GuardCache,
+    pub guards: crate::guard::GuardCache,
     /// Memory for buffered bodies, shared by requests and responses.
     pub budget: budget::Budget,
 }

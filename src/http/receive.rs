@@ -15,10 +15,9 @@ use super::body::DeliveryBody;
 use super::decode;
 use super::drive::Outgoing;
 use super::exchange::Exchange;
-use super::guard::ReflectionGuard;
 use super::headers::{
-    bodiless, delivery_mode, framing, intermediary_error, stored_headers, strip_error_proxy_status,
-    strip_hop_by_hop,
+    bodiless, delivery_mode, framing, intermediary_error, redact_headers, stored_headers,
+    strip_error_proxy_status, strip_hop_by_hop,
 };
 use super::intake::Collected;
 use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody, Relayed};
@@ -27,6 +26,7 @@ use crate::config::{Delivery, Route};
 use crate::contract::{
     Code, Outcome, Phase, ResponseFacts, StatusResolution, classify_status, postern_outcome,
 };
+use crate::guard::ReflectionGuard;
 use crate::journal::{
     Body, Draft, Failure, HttpResult, Payload, ResponseComplete, ResponseStarted, ResultCommitted,
     Source, StoredResult, b64, sha256_tagged_digest,
@@ -56,7 +56,7 @@ impl Exchange {
         };
         let hop = guard.and_then(|g| {
             let mut headers = parts.headers.clone();
-            g.redact_headers(&mut headers);
+            redact_headers(&g, &mut headers);
             intermediary_error(&headers)
         });
         if let Some((name, member)) = hop {
@@ -243,7 +243,7 @@ impl Exchange {
             Some(injection) => injection.guard(&self.proxy.guards)?,
             None => Arc::new(ReflectionGuard::default()),
         };
-        let header_hits = guard.redact_headers(headers);
+        let header_hits = redact_headers(&guard, headers);
         Some(Head {
             resolution,
             guard,

@@ -16,12 +16,12 @@ use super::body::body_error;
 use super::body::{ChannelBody, Chunk};
 use super::decode::{self, Decoder, Undecodable};
 use super::exchange::Exchange;
-use super::guard::ReflectionGuard;
 use super::headers::stored_headers;
 use super::respond::ProxyBody;
 use super::respond::{POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME, Relayed};
 use crate::config::Route;
 use crate::contract::{Code, Completion, Phase, StatusResolution, postern_outcome};
+use crate::guard::ReflectionGuard;
 use crate::journal::{
     Body, Draft, Failure, HttpResult, Payload, ResponseComplete, ResultCommitted, Source,
     StoredResult, b64, sha256_tagged_digest,

@@ -12,8 +12,9 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use crate::config::{DnsConfig, Route, Scheme};
+use crate::config::{Route, Scheme};
 use crate::contract::{Code, Stage};
+use crate::dns::Dns;
 use crate::journal::{ConnectAttempt, TlsIdentity};
 use crate::policy::Target;
 
@@ -292,75 +293,6 @@ fn tls_code(e: &std::io::Error) -> Code {
     match inner {
         Some(rustls::Error::InvalidCertificate(_)) => Code::TlsCertificateError,
         _ => Code::TlsHandshakeError,
-    }
-}
-
-/// Name resolution through hickory: `[dns] servers`, or the system's configuration.
-pub struct Dns {
-    resolver: Result<hickory_resolver::TokioResolver, String>,
-}
-
-impl Dns {
-    /// Builds the resolver; must run inside the tokio runtime.
-    pub fn new(config: Option<&DnsConfig>) -> Self {
-        use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
-        use hickory_resolver::net::runtime::TokioRuntimeProvider;
-        let built = match config {
-            Some(c) => {
-                let servers = c
-                    .servers
-                    .iter()
-                    .map(|addr| {
-                        let mut udp = ConnectionConfig::udp();
-                        udp.port = addr.port();
-                        let mut tcp = ConnectionConfig::tcp();
-                        tcp.port = addr.port();
-                        let mut ns = NameServerConfig::udp_and_tcp(addr.ip());
-                        ns.connections = vec![udp, tcp];
-                        ns
-                    })
-                    .collect();
-                let config = ResolverConfig::from_name_servers(servers);
-                hickory_resolver::Resolver::builder_with_config(
-                    config,
-                    TokioRuntimeProvider::default(),
-                )
-                .build()
-                .map_err(|e| e.to_string())
-            }
-            None => hickory_resolver::TokioResolver::builder_tokio()
-                .and_then(|b| b.build())
-                .map_err(|e| format!("system resolver configuration: {e}")),
-        };
-        Self { resolver: built }
-    }
-
-    async fn lookup(
-        &self,
-        host: &str,
-        port: u16,
-        limit: Duration,
-    ) -> Result<Vec<SocketAddr>, String> {
-        let resolver = self.resolver.as_ref().map_err(Clone::clone)?;
-        // A trailing dot keeps search domains out of it: route hosts are absolute.
-        let name = if host.ends_with('.') {
-            host.to_owned()
-        } else {
-            format!("{host}.")
-        };
-        match tokio::time::timeout(limit, resolver.lookup_ip(name.as_str())).await {
-            Ok(Ok(found)) => {
-                let list: Vec<SocketAddr> =
-                    found.iter().map(|ip| SocketAddr::new(ip, port)).collect();
-                if list.is_empty() {
-                    Err("no addresses".into())
-                } else {
-                    Ok(list)
-                }
-            }
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("name resolution took longer than {limit:?}")),
-        }
     }
 }
 

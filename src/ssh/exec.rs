@@ -2,7 +2,8 @@
 //! approval, upstream stages, `DISPATCH_STARTED` durable before the `exec` request (with
 //! want-reply), output relayed and tallied, `exit-status`/`exit-signal` → `RESULT_COMMITTED`
 //! (any exit code is `committed`), a close without either → `REMOTE_RESULT_INCOMPLETE`.
-//! postern never fabricates an exit-status: its own errors are one stderr line.
+//! postern never fabricates an exit-status: its own errors are one stderr line. Output
+//! passes the reflection guard (`Screen`) before it reaches the agent or the stored result.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,18 +15,22 @@ use sha2::{Digest, Sha256};
 
 use super::dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent};
 use super::refuse;
-use super::upstream::{self, Login, SystemLookup, Upstream};
-use crate::config::{Approval, Config};
+use super::screen::Screen;
+use super::upstream::{Login, Upstream};
+use crate::config::Config;
 use crate::contract::{Code, Completion, Envelope, classify_exit};
+use crate::dns::Dns;
+use crate::guard::GuardCache;
 use crate::journal::{
-    Accepted, Body, Dispatch, Draft, Failure, Journal, Payload, Preflight, Protocol,
-    ResponseComplete, ResultCommitted, Source, SshResult, StoredResult, b64, rfc3339,
+    Accepted, Body, Dispatch, Draft, Failure, Journal, Payload, Protocol, RequestSent,
+    ResponseComplete, ResponseStarted, ResultCommitted, Source, SshResult, StoredResult, b64,
     sha256_tagged_digest,
 };
 use crate::lifecycle::Invocation;
-use crate::policy::approvals::{Approvals, Held, preview};
-use crate::policy::fingerprint;
+use crate::policy::approvals::Approvals;
 use crate::vault::Vault;
+
+mod setup;
 
 /// The lifecycle-backed `ExecDispatch`.
 pub struct Exec {
@@ -34,6 +39,10 @@ pub struct Exec {
     pub vault: Arc<Vault>,
     pub approvals: Arc<Approvals>,
     pub sessions: Arc<Sessions>,
+    /// Name resolution for targets without `resolve` (shared with HTTP).
+    pub dns: Arc<Dns>,
+    /// Reflection guards, one per credential version.
+    pub guards: Arc<GuardCache>,
 }
 
 /// Authenticated upstream sessions kept for the next exec, keyed by target and the exact
@@ -93,6 +102,9 @@ impl ExecDispatch for Exec {
             config: self.config.clone(),
             vault: self.vault.clone(),
             approvals: self.approvals.clone(),
+            dns: self.dns.clone(),
+            guards: self.guards.clone(),
+            screen: Screen::default(),
             inv: Invocation::accept(
                 self.journal.clone(),
                 Accepted {
@@ -118,10 +130,18 @@ struct Run {
     config: Arc<Config>,
     vault: Arc<Vault>,
     approvals: Arc<Approvals>,
+    dns: Arc<Dns>,
+    guards: Arc<GuardCache>,
+    /// The reflection guard over stdout and stderr (SPEC §1.8).
+    screen: Screen,
     inv: Invocation,
     call: ExecCall,
     channel: AgentChannel,
 }
+
+/// How long output the guard holds back (it may start the secret) waits for more. A
+/// command waiting for the agent's answer (git's protocol) must get the bytes it sent.
+const HELD_AT_MOST: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// What came back from the remote command.
 #[derive(Default)]
@@ -166,102 +186,23 @@ enum End {
 
 impl Run {
     async fn go(mut self, input: AgentInput) {
-        let upstream = match self.set_up().await {
-            Ok(up) => up,
-            Err(env) => return self.report(&env, false).await,
+        let opened = match self.set_up().await {
+            Ok((up, login)) => self.open(up, &login).await,
+            Err(env) => Err(env),
         };
-        self.dispatch(upstream, input).await;
-    }
-
-    /// Preflight, approval and connection stages: nothing reaches the remote host here.
-    async fn set_up(&mut self) -> Result<Upstream, Envelope> {
-        if self.inv.journal().admit().is_err() {
-            return Err(self
-                .inv
-                .fail(vec![], Failure::of(Code::JournalUnavailable))
-                .await);
+        match opened {
+            Ok((up, remote)) => self.dispatch(up, remote, input).await,
+            Err(env) => self.report(&env, false).await,
         }
-        let target = self.call.target.clone();
-        let fp = fingerprint("EXEC", &target.url(), &[], self.call.command.as_bytes());
-        let mut preflight = Preflight {
-            route: target.id.clone(),
-            fingerprint: fp.clone(),
-            idempotent: false,
-            credential: None,
-            idempotency: None,
-            safe_until_ms: None,
-        };
-        let login = match upstream::login(&self.config, &target, &self.vault) {
-            Ok(l) => l,
-            Err(code) => {
-                let drafts = vec![Draft::observed(Body::PreflightValidated(preflight))];
-                return Err(self.inv.fail(drafts, Failure::of(code)).await);
-            }
-        };
-        preflight.credential = Some(login.evidence.clone());
-        let drafts = vec![
-            Draft::observed(Body::PreflightValidated(preflight)),
-            Draft::observed(Body::CredentialAuthorized(login.evidence.clone())),
-        ];
-        if target.approval == Approval::Required {
-            self.hold(drafts, &fp, &login).await?;
-        } else if self.inv.record(drafts).await.is_err() {
-            return Err(self.inv.fallback(Code::JournalUnavailable));
-        }
-        self.session_key = Sessions::key(&target.id, &login);
-        if let Some(up) = self.sessions.take(&self.session_key) {
-            self.reused = true;
-            return Ok(up);
-        }
-        match upstream::connect_with(&target, &login, &SystemLookup).await {
-            Ok(up) => Ok(up),
-            Err(f) => {
-                let drafts = self.inv.attempt_drafts(&f.attempts);
-                Err(self.inv.fail(drafts, Failure::of(f.code)).await)
-            }
-        }
-    }
-
-    /// SPEC §3.5 for targets: held until approved; a login rotated meanwhile refuses.
-    async fn hold(&mut self, drafts: Vec<Draft>, fp: &str, login: &Login) -> Result<(), Envelope> {
-        let target = self.call.target.clone();
-        let now = time::OffsetDateTime::now_utc();
-        let command = self.call.command.as_bytes();
-        let held = Held {
-            invocation_id: self.inv.id().to_owned(),
-            agent: self.call.agent.clone(),
-            route: target.id.clone(),
-            method: "exec".into(),
-            target: target.url(),
-            fingerprint: fp.to_owned(),
-            requested_at: rfc3339(now),
-            expires_at: rfc3339(now + target.approval_timeout),
-            body_bytes: command.len(),
-            body_preview: preview(command),
-        };
-        let (config, vault) = (self.config.clone(), self.vault.clone());
-        let bound = login.evidence.clone();
-        let changed = move || {
-            upstream::login(&config, &target, &vault).map_or(true, |now| now.evidence != bound)
-        };
-        let timeout = self.call.target.approval_timeout;
-        let approvals = self.approvals.clone();
-        self.inv
-            .await_approval(&approvals, held, timeout, drafts, changed)
-            .await
     }
 
     /// `DISPATCH_STARTED` durable, then the `exec`; the remote's answer decides the rest.
-    async fn dispatch(&mut self, mut up: Upstream, input: AgentInput) {
-        let remote = match up.open_channel().await {
-            Ok(c) => c,
-            Err(code) => {
-                let drafts = self.inv.attempt_drafts(&up.attempts);
-                let env = self.inv.fail(drafts, Failure::of(code)).await;
-                up.disconnect().await;
-                return self.report(&env, false).await;
-            }
-        };
+    async fn dispatch(
+        &mut self,
+        up: Upstream,
+        remote: russh::Channel<russh::client::Msg>,
+        input: AgentInput,
+    ) {
         let drafts = self.inv.attempt_drafts(&up.attempts);
         let dispatch = Dispatch {
             connection_id: Some(up.host_key.clone()),
@@ -282,7 +223,15 @@ impl Run {
             up.disconnect().await;
             return self.report(&env, false).await;
         }
-        let (out, end) = self.relay(remote, input).await;
+        // The exec request is handed over (`request_complete`); stdin may still follow.
+        let sent = Body::RequestSent(RequestSent {
+            bytes: command.len() as u64,
+        });
+        self.inv
+            .observe(vec![Draft::observed(sent).hop("origin")])
+            .await;
+        let (mut out, end) = self.relay(remote, input).await;
+        self.release_held(&mut out).await;
         let clean = matches!(end, End::Closed) && out.exit_status.is_some();
         if clean {
             self.sessions
@@ -316,17 +265,18 @@ impl Run {
                     match msg {
                         ChannelMsg::Success if !accepted => {
                             accepted = true;
+                            self.answered().await;
                             self.relay_to_agent(&mut out, |c| Box::pin(async move { c.accept().await })).await;
                         }
                         ChannelMsg::Failure if !accepted => return (out, End::Rejected),
                         ChannelMsg::Data { data } => {
+                            let data = self.screen.pass(&data, false);
                             out.absorb(&data, false, cap);
-                            let data = Bytes::copy_from_slice(&data);
                             self.relay_to_agent(&mut out, move |c| Box::pin(async move { c.stdout(data).await })).await;
                         }
                         ChannelMsg::ExtendedData { data, ext: 1 } => {
+                            let data = self.screen.pass(&data, true);
                             out.absorb(&data, true, cap);
-                            let data = Bytes::copy_from_slice(&data);
                             self.relay_to_agent(&mut out, move |c| Box::pin(async move { c.stderr(data).await })).await;
                         }
                         ChannelMsg::ExitStatus { exit_status } => out.exit_status = Some(exit_status),
@@ -358,6 +308,9 @@ impl Run {
                 () = idle, if accepted => {
                     return (out, End::Idle(format!("no output for {:?}", target.idle_timeout)));
                 }
+                () = tokio::time::sleep(HELD_AT_MOST), if self.screen.holding() => {
+                    self.release_held(&mut out).await;
+                }
             }
         }
     }
@@ -378,6 +331,36 @@ impl Run {
             out.agent_gone = true;
             self.inv.caller_cancelled().await;
         }
+    }
+
+    /// What the guard held back (a possible start of the secret) goes out: at the end, or
+    /// when no more output came for `HELD_AT_MOST`.
+    async fn release_held(&mut self, out: &mut Output) {
+        let cap = self.config.journal.max_result_bytes;
+        let (stdout, stderr) = self.screen.finish();
+        if !stdout.is_empty() {
+            out.absorb(&stdout, false, cap);
+            self.relay_to_agent(out, move |c| {
+                Box::pin(async move { c.stdout(stdout).await })
+            })
+            .await;
+        }
+        if !stderr.is_empty() {
+            out.absorb(&stderr, true, cap);
+            self.relay_to_agent(out, move |c| {
+                Box::pin(async move { c.stderr(stderr).await })
+            })
+            .await;
+        }
+    }
+
+    /// The exec's channel success: the remote answered it (`response_headers_received`).
+    async fn answered(&mut self) {
+        let started = Body::RemoteResponseStarted(ResponseStarted { status: None });
+        let draft = Draft::observed(started)
+            .source(Source::RemoteResponse)
+            .hop("origin");
+        self.inv.observe(vec![draft]).await;
     }
 
     /// The exit status commits the result (any code); without one nothing is fabricated.
@@ -415,7 +398,10 @@ impl Run {
             let recorded = self.inv.record(vec![draft]).await;
             self.inv.envelope(&recorded, code)
         } else {
-            self.inv.fail_with(code, diagnostic).await
+            let mut failure = Failure::of(code);
+            failure.diagnostic = Some(diagnostic);
+            failure.evidence = self.screen.evidence();
+            self.inv.fail(vec![], failure).await
         };
         if rejected && !out.agent_gone {
             // The remote's refusal is relayed as channel failure; the envelope line goes
@@ -446,7 +432,7 @@ impl Run {
             bytes: out.bytes,
             complete,
             completion: Some(Completion::ExitStatus),
-            evidence: serde_json::Map::new(),
+            evidence: self.screen.evidence(),
         }))
         .source(Source::RemoteResponse)
         .hop("origin");

@@ -10,7 +10,8 @@
 //!
 //! Invariants: postern never fabricates an `exit-status` (its own errors are one stderr line
 //! `postern: <envelope JSON>` and a close); no upstream byte before a target matched; the
-//! vault's key or password never leaves `upstream`.
+//! vault's key or password never leaves `upstream`; what the remote prints passes the
+//! reflection guard (`screen`) before the agent or the stored result sees it.
 
 pub mod dispatch;
 mod exec;
@@ -18,6 +19,7 @@ pub mod front;
 pub mod hostkey;
 pub mod preamble;
 mod refuse;
+mod screen;
 mod session;
 pub mod upstream;
 

@@ -6,7 +6,6 @@
 //! `SSH_HOST_KEY_MISMATCH`, and the key exchange stops before any credential is sent).
 //! The injected key or password never leaves this module.
 
-use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,48 +18,16 @@ use tokio::net::TcpStream;
 
 use crate::config::{Config, Inject, SshTarget};
 use crate::contract::{Code, CredentialEvidence, Stage};
+use crate::dns::Dns;
+use crate::guard::{GuardCache, ReflectionGuard};
 use crate::journal::ConnectAttempt;
 use crate::vault::{Vault, VaultError};
 
 const MAX_TCP_ATTEMPTS: usize = 3;
 
-/// Name resolution for targets without `resolve` (the HTTP side's resolver can implement it).
-pub trait Lookup: Send + Sync {
-    fn lookup(
-        &self,
-        host: &str,
-        port: u16,
-        limit: Duration,
-    ) -> impl Future<Output = Result<Vec<SocketAddr>, String>> + Send;
-}
-
-/// The system resolver, through tokio.
-pub struct SystemLookup;
-
-impl Lookup for SystemLookup {
-    async fn lookup(
-        &self,
-        host: &str,
-        port: u16,
-        limit: Duration,
-    ) -> Result<Vec<SocketAddr>, String> {
-        match tokio::time::timeout(limit, tokio::net::lookup_host((host, port))).await {
-            Ok(Ok(found)) => {
-                let list: Vec<SocketAddr> = found.collect();
-                if list.is_empty() {
-                    Err("no addresses".into())
-                } else {
-                    Ok(list)
-                }
-            }
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("name resolution took longer than {limit:?}")),
-        }
-    }
-}
-
 enum Secret {
-    Key(Arc<PrivateKey>),
+    /// The decoded key, and its PEM for the reflection guard.
+    Key(Arc<PrivateKey>, String),
     Password(String),
 }
 
@@ -74,6 +41,18 @@ pub struct Login {
 impl std::fmt::Debug for Login {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Login({:?}, [redacted])", self.evidence)
+    }
+}
+
+impl Login {
+    /// The reflection guard for what the remote prints: the password in every encoded
+    /// form, or the key's PEM body lines. `None` if it cannot be built.
+    pub fn guard(&self, cache: &GuardCache) -> Option<Arc<ReflectionGuard>> {
+        let evidence = &self.evidence;
+        cache.get(&evidence.id, evidence.version, || match &self.secret {
+            Secret::Key(_, pem) => ReflectionGuard::for_pem(pem),
+            Secret::Password(p) => ReflectionGuard::new(p.as_bytes(), p.as_bytes()),
+        })
     }
 }
 
@@ -97,7 +76,7 @@ pub fn login(config: &Config, target: &SshTarget, vault: &Vault) -> Result<Login
     };
     let secret = match credential.inject {
         Inject::SshKey => russh::keys::decode_secret_key(&secret.value, None)
-            .map(|k| Secret::Key(Arc::new(k)))
+            .map(|k| Secret::Key(Arc::new(k), secret.value))
             // A value that is no private key cannot be injected as one.
             .map_err(|_| Code::InjectionModeUnsupported)?,
         Inject::SshPassword => Secret::Password(secret.value),
@@ -175,13 +154,21 @@ pub async fn connect(
     config: &Config,
     target: &SshTarget,
     vault: &Vault,
-    dns: &impl Lookup,
+    dns: &Dns,
 ) -> Result<Upstream, SetupFailure> {
     let login = login(config, target, vault).map_err(|code| SetupFailure {
         code,
         attempts: Vec::new(),
     })?;
     connect_with(target, &login, dns).await
+}
+
+/// Numbers a further connection's stages after the `n` attempts already recorded for the
+/// invocation (each connection is one attempt, SPEC §2 counters).
+pub fn number_after(attempts: &mut [ConnectAttempt], n: u32) {
+    for a in attempts {
+        a.n += n;
+    }
 }
 
 /// A stage that failed: which, its code, the address, the library's words (operators only).
@@ -191,7 +178,7 @@ type StageError = (Stage, Code, Option<SocketAddr>, String);
 pub async fn connect_with(
     target: &SshTarget,
     login: &Login,
-    dns: &impl Lookup,
+    dns: &Dns,
 ) -> Result<Upstream, SetupFailure> {
     let mut stages = Stages::default();
     match setup(target, login, dns, &mut stages).await {
@@ -211,7 +198,7 @@ pub async fn connect_with(
 async fn setup(
     target: &SshTarget,
     login: &Login,
-    dns: &impl Lookup,
+    dns: &Dns,
     stages: &mut Stages,
 ) -> Result<(Handle<Verifier>, SocketAddr, String), StageError> {
     let addresses = resolve(target, dns, stages).await?;
@@ -223,7 +210,7 @@ async fn setup(
 
 async fn resolve(
     target: &SshTarget,
-    dns: &impl Lookup,
+    dns: &Dns,
     stages: &mut Stages,
 ) -> Result<Vec<SocketAddr>, StageError> {
     if let Some(pinned) = target.resolve {
@@ -401,7 +388,7 @@ async fn authenticate(
     let limit = target.connect_timeout;
     let attempt = async {
         match &login.secret {
-            Secret::Key(key) => {
+            Secret::Key(key, _) => {
                 let hash = handle.best_supported_rsa_hash().await?.flatten();
                 let key = PrivateKeyWithHashAlg::new(key.clone(), hash);
                 handle

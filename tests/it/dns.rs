@@ -8,7 +8,7 @@ use crate::origins;
 use crate::support::{Daemon, Home, curl};
 
 /// Answers `A <name>` with 127.0.0.1, everything else with NXDOMAIN.
-fn dns_server(name: &'static str) -> u16 {
+pub fn dns_server(name: &'static str) -> u16 {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let port = sock.local_addr().unwrap().port();
     std::thread::spawn(move || {

@@ -5,7 +5,8 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use postern::contract::{Code, Stage};
-use postern::ssh::upstream::{self, SystemLookup};
+use postern::dns::Dns;
+use postern::ssh::upstream;
 use serde_json::Value;
 
 use crate::sshd::{Sshd, keygen};
@@ -69,12 +70,9 @@ impl Upstream {
     fn connect(&self) -> Result<upstream::Upstream, upstream::SetupFailure> {
         let vault = postern::vault::Vault::new(&self.home.root(), Some(VAULT_KEY.into()));
         let target = &self.config.ssh_targets[0];
-        runtime().block_on(upstream::connect(
-            &self.config,
-            target,
-            &vault,
-            &SystemLookup,
-        ))
+        runtime().block_on(async {
+            upstream::connect(&self.config, target, &vault, &Dns::new(None)).await
+        })
     }
 }
 
@@ -89,7 +87,7 @@ fn the_upstream_authenticates_with_the_vault_key_and_runs_a_command() {
     let vault = postern::vault::Vault::new(&u.home.root(), Some(VAULT_KEY.into()));
     let target = u.config.ssh_targets[0].clone();
     let (out, status, evidence) = runtime().block_on(async {
-        let mut up = upstream::connect(&u.config, &target, &vault, &SystemLookup)
+        let mut up = upstream::connect(&u.config, &target, &vault, &Dns::new(None))
             .await
             .unwrap();
         let mut channel = up.open_channel().await.unwrap();

@@ -272,7 +272,14 @@ fn exits_without_status() {
         "what the remote sent is relayed: {}",
         stderr(&out)
     );
-    assert_unknown(&f, &out, "REMOTE_RESULT_INCOMPLETE");
+    let r = assert_unknown(&f, &out, "REMOTE_RESULT_INCOMPLETE");
+    // SPEC §1.8: the exec was answered (channel success), its result is not complete.
+    let env = envelope(&stderr(&out));
+    for evidence in [&env["evidence"], &r["evidence"]] {
+        assert_eq!(evidence["request_complete"], true, "{evidence}");
+        assert_eq!(evidence["response_headers_received"], true, "{evidence}");
+        assert_eq!(evidence["response_complete"], false, "{evidence}");
+    }
 }
 
 #[test]
@@ -305,6 +312,10 @@ fn never_answers_exec() {
     assert!(out.stdout.is_empty(), "{}", stderr(&out));
     let r = assert_unknown(&f, &out, "REMOTE_TIMEOUT");
     assert_eq!(r["envelope"]["error"]["code"], "REMOTE_TIMEOUT", "{r}");
+    // Sent, never answered: the envelope tells the two apart.
+    let evidence = &r["envelope"]["evidence"];
+    assert_eq!(evidence["request_complete"], true, "{r}");
+    assert_eq!(evidence["response_headers_received"], false, "{r}");
 }
 
 #[test]

@@ -1,7 +1,8 @@
-//! The reflection guard (SPEC §1.8): an origin that echoes what it received must not
-//! hand the injected secret back. Every echoed form of the secret, or of the value it
-//! was injected as (`Bearer <secret>`, `user:<secret>`), is replaced with
-//! `[postern:redacted]` in headers and bodies, across chunk boundaries, and counted.
+//! The reflection guard (SPEC §1.8), shared by every transport: a remote that echoes what
+//! it received must not hand the injected secret back. Every echoed form of the secret, or
+//! of the value it was injected as (`Bearer <secret>`, `user:<secret>`, an SSH password or
+//! the lines of a private key), is replaced with `[postern:redacted]` in HTTP headers and
+//! bodies and in SSH stdout/stderr, across chunk boundaries, and counted.
 //!
 //! One Aho-Corasick automaton (leftmost-longest, ASCII case-insensitive) holds all the
 //! forms. Case-insensitive for all of them: hex, `%XX` and `\uXXXX` come in either
@@ -15,12 +16,14 @@ use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
 
 pub const REDACTED: &[u8] = b"[postern:redacted]";
 
 /// Shorter needles would redact ordinary text.
 const MIN_NEEDLE: usize = 4;
+
+/// A PEM body line shorter than this is not guarded on its own (`AAAA…==` tails).
+const MIN_PEM_LINE: usize = 16;
 
 /// Guards by credential id and version: the automaton is built once per secret value,
 /// not per request (a rotation brings a new version, hence a new guard).
@@ -67,7 +70,32 @@ impl ReflectionGuard {
     /// The guard for `secret`, injected as `value`. `None` if the automaton cannot be
     /// built: the caller must then not relay the response at all.
     pub fn new(secret: &[u8], value: &[u8]) -> Option<Self> {
-        let needles = forms(secret, value);
+        Self::build(forms(secret, value))
+    }
+
+    /// The guard for a PEM-armoured private key: each base64 body line (the body joined
+    /// into one string holds them too). Short lines (the last one of a PEM often is) are
+    /// left out: they would redact ordinary text.
+    pub fn for_pem(pem: &str) -> Option<Self> {
+        let mut needles: Vec<Vec<u8>> = pem
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.len() >= MIN_PEM_LINE && !l.starts_with("-----"))
+            .map(|l| l.as_bytes().to_vec())
+            .collect();
+        // A JSON encoder may write `/` as `\/`.
+        let escaped: Vec<Vec<u8>> = needles
+            .iter()
+            .filter(|n| n.contains(&b'/'))
+            .map(|n| String::from_utf8_lossy(n).replace('/', "\\/").into_bytes())
+            .collect();
+        needles.extend(escaped);
+        needles.sort();
+        needles.dedup();
+        Self::build(needles)
+    }
+
+    fn build(needles: Vec<Vec<u8>>) -> Option<Self> {
         if needles.is_empty() {
             return Some(Self::default());
         }
@@ -171,30 +199,9 @@ impl ReflectionGuard {
         })
     }
 
-    /// Redacts header values and drops headers whose name is a form of the secret.
-    pub fn redact_headers(&self, headers: &mut HeaderMap) -> usize {
-        let Some(ac) = &self.automaton else {
-            return 0;
-        };
-        let names: Vec<_> = headers
-            .keys()
-            .filter(|k| ac.is_match(k.as_str()))
-            .cloned()
-            .collect();
-        let mut hits = 0;
-        for name in names {
-            hits += headers.get_all(&name).iter().count();
-            headers.remove(&name);
-        }
-        for value in headers.values_mut() {
-            let (clean, n) = self.redact(value.as_bytes());
-            if n > 0 {
-                hits += n;
-                *value = HeaderValue::from_bytes(&clean)
-                    .unwrap_or(HeaderValue::from_static("[postern:redacted]"));
-            }
-        }
-        hits
+    /// Whether `bytes` hold a form of the secret (for names that cannot be rewritten).
+    pub fn is_match(&self, bytes: &[u8]) -> bool {
+        self.automaton.as_ref().is_some_and(|ac| ac.is_match(bytes))
     }
 }
 
