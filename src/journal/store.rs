@@ -4,6 +4,7 @@
 //! process must exit and recover from what is durable.
 
 use super::event::Event;
+use super::keys::{KeyEntry, KeyWrite};
 use super::projection::State;
 use super::result::StoredResult;
 
@@ -31,11 +32,20 @@ pub struct WriteSet {
     pub closed: Vec<String>,
     pub results: Vec<StoredResult>,
     pub expired_results: Vec<(i64, String)>,
+    /// Idempotency key index entries claimed or refreshed.
+    pub keys: Vec<KeyWrite>,
+    /// Expiry rows of the key index that came due: (expiry, index key). The entry goes
+    /// with its row only if it was not refreshed meanwhile.
+    pub expired_keys: Vec<(i64, Vec<u8>)>,
 }
 
 impl WriteSet {
     pub fn is_empty(&self) -> bool {
-        self.events.is_empty() && self.results.is_empty() && self.expired_results.is_empty()
+        self.events.is_empty()
+            && self.results.is_empty()
+            && self.expired_results.is_empty()
+            && self.keys.is_empty()
+            && self.expired_keys.is_empty()
     }
 }
 
@@ -67,4 +77,8 @@ pub trait EventStore: Send + Sync + 'static {
     fn result(&self, invocation_id: &str) -> Result<Option<StoredResult>, StoreError>;
     /// Results whose retention ended at or before `now_ms`.
     fn expired_results(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, String)>, StoreError>;
+    /// The idempotency key index entry under `index_key`, expired or not.
+    fn key_entry(&self, index_key: &[u8]) -> Result<Option<KeyEntry>, StoreError>;
+    /// Key index expiry rows due at or before `now_ms`: (expiry, index key).
+    fn expired_keys(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError>;
 }
