@@ -154,8 +154,11 @@ impl Writer {
                         }
                         set.events.extend(staged.events);
                         // Live states are served from memory and replayed from events after a
-                        // crash: the record is stored once, when it settles.
-                        if closed {
+                        // crash: the record is stored once, when it settles — and again when a
+                        // retry lease reopens a settled one, so no reader (or recovery) takes
+                        // the stale settled copy for the truth.
+                        let reopened = !closed && !staged.was_live;
+                        if closed || reopened {
                             set.states.push(staged.state.clone());
                         }
                         if let Some(r) = result {

@@ -255,3 +255,44 @@ fn a_same_key_retry_is_allowed_only_while_the_journal_says_it_is_safe() {
         "a lost result is reconciled, never re-sent"
     );
 }
+
+#[test]
+fn a_lease_that_reopens_a_settled_invocation_is_what_recovery_finds_after_a_crash() {
+    let Ok(dir) = tempfile::tempdir() else { return };
+    let id = new_invocation_id();
+    {
+        let j = journal(dir.path());
+        let _ = state(j.append_blocking(&id, vec![accepted(), preflight(None), dispatch()]));
+        let _ = state(j.append_blocking(&id, vec![failed(Code::RemoteOutcomeUnknown)]));
+        let leased = rt().block_on(Invocation::lease(j.clone(), &id, terms(3, 1_000)));
+        assert!(leased.is_ok(), "{:?}", leased.err());
+        // The process stops here, before the new generation dispatches.
+    }
+    // The dropped journal's writer may hold the lock for a moment.
+    let mut reopened = Journal::open(dir.path(), JournalOptions::default());
+    for _ in 0..100 {
+        if reopened.is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        reopened = Journal::open(dir.path(), JournalOptions::default());
+    }
+    let Ok((j, report)) = reopened else {
+        panic!("reopen failed");
+    };
+    assert_eq!(
+        report.recovered,
+        vec![(id.clone(), Code::BrokerRestartedBeforeDispatch)]
+    );
+    let r = j.record(&id).ok().flatten();
+    let r = r.map(|r| (r.generation, r.code, r.outcome));
+    assert_eq!(
+        r,
+        Some((
+            2,
+            Some(Code::BrokerRestartedBeforeDispatch),
+            Outcome::Unknown
+        )),
+        "dispatched in generation 1: never not_attempted"
+    );
+}
