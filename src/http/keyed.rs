@@ -120,7 +120,7 @@ impl Exchange {
         match turn {
             Turn::Fresh => Ok(Some(key_use)),
             Turn::Leased { inv, safe_until_ms } => {
-                self.inv = inv;
+                self.inv = *inv;
                 key_use.kept_safe_until_ms = safe_until_ms;
                 Ok(Some(key_use))
             }

@@ -44,11 +44,11 @@ pub enum Turn {
     /// A new generation of the key's invocation, leased and not yet dispatched.
     /// `safe_until_ms` is the window an earlier dispatch of the key opened, if any.
     Leased {
-        inv: Invocation,
+        inv: Box<Invocation>,
         safe_until_ms: Option<i64>,
     },
     /// Answer this envelope of the key's invocation; nothing is sent.
-    Refuse(Envelope),
+    Refuse(Box<Envelope>),
     /// The key stands for another request: `IDEMPOTENCY_MISMATCH` (the transport records it).
     Mismatch(KeyEntry),
     /// The journal could not be read.
@@ -94,16 +94,16 @@ fn answer_without_lease(state: State, now_ms: i64, ttl: Duration) -> Option<Turn
         return Some(Turn::Replay(Box::new(state)));
     }
     if in_progress(&state, now_ms, ttl) {
-        return Some(Turn::Refuse(attempt_in_progress(&state)));
+        return Some(Turn::Refuse(Box::new(attempt_in_progress(&state))));
     }
     if retry_allowed(&state, now_ms) {
         return None;
     }
-    Some(Turn::Refuse(match state.progress.closed {
+    Some(Turn::Refuse(Box::new(match state.progress.closed {
         true => not_safe_now(&state, now_ms),
         // A lapsed worker nobody may supersede still holds its generation.
         false => attempt_in_progress(&state),
-    }))
+    })))
 }
 
 async fn lease(journal: &Journal, state: &State, terms: LeaseTerms) -> Turn {
@@ -115,7 +115,10 @@ async fn lease(journal: &Journal, state: &State, terms: LeaseTerms) -> Turn {
         .then_some(state.progress.safe_until_ms)
         .flatten();
     match Invocation::lease(journal.clone(), id, terms).await {
-        Ok(inv) => Turn::Leased { inv, safe_until_ms },
+        Ok(inv) => Turn::Leased {
+            inv: Box::new(inv),
+            safe_until_ms,
+        },
         Err(LeaseError::Resolved(s)) => Turn::Replay(s),
         Err(LeaseError::NotFound) => Turn::Fresh,
         Err(LeaseError::Refused(env)) => Turn::Refuse(env),

@@ -63,7 +63,7 @@ pub enum LeaseError {
     /// Answer this envelope; nothing was dispatched: `ATTEMPT_IN_PROGRESS` (another
     /// generation holds the lease), `RETRY_BUDGET_EXHAUSTED` (journaled on the record) or
     /// `JOURNAL_UNAVAILABLE`.
-    Refused(Envelope),
+    Refused(Box<Envelope>),
 }
 
 /// What `lease` will do with an invocation's current state (pure: the time is passed in).
@@ -138,7 +138,7 @@ impl Invocation {
             let supersedes = match plan(&state, now, &terms) {
                 LeasePlan::Resolved => return Err(LeaseError::Resolved(Box::new(state))),
                 LeasePlan::InProgress => {
-                    return Err(LeaseError::Refused(attempt_in_progress(&state)));
+                    return Err(LeaseError::Refused(Box::new(attempt_in_progress(&state))));
                 }
                 LeasePlan::Exhausted => return Err(exhausted(&journal, state).await),
                 LeasePlan::Take { supersedes } => supersedes,
@@ -163,7 +163,7 @@ impl Invocation {
             }
         }
         match journal.state(invocation_id) {
-            Ok(Some(s)) => Err(LeaseError::Refused(attempt_in_progress(&s))),
+            Ok(Some(s)) => Err(LeaseError::Refused(Box::new(attempt_in_progress(&s)))),
             _ => Err(unavailable(invocation_id)),
         }
     }
@@ -197,13 +197,13 @@ async fn exhausted(journal: &Journal, state: State) -> LeaseError {
     if state.record.code == Some(Code::RetryBudgetExhausted)
         && let Some(env) = state.record.envelope
     {
-        return LeaseError::Refused(env);
+        return LeaseError::Refused(Box::new(env));
     }
     let id = state.record.invocation_id.clone();
     let draft = Draft::observed(Body::Failed(Failure::of(Code::RetryBudgetExhausted)));
     match journal.append(&id, vec![draft]).await {
         Ok(a) => match &a.state.record.envelope {
-            Some(env) => LeaseError::Refused(env.clone()),
+            Some(env) => LeaseError::Refused(Box::new(env.clone())),
             None => unavailable(&id),
         },
         Err(_) => unavailable(&id),
@@ -225,7 +225,7 @@ fn unavailable(id: &str) -> LeaseError {
         ..Default::default()
     };
     let resolution = resolve_failure(Code::JournalUnavailable, &ctx);
-    LeaseError::Refused(Envelope::new(id, resolution, None, evidence))
+    LeaseError::Refused(Box::new(Envelope::new(id, resolution, None, evidence)))
 }
 
 /// `ATTEMPT_IN_PROGRESS` for a live invocation: its own phase and outcome, retry

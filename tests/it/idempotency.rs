@@ -744,3 +744,35 @@ fn a_crash_after_a_generated_key_was_journaled_leaves_it_retryable_by_that_key()
     );
     assert_eq!((origin.hits(), origin.effects()), (1, 1));
 }
+
+#[test]
+fn concurrent_first_uses_of_one_key_dispatch_once() {
+    let origin = KeyedOrigin::start(Policy::Ignores, Answer::After(Duration::from_millis(800)));
+    let c = std::sync::Arc::new(Cell::start(origin.port(), CONTRACT, &[]));
+    let racers: Vec<_> = (0..6)
+        .map(|_| {
+            let c = c.clone();
+            std::thread::spawn(move || c.post("a", Some("k-race"), "{}"))
+        })
+        .collect();
+    let replies: Vec<Reply> = racers.into_iter().map(|t| t.join().unwrap()).collect();
+    let won: Vec<&Reply> = replies.iter().filter(|r| r.status == 201).collect();
+    assert_eq!(
+        won.len(),
+        1,
+        "{:?}",
+        replies
+            .iter()
+            .map(|r| (r.status, r.body.clone()))
+            .collect::<Vec<_>>()
+    );
+    let id = won[0].id();
+    for r in replies.iter().filter(|r| r.status != 201) {
+        // Either still in flight, or already settled and replayed: never a second dispatch.
+        let in_progress = r.status == 409 && r.error().0 == "ATTEMPT_IN_PROGRESS";
+        let replayed = r.header("postern-replayed") == Some("true");
+        assert!(in_progress || replayed, "{} {}", r.status, r.body);
+        assert_eq!(r.id(), id);
+    }
+    assert_eq!((origin.hits(), origin.effects()), (1, 1));
+}
