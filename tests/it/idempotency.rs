@@ -1,18 +1,23 @@
 //! Idempotency contracts, leases, generations and retry budgets (SPEC §3.4, §1.7) against
 //! loopback origins that count their side effects, driven by real curl through the daemon.
+//! Keys, replays and hostile origins here; leases, generations and budgets in `leases`;
+//! crash cells in `crash`.
+
+mod crash;
+mod leases;
 
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::retry_origins::{Answer, KeyedOrigin, Policy, closed_port, header};
+use crate::retry_origins::{Answer, KeyedOrigin, Policy, header};
 use crate::support::{Daemon, Home, TEST_CONFIG, curl, get_json, stdout};
 
-const CONTRACT: &str = "idempotency = { header = \"Idempotency-Key\", scope = \"payments.create\", retention = \"1h\", safe_margin = \"10m\", generate = false }";
-const GENERATING: &str = "idempotency = { header = \"Idempotency-Key\", scope = \"payments.create\", retention = \"1h\", safe_margin = \"10m\", generate = true }";
+pub(super) const CONTRACT: &str = "idempotency = { header = \"Idempotency-Key\", scope = \"payments.create\", retention = \"1h\", safe_margin = \"10m\", generate = false }";
+pub(super) const GENERATING: &str = "idempotency = { header = \"Idempotency-Key\", scope = \"payments.create\", retention = \"1h\", safe_margin = \"10m\", generate = true }";
 
 /// Two agents and one POST route to `pay.test:<port>`, pinned to loopback.
-fn config(port: u16, route_extra: &str) -> String {
+pub(super) fn config(port: u16, route_extra: &str) -> String {
     format!(
         "{TEST_CONFIG}\n[[agents]]\nid = \"a\"\ntoken = \"ta\"\n[[agents]]\nid = \"b\"\ntoken = \"tb\"\n\
          [[routes]]\nid = \"payments\"\nmatch = {{ scheme = \"http\", host = \"pay.test\", port = {port}, methods = [\"POST\"] }}\n\
@@ -20,62 +25,67 @@ fn config(port: u16, route_extra: &str) -> String {
     )
 }
 
-struct Cell {
-    home: Home,
-    daemon: Daemon,
-    port: u16,
+pub(super) struct Cell {
+    pub home: Home,
+    pub daemon: Daemon,
+    pub port: u16,
 }
 
 /// What the agent saw.
-struct Reply {
-    status: u16,
-    body: String,
-    head: String,
+pub(super) struct Reply {
+    pub status: u16,
+    pub body: String,
+    pub head: String,
 }
 
 impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(super) fn header(&self, name: &str) -> Option<&str> {
         self.head.lines().find_map(|l| {
             let (k, v) = l.split_once(':')?;
             k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
         })
     }
 
-    fn id(&self) -> String {
+    pub(super) fn id(&self) -> String {
         self.header("postern-invocation")
             .unwrap_or_default()
             .to_owned()
     }
 
-    fn outcome(&self) -> &str {
+    pub(super) fn outcome(&self) -> &str {
         self.header("postern-outcome").unwrap_or_default()
     }
 
-    fn envelope(&self) -> Value {
+    pub(super) fn envelope(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or(Value::Null)
     }
 
     /// (code, phase, outcome, retry) of the envelope.
-    fn error(&self) -> (String, String, String, String) {
+    pub(super) fn error(&self) -> (String, String, String, String) {
         let e = &self.envelope()["error"];
         let s = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
         (s("code"), s("phase"), s("outcome"), s("retry"))
     }
 }
 
-fn four(code: &str, phase: &str, outcome: &str, retry: &str) -> (String, String, String, String) {
+pub(super) fn four(
+    code: &str,
+    phase: &str,
+    outcome: &str,
+    retry: &str,
+) -> (String, String, String, String) {
     (code.into(), phase.into(), outcome.into(), retry.into())
 }
 
 impl Cell {
-    fn start(port: u16, route_extra: &str, envs: &[(&str, &str)]) -> Self {
+    pub(super) fn start(port: u16, route_extra: &str, envs: &[(&str, &str)]) -> Self {
         let home = Home::new();
         let daemon = Daemon::start_with(&home, Some(&config(port, route_extra)), envs);
         Self { home, daemon, port }
     }
 
     /// Stops the daemon (if it still runs) and starts a new one on the same journal.
-    fn restart(self, route_extra: &str) -> Self {
+    pub(super) fn restart(self, route_extra: &str) -> Self {
         let Cell { home, daemon, port } = self;
         let _ = daemon.terminate();
         let daemon = Daemon::start(&home, Some(&config(port, route_extra)));
@@ -83,7 +93,7 @@ impl Cell {
     }
 
     /// POST through the proxy as `agent`, with an idempotency key if given.
-    fn post(&self, agent: &str, key: Option<&str>, body: &str) -> Reply {
+    pub(super) fn post(&self, agent: &str, key: Option<&str>, body: &str) -> Reply {
         let proxy = self
             .daemon
             .proxy
@@ -108,11 +118,11 @@ impl Cell {
         Reply { status, body, head }
     }
 
-    fn record(&self, id: &str) -> Value {
+    pub(super) fn record(&self, id: &str) -> Value {
         get_json(&self.daemon.url(&format!("/v1/invocations/{id}")), &[]).1
     }
 
-    fn events(&self, id: &str) -> Vec<Value> {
+    pub(super) fn events(&self, id: &str) -> Vec<Value> {
         let (_, v) = get_json(
             &self.daemon.url(&format!("/v1/invocations/{id}/events")),
             &[],
@@ -121,7 +131,7 @@ impl Cell {
     }
 
     /// (kind, generation) of every event.
-    fn kinds(&self, id: &str) -> Vec<(String, u64)> {
+    pub(super) fn kinds(&self, id: &str) -> Vec<(String, u64)> {
         self.events(id)
             .iter()
             .map(|e| {
@@ -131,14 +141,14 @@ impl Cell {
             .collect()
     }
 
-    fn decide(&self, id: &str) -> String {
+    pub(super) fn decide(&self, id: &str) -> String {
         stdout(&self.daemon.cli(&["decide", id], &[]))
             .trim()
             .to_owned()
     }
 
     /// Waits until the record satisfies `pred` (an exchange settles in its own task).
-    fn record_when(&self, id: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    pub(super) fn record_when(&self, id: &str, pred: impl Fn(&Value) -> bool) -> Value {
         for _ in 0..100 {
             let r = self.record(id);
             if pred(&r) {
@@ -150,11 +160,11 @@ impl Cell {
     }
 }
 
-fn count(kinds: &[(String, u64)], kind: &str) -> usize {
+pub(super) fn count(kinds: &[(String, u64)], kind: &str) -> usize {
     kinds.iter().filter(|(k, _)| k == kind).count()
 }
 
-fn generations_of(kinds: &[(String, u64)], kind: &str) -> Vec<u64> {
+pub(super) fn generations_of(kinds: &[(String, u64)], kind: &str) -> Vec<u64> {
     kinds
         .iter()
         .filter(|(k, _)| k == kind)
@@ -403,376 +413,4 @@ fn a_changed_payload_under_a_key_is_refused_locally_and_rejected_by_the_origin()
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("MALFORMED_REQUEST") && body.contains("headers.idempotency-key"));
     assert_eq!(origin.hits(), 2);
-}
-
-#[test]
-fn a_same_key_request_while_the_first_is_in_flight_is_attempt_in_progress() {
-    let origin = KeyedOrigin::start(Policy::Honours, Answer::After(Duration::from_secs(2)));
-    let c = std::sync::Arc::new(Cell::start(origin.port(), CONTRACT, &[]));
-    let c1 = c.clone();
-    let first = std::thread::spawn(move || c1.post("a", Some("k-slow"), "{}"));
-    std::thread::sleep(Duration::from_millis(700));
-    let second = c.post("a", Some("k-slow"), "{}");
-    let first = first.join().unwrap();
-    assert_eq!(first.status, 201, "{}", first.body);
-    assert_eq!(second.status, 409, "{}", second.body);
-    assert_eq!(
-        second.error(),
-        four(
-            "ATTEMPT_IN_PROGRESS",
-            "remote_execution",
-            "unknown",
-            "fetch_result"
-        )
-    );
-    assert_eq!(second.id(), first.id(), "the original invocation");
-    assert_eq!(second.envelope()["invocation_id"], first.id().as_str());
-    assert_eq!(second.envelope()["evidence"]["generation"], 1);
-    assert_eq!((origin.hits(), origin.effects()), (1, 1));
-    let kinds = c.kinds(&first.id());
-    assert_eq!(count(&kinds, "DISPATCH_STARTED"), 1);
-    assert_eq!(
-        count(&kinds, "FAILED"),
-        0,
-        "the refusal is not written on a live record"
-    );
-}
-
-#[test]
-fn a_worker_whose_lease_expired_is_superseded_and_stopped_before_dispatch() {
-    let origin = KeyedOrigin::start(Policy::Honours, Answer::Always);
-    let envs = [
-        ("POSTERN_PAUSE_AFTER_LEASE_MS", "3000"),
-        ("POSTERN_LEASE_TTL_MS", "1000"),
-    ];
-    let c = std::sync::Arc::new(Cell::start(origin.port(), CONTRACT, &envs));
-    let c1 = c.clone();
-    // The first worker claims the key, then stalls past its lease.
-    let stalled = std::thread::spawn(move || c1.post("a", Some("k-lease"), "{}"));
-    std::thread::sleep(Duration::from_millis(1500));
-    let second = c.post("a", Some("k-lease"), "{}");
-    assert_eq!(second.status, 201, "{}", second.body);
-    let id = second.id();
-    let stalled = stalled.join().unwrap();
-    assert_eq!(stalled.id(), id, "both answers name the one invocation");
-    assert_eq!(stalled.status, 409, "{}", stalled.body);
-    assert_eq!(
-        stalled.error(),
-        four(
-            "ATTEMPT_IN_PROGRESS",
-            "remote_execution",
-            "committed",
-            "fetch_result"
-        )
-    );
-    assert_eq!(
-        (origin.hits(), origin.effects()),
-        (1, 1),
-        "exactly one dispatch"
-    );
-    let kinds = c.kinds(&id);
-    assert_eq!(generations_of(&kinds, "DISPATCH_STARTED"), vec![2]);
-    assert_eq!(generations_of(&kinds, "PREFLIGHT_VALIDATED"), vec![1, 2]);
-    let lease = c
-        .events(&id)
-        .into_iter()
-        .find(|e| e["kind"] == "RETRY_LEASED")
-        .unwrap_or_default();
-    assert_eq!(lease["generation"], 2);
-    assert_eq!(
-        lease["data"]["supersedes"],
-        serde_json::json!({"generation": 1, "reason": "lease_expired"})
-    );
-    let r = c.record(&id);
-    assert_eq!(
-        (r["generation"].as_u64(), r["outcome"].as_str()),
-        (Some(2), Some("committed"))
-    );
-    let log = c.daemon.stderr();
-    assert!(
-        log.contains("lease expired") && log.contains("lease_expired"),
-        "{log}"
-    );
-    assert!(log.contains("stopped by the generation check"), "{log}");
-}
-
-#[test]
-fn the_retry_budget_counts_generations_in_the_journal_across_a_restart() {
-    let origin = KeyedOrigin::start(Policy::Honours, Answer::DropsAll);
-    let extra = format!("{CONTRACT}\nretry_budget = 1");
-    let c = Cell::start(origin.port(), &extra, &[]);
-    let first = c.post("a", Some("k-budget"), "{}");
-    let id = first.id();
-    assert_eq!(first.error().3, "same_idempotency_key");
-    let second = c.post("a", Some("k-budget"), "{}");
-    assert_eq!((second.status, second.id()), (502, id.clone()));
-    assert_eq!(c.record(&id)["generation"], 2);
-    let spent = c.post("a", Some("k-budget"), "{}");
-    assert_eq!(spent.status, 409, "{}", spent.body);
-    assert_eq!(
-        spent.error(),
-        four(
-            "RETRY_BUDGET_EXHAUSTED",
-            "remote_execution",
-            "unknown",
-            "reconcile"
-        )
-    );
-    assert_eq!(spent.id(), id);
-    assert_eq!(
-        spent.envelope()["evidence"]["dispatch_started"],
-        true,
-        "the last evidence"
-    );
-    assert_eq!(origin.hits(), 2);
-    let r = c.record(&id);
-    assert_eq!(r["code"], "RETRY_BUDGET_EXHAUSTED");
-    assert_eq!(c.decide(&id), "RECONCILE");
-
-    let c = c.restart(&extra);
-    let after = c.post("a", Some("k-budget"), "{}");
-    assert_eq!(
-        (after.status, after.id()),
-        (409, id.clone()),
-        "{}",
-        after.body
-    );
-    assert_eq!(after.error().0, "RETRY_BUDGET_EXHAUSTED");
-    assert_eq!(origin.hits(), 2, "a restart gave no budget back");
-    let kinds = c.kinds(&id);
-    let spent_events = c
-        .events(&id)
-        .iter()
-        .filter(|e| e["data"]["code"] == "RETRY_BUDGET_EXHAUSTED")
-        .count();
-    assert_eq!((spent_events, count(&kinds, "RETRY_LEASED")), (1, 1));
-}
-
-#[test]
-fn an_unknown_past_safe_until_reconciles_and_an_expired_key_starts_over() {
-    let origin = KeyedOrigin::start(Policy::Honours, Answer::DropsAll);
-    let contract = "idempotency = { header = \"Idempotency-Key\", scope = \"s\", retention = \"3s\", safe_margin = \"2s\" }";
-    let c = Cell::start(origin.port(), contract, &[]);
-    let first = c.post("a", Some("k-window"), "{}");
-    assert_eq!(first.error().3, "same_idempotency_key");
-    std::thread::sleep(Duration::from_millis(1300));
-    let late = c.post("a", Some("k-window"), "{}");
-    assert_eq!((late.status, late.id()), (502, first.id()), "{}", late.body);
-    assert_eq!(
-        late.error(),
-        four(
-            "REMOTE_OUTCOME_UNKNOWN",
-            "remote_execution",
-            "unknown",
-            "reconcile"
-        )
-    );
-    assert!(late.outcome().contains("retry=reconcile"));
-    assert_eq!(origin.hits(), 1, "not dispatched past safe-until");
-    // The key lives `retention` after its last use, then it is unseen.
-    std::thread::sleep(Duration::from_millis(3300));
-    let fresh = c.post("a", Some("k-window"), "{}");
-    assert_ne!(fresh.id(), first.id());
-    assert_eq!(origin.hits(), 2);
-}
-
-#[test]
-fn a_not_attempted_invocation_is_retried_as_its_next_generation() {
-    let port = closed_port();
-    let c = Cell::start(port, CONTRACT, &[]);
-    let refused = c.post("a", Some("k-refused"), "{}");
-    assert_eq!(
-        refused.error(),
-        four(
-            "CONNECTION_REFUSED",
-            "connection_setup",
-            "not_attempted",
-            "backoff"
-        )
-    );
-    let origin = KeyedOrigin::on_port(port, Policy::Honours, Answer::Always);
-    let retried = c.post("a", Some("k-refused"), "{}");
-    assert_eq!(
-        (retried.status, retried.id()),
-        (201, refused.id()),
-        "{}",
-        retried.body
-    );
-    let r = c.record_when(&refused.id(), |r| r["outcome"] == "committed");
-    assert_eq!(r["generation"], 2);
-    let kinds = c.kinds(&refused.id());
-    assert_eq!(generations_of(&kinds, "DISPATCH_STARTED"), vec![2]);
-    assert_eq!((origin.hits(), origin.effects()), (1, 1));
-}
-
-#[test]
-fn a_crash_right_after_retry_leased_keeps_a_dispatched_invocation_unknown() {
-    let origin = KeyedOrigin::start(Policy::Honours, Answer::DropsFirst);
-    let c = Cell::start(
-        origin.port(),
-        CONTRACT,
-        &[("POSTERN_CRASH_AFTER", "RETRY_LEASED")],
-    );
-    let lost = c.post("a", Some("k-crash"), "{}");
-    let id = lost.id();
-    assert_eq!(lost.error().3, "same_idempotency_key");
-    let cut = c.post("a", Some("k-crash"), "{}");
-    assert_eq!(
-        cut.status, 0,
-        "the daemon died after RETRY_LEASED: {}",
-        cut.head
-    );
-    let c = c.restart(CONTRACT);
-    let r = c.record(&id);
-    assert_eq!(r["generation"], 2, "{r}");
-    assert_eq!(r["code"], "BROKER_RESTARTED_BEFORE_DISPATCH");
-    // Dispatched in generation 1: never again not_attempted.
-    assert_eq!(r["outcome"], "unknown");
-    assert_eq!(r["retry"], "same_idempotency_key");
-    assert_eq!(c.decide(&id), "RETRY_SAME_KEY");
-    let events = c.events(&id);
-    let last = events.last().cloned().unwrap_or_default();
-    assert_eq!(
-        (
-            last["kind"].as_str(),
-            last["source"].as_str(),
-            last["generation"].as_u64()
-        ),
-        (Some("FAILED"), Some("recovery"), Some(2))
-    );
-    assert_eq!(generations_of(&c.kinds(&id), "DISPATCH_STARTED"), vec![1]);
-    assert_eq!(origin.hits(), 1);
-
-    let retried = c.post("a", Some("k-crash"), "{}");
-    assert_eq!(
-        (retried.status, retried.id()),
-        (201, id.clone()),
-        "{}",
-        retried.body
-    );
-    assert_eq!(
-        c.record_when(&id, |r| r["outcome"] == "committed")["generation"],
-        3
-    );
-    assert_eq!((origin.hits(), origin.effects()), (2, 1));
-}
-
-#[test]
-fn a_crash_right_after_retry_leased_of_a_never_sent_invocation_stays_not_attempted() {
-    let port = closed_port();
-    let c = Cell::start(port, CONTRACT, &[("POSTERN_CRASH_AFTER", "RETRY_LEASED")]);
-    let refused = c.post("a", Some("k-never"), "{}");
-    let id = refused.id();
-    assert_eq!(refused.error().2, "not_attempted");
-    let cut = c.post("a", Some("k-never"), "{}");
-    assert_eq!(cut.status, 0, "{}", cut.head);
-    let c = c.restart(CONTRACT);
-    let r = c.record(&id);
-    assert_eq!(
-        (
-            r["generation"].as_u64(),
-            r["code"].as_str(),
-            r["outcome"].as_str(),
-            r["retry"].as_str()
-        ),
-        (
-            Some(2),
-            Some("BROKER_RESTARTED_BEFORE_DISPATCH"),
-            Some("not_attempted"),
-            Some("backoff")
-        ),
-        "{r}"
-    );
-    let origin = KeyedOrigin::on_port(port, Policy::Honours, Answer::Always);
-    let retried = c.post("a", Some("k-never"), "{}");
-    assert_eq!(
-        (retried.status, retried.id()),
-        (201, id.clone()),
-        "{}",
-        retried.body
-    );
-    assert_eq!(
-        c.record_when(&id, |r| r["outcome"] == "committed")["generation"],
-        3
-    );
-    assert_eq!(origin.effects(), 1);
-}
-
-#[test]
-fn a_crash_after_a_generated_key_was_journaled_leaves_it_retryable_by_that_key() {
-    let origin = KeyedOrigin::start(Policy::Honours, Answer::Always);
-    let c = Cell::start(
-        origin.port(),
-        GENERATING,
-        &[("POSTERN_CRASH_AFTER", "PREFLIGHT_VALIDATED")],
-    );
-    let cut = c.post("a", None, "{\"amount\":3}");
-    assert_eq!(cut.status, 0, "{}", cut.head);
-    let c = c.restart(GENERATING);
-    let (_, list) = get_json(&c.daemon.url("/v1/invocations"), &[]);
-    let r = list["invocations"][0].clone();
-    let id = r["invocation_id"].as_str().unwrap_or_default().to_owned();
-    assert_eq!(
-        (r["code"].as_str(), r["outcome"].as_str()),
-        (
-            Some("BROKER_RESTARTED_BEFORE_DISPATCH"),
-            Some("not_attempted")
-        ),
-        "{r}"
-    );
-    // The agent never saw the key; the journal (and its index) did.
-    let key = r["evidence"]["idempotency"]["key"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    assert!(key.starts_with("pk_"), "{r}");
-    assert_eq!(origin.hits(), 0);
-    let retried = c.post("a", Some(&key), "{\"amount\":3}");
-    assert_eq!(
-        (retried.status, retried.id()),
-        (201, id.clone()),
-        "{}",
-        retried.body
-    );
-    assert_eq!(
-        c.record_when(&id, |r| r["outcome"] == "committed")["generation"],
-        2
-    );
-    assert_eq!(
-        header(&origin.requests()[0], "idempotency-key").as_deref(),
-        Some(key.as_str())
-    );
-    assert_eq!((origin.hits(), origin.effects()), (1, 1));
-}
-
-#[test]
-fn concurrent_first_uses_of_one_key_dispatch_once() {
-    let origin = KeyedOrigin::start(Policy::Ignores, Answer::After(Duration::from_millis(800)));
-    let c = std::sync::Arc::new(Cell::start(origin.port(), CONTRACT, &[]));
-    let racers: Vec<_> = (0..6)
-        .map(|_| {
-            let c = c.clone();
-            std::thread::spawn(move || c.post("a", Some("k-race"), "{}"))
-        })
-        .collect();
-    let replies: Vec<Reply> = racers.into_iter().map(|t| t.join().unwrap()).collect();
-    let won: Vec<&Reply> = replies.iter().filter(|r| r.status == 201).collect();
-    assert_eq!(
-        won.len(),
-        1,
-        "{:?}",
-        replies
-            .iter()
-            .map(|r| (r.status, r.body.clone()))
-            .collect::<Vec<_>>()
-    );
-    let id = won[0].id();
-    for r in replies.iter().filter(|r| r.status != 201) {
-        // Either still in flight, or already settled and replayed: never a second dispatch.
-        let in_progress = r.status == 409 && r.error().0 == "ATTEMPT_IN_PROGRESS";
-        let replayed = r.header("postern-replayed") == Some("true");
-        assert!(in_progress || replayed, "{} {}", r.status, r.body);
-        assert_eq!(r.id(), id);
-    }
-    assert_eq!((origin.hits(), origin.effects()), (1, 1));
 }
