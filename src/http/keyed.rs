@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::exchange::Exchange;
 use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody};
-use crate::config::{Approval, Idempotency, Route};
+use crate::config::{Idempotency, Route};
 use crate::contract::{
     Code, Envelope, FailureContext, OperationFacts, Outcome, Phase, ResponseFacts, Retry,
     classify_status, postern_outcome, resolve_failure,
@@ -19,7 +19,7 @@ use crate::journal::{
     Failure, JournalError, KeySlot, Payload, Refusal, State, StoredResult, unb64,
 };
 use crate::lifecycle::idempotency::{KeyBinding, KeyContract, KeyedRequest, Turn, bind, take_turn};
-use crate::lifecycle::lease::{LeaseTerms, attempt_in_progress, lease_ttl};
+use crate::lifecycle::lease::{LeaseTerms, attempt_in_progress};
 
 /// Marks an answer replayed from the result store (no dispatch).
 pub const POSTERN_REPLAYED: &str = "postern-replayed";
@@ -37,20 +37,6 @@ pub(super) struct KeyUse {
 
 /// What the key means for this request: go on (with or without a key), or answer now.
 pub(super) type Keyed = Result<Option<KeyUse>, Response<ProxyBody>>;
-
-/// A route's `retry_budget` and a lease covering its approval, connect and response time.
-pub(super) fn lease_terms(route: &Route) -> LeaseTerms {
-    let approval = match route.approval {
-        Approval::Required => route.approval_timeout,
-        Approval::None => std::time::Duration::ZERO,
-    };
-    LeaseTerms {
-        budget: route.retry_budget,
-        ttl: lease_ttl(approval, route.connect_timeout, route.response_timeout),
-        unsafe_override: false,
-        note: Some("same idempotency key".into()),
-    }
-}
 
 fn contract_of(c: &Idempotency) -> KeyContract {
     KeyContract {
@@ -114,7 +100,7 @@ impl Exchange {
             &journal,
             &key_use.request,
             &key_use.contract,
-            lease_terms(route),
+            LeaseTerms::for_route(route, Some("same idempotency key".into())),
         )
         .await;
         match turn {

@@ -39,6 +39,53 @@ pub struct LeaseTerms {
     pub note: Option<String>,
 }
 
+impl LeaseTerms {
+    /// An HTTP route's terms: its `retry_budget`, and a lease covering its approval wait,
+    /// connection stages and response timeout.
+    pub fn for_route(route: &crate::config::Route, note: Option<String>) -> Self {
+        Self::of(
+            route.retry_budget,
+            route.approval,
+            route.approval_timeout,
+            route.connect_timeout,
+            route.response_timeout,
+            note,
+        )
+    }
+
+    /// An SSH target's terms, as a route's.
+    pub fn for_ssh_target(target: &crate::config::SshTarget, note: Option<String>) -> Self {
+        Self::of(
+            target.retry_budget,
+            target.approval,
+            target.approval_timeout,
+            target.connect_timeout,
+            target.response_timeout,
+            note,
+        )
+    }
+
+    fn of(
+        budget: u32,
+        approval: crate::config::Approval,
+        approval_timeout: Duration,
+        connect: Duration,
+        response: Duration,
+        note: Option<String>,
+    ) -> Self {
+        let wait = match approval {
+            crate::config::Approval::Required => approval_timeout,
+            crate::config::Approval::None => Duration::ZERO,
+        };
+        Self {
+            budget,
+            ttl: lease_ttl(wait, connect, response),
+            unsafe_override: false,
+            note,
+        }
+    }
+}
+
 /// A lease long enough for a worker to get from its lease to the dispatch boundary: the
 /// approval hold (if any), every connection stage (dns, tcp, tls, tunnel) at its timeout,
 /// the response timeout and some slack. `POSTERN_LEASE_TTL_MS` (failpoints builds)
