@@ -127,6 +127,8 @@ impl Writer {
         let mut keys: HashMap<Vec<u8>, KeyEntry> = HashMap::new();
         let mut touches = Vec::new();
         let mut acks = Vec::new();
+        // Answered after the group is written: a refused claim's caller reads the holder next.
+        let mut refused = Vec::new();
         let mut flushes = Vec::new();
         let mut needs_sync = false;
         let start = (self.head_seq, self.head_hash.clone());
@@ -168,9 +170,7 @@ impl Writer {
                         let newly_closed = closed && staged.was_live;
                         acks.push((reply, staged.state, seqs, newly_closed));
                     }
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                    }
+                    Err(e) => refused.push((reply, e)),
                 },
                 Request::Touch { claim, reply } => match self.claim(&claim, &keys) {
                     Ok(w) => {
@@ -208,6 +208,9 @@ impl Writer {
         }
         for reply in flushes.into_iter().chain(touches) {
             let _ = reply.send(outcome.clone());
+        }
+        for (reply, e) in refused {
+            let _ = reply.send(Err(e));
         }
     }
 

@@ -32,6 +32,8 @@ pub enum Answer {
     DropsAll,
     /// Waits this long before answering.
     After(Duration),
+    /// Drops the first answer, waits this long before each later one.
+    DropsFirstThenAfter(Duration),
 }
 
 pub struct KeyedOrigin {
@@ -143,6 +145,11 @@ fn respond(stream: &mut TcpStream, answer: Answer, n: usize, reply: &str) {
         Answer::DropsFirst => n == 1,
         Answer::DropsAll => true,
         Answer::After(d) => {
+            std::thread::sleep(d);
+            false
+        }
+        Answer::DropsFirstThenAfter(_) if n == 1 => true,
+        Answer::DropsFirstThenAfter(d) => {
             std::thread::sleep(d);
             false
         }

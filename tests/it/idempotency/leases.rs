@@ -237,3 +237,25 @@ fn concurrent_first_uses_of_one_key_dispatch_once() {
     }
     assert_eq!((origin.hits(), origin.effects()), (1, 1));
 }
+
+#[test]
+fn concurrent_same_key_retries_lease_one_generation() {
+    let slow = Answer::DropsFirstThenAfter(Duration::from_millis(800));
+    let origin = KeyedOrigin::start(Policy::Ignores, slow);
+    let c = std::sync::Arc::new(Cell::start(origin.port(), CONTRACT, &[]));
+    let lost = c.post("a", Some("k-retries"), "{}");
+    assert_eq!(lost.error().3, "same_idempotency_key");
+    let racers: Vec<_> = (0..5)
+        .map(|_| {
+            let c = c.clone();
+            std::thread::spawn(move || c.post("a", Some("k-retries"), "{}"))
+        })
+        .collect();
+    let replies: Vec<Reply> = racers.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(replies.iter().filter(|r| r.status == 201).count(), 1);
+    assert!(replies.iter().all(|r| r.id() == lost.id()));
+    let r = c.record_when(&lost.id(), |r| r["outcome"] == "committed");
+    assert_eq!(r["generation"], 2, "one lease won");
+    assert_eq!(count(&c.kinds(&lost.id()), "RETRY_LEASED"), 1);
+    assert_eq!(origin.hits(), 2, "the lost try and one retry");
+}
