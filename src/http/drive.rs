@@ -128,6 +128,7 @@ impl Exchange {
             safe_until_ms: binding.as_ref().map(|b| b.safe_until_ms),
         };
         let mut drafts = Vec::new();
+        let mut refusal = None;
         if let Some(cred_id) = credential {
             match Injection::resolve(&config, &self.proxy.vault, cred_id) {
                 Ok(injection) => {
@@ -139,16 +140,16 @@ impl Exchange {
                     self.injection = Some(injection);
                 }
                 Err(code) => {
-                    let drafts = vec![Draft::observed(Body::PreflightValidated(preflight))];
-                    let failure = credential_failure(&config, cred_id, code);
-                    return Outgoing::Respond(self.fail(drafts, failure).await);
+                    drafts.push(Draft::observed(Body::PreflightValidated(preflight)));
+                    refusal = Some(credential_failure(&config, cred_id, code));
                 }
             }
         } else {
             drafts.push(Draft::observed(Body::PreflightValidated(preflight)));
         }
         if let Some(binding) = binding {
-            // The key is claimed with the preflight, before anything can be sent.
+            // The key is claimed with the preflight, before anything can be sent (a refused
+            // credential too: the key then names a not_attempted invocation to retry).
             if let Err(resp) = self
                 .record_claimed(std::mem::take(&mut drafts), binding)
                 .await
@@ -156,6 +157,9 @@ impl Exchange {
                 return Outgoing::Respond(resp);
             }
             crate::journal::pause_after_lease().await;
+        }
+        if let Some(failure) = refusal {
+            return Outgoing::Respond(self.fail(drafts, failure).await);
         }
         if route.approval == Approval::Required
             && let Err(resp) = self

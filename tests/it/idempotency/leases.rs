@@ -259,3 +259,37 @@ fn concurrent_same_key_retries_lease_one_generation() {
     assert_eq!(count(&c.kinds(&lost.id()), "RETRY_LEASED"), 1);
     assert_eq!(origin.hits(), 2, "the lost try and one retry");
 }
+
+#[test]
+fn a_key_refused_at_its_credential_names_that_invocation_for_the_next_try() {
+    let origin = KeyedOrigin::start(Policy::Honours, Answer::Always);
+    let extra = format!(
+        "{CONTRACT}\ncredential = \"c\"\n[[credentials]]\nid = \"c\"\nsecret = \"absent\"\n\
+         inject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}"
+    );
+    let c = Cell::start(origin.port(), &extra, &[]);
+    let locked = c.post("a", Some("k-locked"), "{}");
+    assert_eq!(locked.status, 503, "{}", locked.body);
+    assert_eq!(
+        locked.error(),
+        four(
+            "VAULT_LOCKED",
+            "credential_injection",
+            "not_attempted",
+            "after_correction"
+        )
+    );
+    let again = c.post("a", Some("k-locked"), "{}");
+    assert_eq!(
+        (again.status, again.id()),
+        (503, locked.id()),
+        "{}",
+        again.body
+    );
+    let r = c.record(&locked.id());
+    assert_eq!(
+        (r["generation"].as_u64(), r["outcome"].as_str()),
+        (Some(2), Some("not_attempted"))
+    );
+    assert_eq!(origin.hits(), 0);
+}
