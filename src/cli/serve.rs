@@ -353,6 +353,10 @@ async fn expire_results(journal: Journal) {
         if let Err(e) = journal.expire_results().await {
             tracing::warn!(error = %e, "result retention sweep failed");
         }
+        // Lookups ignore an expired key already; this only reclaims its space.
+        if let Err(e) = journal.expire_keys().await {
+            tracing::warn!(error = %e, "idempotency key retention sweep failed");
+        }
     }
 }
 

@@ -41,6 +41,9 @@ impl Exchange {
             injection.apply(&mut headers, &mut path_and_query)?;
             decode::offer(&mut headers);
         }
+        if let Some((name, value)) = &self.added_key {
+            headers.insert(name.clone(), value.clone());
+        }
         let uri = if h2 {
             format!("{}://{}{path_and_query}", "https", self.target.authority())
         } else {

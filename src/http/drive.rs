@@ -21,6 +21,7 @@ use super::upstream::dial;
 use crate::config::{Approval, Config, Inject, Route};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Body, Draft, Failure, Preflight};
+use crate::lifecycle::Invocation;
 use crate::policy::{denial_field, fingerprint, match_route, route_is_built};
 
 impl Exchange {
@@ -33,10 +34,10 @@ impl Exchange {
         let resp = self.drive(parts, body, &mut reply).await;
         match resp {
             Outgoing::Respond(resp) => {
-                let _ = reply.send(resp);
+                let _ = reply.send(self.with_added_key(resp));
             }
             Outgoing::Deliver { resp, done } => {
-                if reply.send(resp).is_err() {
+                if reply.send(self.with_added_key(resp)).is_err() {
                     // The agent left after the result was committed.
                     self.inv.delivery_failed().await;
                     return;
@@ -49,7 +50,7 @@ impl Exchange {
             }
             Outgoing::Gone => self.inv.delivery_failed().await,
             Outgoing::Stream { resp, done, plan } => {
-                let agent_gone = reply.send(resp).is_err();
+                let agent_gone = reply.send(self.with_added_key(resp)).is_err();
                 let end = self.pump(*plan, agent_gone).await;
                 self.after_stream(end, done).await;
             }
@@ -108,16 +109,28 @@ impl Exchange {
             &body,
         );
         let held_fingerprint = fp.clone();
+        if let Err(resp) = self.same_operation(&fp).await {
+            return Outgoing::Respond(resp);
+        }
+        let key_use = match &route.idempotency {
+            Some(c) => match self.keyed(route, c, &parts.headers, &fp).await {
+                Ok(k) => k,
+                Err(resp) => return Outgoing::Respond(resp),
+            },
+            None => None,
+        };
+        let binding = key_use.as_ref().map(|k| self.bind_key(k));
         self.keep_request(&parts, &body).await;
         let mut preflight = Preflight {
             route: route.id.clone(),
             fingerprint: fp,
             idempotent,
             credential: None,
-            idempotency: None,
-            safe_until_ms: None,
+            idempotency: binding.as_ref().map(|b| b.evidence.clone()),
+            safe_until_ms: binding.as_ref().map(|b| b.safe_until_ms),
         };
         let mut drafts = Vec::new();
+        let mut refusal = None;
         if let Some(cred_id) = credential {
             match Injection::resolve(&config, &self.proxy.vault, cred_id) {
                 Ok(injection) => {
@@ -129,13 +142,26 @@ impl Exchange {
                     self.injection = Some(injection);
                 }
                 Err(code) => {
-                    let drafts = vec![Draft::observed(Body::PreflightValidated(preflight))];
-                    let failure = credential_failure(&config, cred_id, code);
-                    return Outgoing::Respond(self.fail(drafts, failure).await);
+                    drafts.push(Draft::observed(Body::PreflightValidated(preflight)));
+                    refusal = Some(credential_failure(&config, cred_id, code));
                 }
             }
         } else {
             drafts.push(Draft::observed(Body::PreflightValidated(preflight)));
+        }
+        if let Some(binding) = binding {
+            // The key is claimed with the preflight, before anything can be sent (a refused
+            // credential too: the key then names a not_attempted invocation to retry).
+            if let Err(resp) = self
+                .record_claimed(std::mem::take(&mut drafts), binding)
+                .await
+            {
+                return Outgoing::Respond(resp);
+            }
+            crate::journal::pause_after_lease().await;
+        }
+        if let Some(failure) = refusal {
+            return Outgoing::Respond(self.fail(drafts, failure).await);
         }
         if route.approval == Approval::Required
             && let Err(resp) = self
@@ -156,7 +182,7 @@ impl Exchange {
         if pooled.is_some() {
             // No setup stage to wait for: preflight rides with DISPATCH_STARTED in one write.
             self.inv.defer(drafts);
-        } else if self.inv.record(drafts).await.is_err() {
+        } else if !drafts.is_empty() && self.inv.record(drafts).await.is_err() {
             return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
         }
         if let Some(conn) = pooled {
@@ -206,6 +232,23 @@ impl Exchange {
             }
         }
         self.fail(vec![], failure).await
+    }
+
+    /// A leased generation dispatches the operation its invocation recorded, nothing else.
+    async fn same_operation(&mut self, fingerprint: &str) -> Result<(), Response<ProxyBody>> {
+        if !self.inv.leased() {
+            return Ok(());
+        }
+        let recorded = match self.proxy.journal.record(self.inv.id()) {
+            Ok(Some(r)) => r.evidence.fingerprint,
+            _ => return Err(self.fallback(Code::JournalUnavailable)),
+        };
+        if recorded.as_deref() == Some(fingerprint) {
+            return Ok(());
+        }
+        let mut f = Failure::of(Code::FingerprintChanged);
+        f.field = Some("body".into());
+        Err(self.fail(vec![], f).await)
     }
 
     /// Framing and policy, before any DNS lookup or secret access.
@@ -264,9 +307,27 @@ impl Exchange {
 
 /// Runs the exchange in its own task so a departing agent cannot cut it short.
 pub async fn handle(proxy: Arc<Proxy>, inbound: Inbound) -> Response<ProxyBody> {
+    let ex = Exchange::new(proxy, &inbound);
+    run_spawned(ex, inbound).await
+}
+
+/// Runs `inbound` as the next dispatch of a generation leased with
+/// `lifecycle::Invocation::lease` (e.g. by `postern retry`), instead of a new invocation:
+/// preflight (binding the credential anew, the route's idempotency key as recorded),
+/// approval, dispatch and commit, all in that generation. A request whose fingerprint
+/// differs from the recorded one is `FINGERPRINT_CHANGED` and sends nothing.
+pub async fn handle_leased(
+    proxy: Arc<Proxy>,
+    inbound: Inbound,
+    leased: Invocation,
+) -> Response<ProxyBody> {
+    let ex = Exchange::for_inbound(proxy, &inbound, leased);
+    run_spawned(ex, inbound).await
+}
+
+async fn run_spawned(mut ex: Exchange, inbound: Inbound) -> Response<ProxyBody> {
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
-        let mut ex = Exchange::new(proxy, &inbound);
         let (parts, body) = inbound.request.into_parts();
         ex.run(parts, AgentBody::Incoming(body), tx).await;
     });

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use http::{Request, Response, header};
+use http::{HeaderName, HeaderValue, Request, Response, header};
 use hyper::body::Incoming;
 
 use super::Proxy;
@@ -44,9 +44,13 @@ pub(super) struct Exchange {
     pub(super) delivered_bytes: u64,
     /// Buffer budget held for this exchange's bodies; released when it ends.
     pub(super) held: Reservation,
+    /// An idempotency key postern put on the request (generated, or the one a leased
+    /// invocation recorded): sent upstream and shown to the agent on the response.
+    pub(super) added_key: Option<(HeaderName, HeaderValue)>,
 }
 
 impl Exchange {
+    /// A new invocation for this request.
     pub(super) fn new(proxy: Arc<Proxy>, inbound: &Inbound) -> Self {
         let protocol = match inbound.target.scheme {
             Scheme::Https => Protocol::Https,
@@ -60,6 +64,11 @@ impl Exchange {
             command: None,
         };
         let inv = Invocation::accept(proxy.journal.clone(), accepted);
+        Self::for_inbound(proxy, inbound, inv)
+    }
+
+    /// This request as the dispatch of `inv` (a fresh invocation, or a leased generation).
+    pub(super) fn for_inbound(proxy: Arc<Proxy>, inbound: &Inbound, inv: Invocation) -> Self {
         let request = &inbound.request;
         let mut ex = Self::on(
             proxy,
@@ -70,7 +79,7 @@ impl Exchange {
             request.headers(),
         );
         ex.framing_conflict = inbound.framing_conflict;
-        ex.agent_trailers |= inbound.request.version() == http::Version::HTTP_2;
+        ex.agent_trailers |= request.version() == http::Version::HTTP_2;
         ex
     }
 
@@ -98,7 +107,16 @@ impl Exchange {
             request_bytes: 0,
             delivered_bytes: 0,
             held: Reservation::default(),
+            added_key: None,
         }
+    }
+
+    /// Shows the agent the key postern added to its request, under the route's header name.
+    pub(super) fn with_added_key(&self, mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
+        if let Some((name, value)) = &self.added_key {
+            resp.headers_mut().insert(name.clone(), value.clone());
+        }
+        resp
     }
 
     /// Records a failure and answers with the envelope the projection computed.

@@ -20,6 +20,7 @@ mod headers;
 mod inject;
 mod intake;
 mod internal;
+mod keyed;
 pub mod mitm;
 mod pool;
 mod receive;
@@ -36,7 +37,10 @@ use crate::admin::metrics::FrontMetrics;
 use crate::config::Config;
 use crate::journal::Journal;
 
+pub use drive::handle_leased;
+pub use exchange::Inbound;
 pub use front::serve;
+pub use keyed::POSTERN_REPLAYED;
 
 /// Everything a request needs on its way through postern.
 pub struct Proxy {

@@ -17,6 +17,7 @@ use super::intake::AgentBody;
 use crate::config::Scheme;
 use crate::journal::{Record, StoredRequest, b64, unb64};
 use crate::lifecycle::Invocation;
+use crate::lifecycle::lease::LeaseTerms;
 use crate::lifecycle::retry::{Resend, SnapshotChanged};
 use crate::policy::{Target, match_route};
 
@@ -82,10 +83,12 @@ impl Resend for HttpResend {
         }
     }
 
-    fn budget(&self, record: &Record) -> u32 {
+    fn terms(&self, record: &Record, note: Option<String>) -> Option<LeaseTerms> {
         let routes = &self.0.config.routes;
-        let route = routes.iter().find(|r| Some(&r.id) == record.route.as_ref());
-        route.map_or(0, |r| r.retry_budget)
+        let route = routes
+            .iter()
+            .find(|r| Some(&r.id) == record.route.as_ref())?;
+        Some(LeaseTerms::for_route(route, note))
     }
 
     fn resend(

@@ -315,14 +315,46 @@ pub struct Reconciliation {
     pub unsafe_retry: Option<bool>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `RETRY_LEASED`: a new generation of the invocation may dispatch (SPEC §3.4).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     pub generation: u32,
     #[serde(default)]
     pub unsafe_override: bool,
-    /// The operator's words when an operator asked for this generation.
+    /// A live generation this lease takes over (its worker never reached the dispatch
+    /// boundary and its lease ran out): that worker is stopped by the generation check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supersedes: Option<Supersession>,
+    /// How long the new generation's worker may take to reach the dispatch boundary
+    /// before another may supersede it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// Who asked and why, in their words (an operator's note, "same idempotency key").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+}
+
+/// The generation a lease took over, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Supersession {
+    pub generation: u32,
+    pub reason: SupersedeReason,
+}
+
+/// Why a live generation was taken over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SupersedeReason {
+    /// Its worker held the lease past its expiry without reaching the dispatch boundary.
+    LeaseExpired,
+}
+
+impl SupersedeReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::LeaseExpired => "lease_expired",
+        }
+    }
 }
 
 /// What a caller asks the journal to append.
@@ -332,6 +364,9 @@ pub struct Draft {
     pub source: Source,
     pub hop: String,
     pub attempt: u32,
+    /// The generation the writer of this draft holds (None: whatever is current). A draft
+    /// of a superseded generation is refused: that is the generation check.
+    pub generation: Option<u32>,
 }
 
 impl Draft {
@@ -342,6 +377,7 @@ impl Draft {
             source: Source::TransportObserved,
             hop: "postern".into(),
             attempt: 0,
+            generation: None,
         }
     }
 
@@ -357,6 +393,11 @@ impl Draft {
 
     pub fn attempt(mut self, attempt: u32) -> Self {
         self.attempt = attempt;
+        self
+    }
+
+    pub fn generation(mut self, generation: u32) -> Self {
+        self.generation = Some(generation);
         self
     }
 }

@@ -67,6 +67,40 @@ pub async fn pause_before_send() {
 #[cfg(not(feature = "failpoints"))]
 pub async fn pause_before_send() {}
 
+/// `POSTERN_PAUSE_AFTER_LEASE_MS=<ms>`: the first worker of the process to take a lease
+/// (claim a key, or lease a new generation) waits this long before going on toward the
+/// dispatch boundary, so a test can let its lease expire and supersede it.
+#[cfg(feature = "failpoints")]
+pub async fn pause_after_lease() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static PAUSED: AtomicBool = AtomicBool::new(false);
+    let ms = std::env::var("POSTERN_PAUSE_AFTER_LEASE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(ms) = ms
+        && !PAUSED.swap(true, Ordering::SeqCst)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
+}
+
+#[cfg(not(feature = "failpoints"))]
+pub async fn pause_after_lease() {}
+
+/// `POSTERN_LEASE_TTL_MS=<ms>`: every lease expires after this long (tests shorten it).
+#[cfg(feature = "failpoints")]
+pub fn lease_ttl_override() -> Option<std::time::Duration> {
+    std::env::var("POSTERN_LEASE_TTL_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(std::time::Duration::from_millis)
+}
+
+#[cfg(not(feature = "failpoints"))]
+pub fn lease_ttl_override() -> Option<std::time::Duration> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

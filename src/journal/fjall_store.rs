@@ -5,6 +5,7 @@ use std::path::Path;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
 use super::event::Event;
+use super::keys::{KeyEntry, KeyWrite};
 use super::projection::State;
 use super::request::StoredRequest;
 use super::result::StoredResult;
@@ -20,6 +21,9 @@ pub struct FjallStore {
     results: Keyspace,
     requests: Keyspace,
     result_expiry: Keyspace,
+    /// Idempotency key index: scope, agent, key → `KeyEntry`.
+    keys: Keyspace,
+    key_expiry: Keyspace,
 }
 
 impl From<fjall::Error> for StoreError {
@@ -56,10 +60,21 @@ fn invocation_key(id: &str, seq: u64) -> Vec<u8> {
 }
 
 fn expiry_key(at_ms: i64, id: &str) -> Vec<u8> {
+    expiry_key_bytes(at_ms, id.as_bytes())
+}
+
+fn expiry_key_bytes(at_ms: i64, id: &[u8]) -> Vec<u8> {
     let mut key = Vec::with_capacity(id.len() + 8);
     key.extend_from_slice(&(at_ms.max(0) as u64).to_be_bytes());
-    key.extend_from_slice(id.as_bytes());
+    key.extend_from_slice(id);
     key
+}
+
+/// Splits an expiry row key into its time and the rest.
+fn split_expiry(k: &[u8]) -> Result<(i64, &[u8]), StoreError> {
+    let (at, rest) = k.split_at(8.min(k.len()));
+    let at: [u8; 8] = at.try_into().map_err(|e| corrupt("expiry key", e))?;
+    Ok((u64::from_be_bytes(at) as i64, rest))
 }
 
 impl FjallStore {
@@ -95,6 +110,8 @@ impl FjallStore {
             results: ks_small("results")?,
             requests: ks_small("requests")?,
             result_expiry: ks_small("result_expiry")?,
+            keys: ks_small("idempotency_keys")?,
+            key_expiry: ks_small("idempotency_key_expiry")?,
             db,
         })
     }
@@ -144,6 +161,7 @@ impl EventStore for FjallStore {
             batch.remove(&self.requests, id.as_bytes());
             batch.remove(&self.result_expiry, expiry_key(*at_ms, id));
         }
+        self.write_keys(&mut batch, &set.keys, &set.expired_keys)?;
         batch.commit()?;
         self.db.persist(PersistMode::Buffer)?;
         Ok(())
@@ -248,14 +266,69 @@ impl EventStore for FjallStore {
         let mut out = Vec::new();
         for guard in self.result_expiry.iter().take(limit) {
             let k = guard.key()?;
-            let (at, id) = k.split_at(8.min(k.len()));
-            let at: [u8; 8] = at.try_into().map_err(|e| corrupt("expiry key", e))?;
-            let at_ms = u64::from_be_bytes(at) as i64;
+            let (at_ms, id) = split_expiry(&k)?;
             if at_ms > now_ms {
                 break;
             }
             out.push((at_ms, String::from_utf8_lossy(id).into_owned()));
         }
         Ok(out)
+    }
+
+    fn key_entry(&self, index_key: &[u8]) -> Result<Option<KeyEntry>, StoreError> {
+        match self.keys.get(index_key)? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| corrupt("key entry", e)),
+        }
+    }
+
+    fn expired_keys(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+        let mut out = Vec::new();
+        for guard in self.key_expiry.iter().take(limit) {
+            let k = guard.key()?;
+            let (at_ms, index_key) = split_expiry(&k)?;
+            if at_ms > now_ms {
+                break;
+            }
+            out.push((at_ms, index_key.to_vec()));
+        }
+        Ok(out)
+    }
+}
+
+impl FjallStore {
+    /// Key index rows: expired ones out first (an entry refreshed since keeps its newer
+    /// expiry), then claims and refreshes, each moving its expiry row.
+    fn write_keys(
+        &self,
+        batch: &mut fjall::OwnedWriteBatch,
+        keys: &[KeyWrite],
+        expired: &[(i64, Vec<u8>)],
+    ) -> Result<(), StoreError> {
+        for (at_ms, index_key) in expired {
+            batch.remove(&self.key_expiry, expiry_key_bytes(*at_ms, index_key));
+            let current = self.key_entry(index_key)?;
+            if current.is_some_and(|e| e.expires_at_ms <= *at_ms) {
+                batch.remove(&self.keys, index_key.as_slice());
+            }
+        }
+        for w in keys {
+            if let Some(old) = w.replaces_expiry {
+                batch.remove(&self.key_expiry, expiry_key_bytes(old, &w.index_key));
+            }
+            batch.insert(
+                &self.keys,
+                w.index_key.as_slice(),
+                to_json("key entry", &w.entry)?,
+            );
+            batch.insert(
+                &self.key_expiry,
+                expiry_key_bytes(w.entry.expires_at_ms, &w.index_key),
+                [],
+            );
+        }
+        Ok(())
     }
 }

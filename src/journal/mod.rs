@@ -11,9 +11,10 @@ mod access;
 mod audit;
 mod event;
 mod failpoints;
-pub use failpoints::pause_before_send;
+pub use failpoints::{lease_ttl_override, pause_after_lease, pause_before_send};
 mod fjall_store;
 mod health;
+mod keys;
 mod metrics;
 mod projection;
 mod request;
@@ -31,11 +32,12 @@ pub use audit::{AuditReport, ChainBreak, verify};
 pub use event::{
     Accepted, ApprovalAnswer, ApprovalRequest, Body, ConnectAttempt, Delivered, Dispatch, Draft,
     Event, EventKind, Failure, GENESIS_HASH, Lease, Preflight, Protocol, Reconciliation,
-    RequestSent, ResponseComplete, ResponseStarted, ResultCommitted, Source, TlsIdentity,
-    sha256_tagged, sha256_tagged_digest,
+    RequestSent, ResponseComplete, ResponseStarted, ResultCommitted, Source, SupersedeReason,
+    Supersession, TlsIdentity, sha256_tagged, sha256_tagged_digest,
 };
 pub use fjall_store::FjallStore;
 pub use health::Health;
+pub use keys::{KeyClaim, KeyEntry, KeySlot, KeyWrite};
 pub use metrics::JournalMetrics;
 pub use projection::{Progress, Record, Refusal, ResultSummary, State, apply, apply_body, replay};
 pub use request::StoredRequest;
@@ -177,7 +179,18 @@ impl Journal {
         invocation_id: &str,
         drafts: Vec<Draft>,
     ) -> Result<Appended, JournalError> {
-        self.submit(invocation_id, drafts, None).await
+        self.submit(invocation_id, drafts, None, None).await
+    }
+
+    /// `append`, writing an idempotency key's index entry in the same batch; refused
+    /// (`Refusal::KeyHeld`, nothing written) while another invocation holds the key.
+    pub async fn append_claiming(
+        &self,
+        invocation_id: &str,
+        drafts: Vec<Draft>,
+        claim: KeyClaim,
+    ) -> Result<Appended, JournalError> {
+        self.submit(invocation_id, drafts, None, Some(claim)).await
     }
 
     /// Queues drafts that need no ack on the hot path; order with later appends is kept
@@ -188,6 +201,7 @@ impl Journal {
             invocation_id: invocation_id.to_owned(),
             drafts,
             result: None,
+            claim: None,
             reply,
         };
         let _ = self.tx.send(request).await;
@@ -200,7 +214,7 @@ impl Journal {
         drafts: Vec<Draft>,
         result: StoredResult,
     ) -> Result<Appended, JournalError> {
-        self.submit(invocation_id, drafts, Some(result)).await
+        self.submit(invocation_id, drafts, Some(result), None).await
     }
 
     async fn submit(
@@ -208,12 +222,14 @@ impl Journal {
         invocation_id: &str,
         drafts: Vec<Draft>,
         result: Option<StoredResult>,
+        claim: Option<KeyClaim>,
     ) -> Result<Appended, JournalError> {
         let (reply, rx) = oneshot::channel();
         let request = Request::Append {
             invocation_id: invocation_id.to_owned(),
             drafts,
             result,
+            claim,
             reply,
         };
         self.tx
@@ -234,6 +250,7 @@ impl Journal {
             invocation_id: invocation_id.to_owned(),
             drafts,
             result: None,
+            claim: None,
             reply,
         };
         self.tx
@@ -347,7 +364,10 @@ impl Journal {
         let due = self.store.expired_results(unix_ms(self.now()), 1024)?;
         let n = due.len();
         if n > 0 {
-            let request = Request::Expire { results: due };
+            let request = Request::Expire {
+                results: due,
+                keys: Vec::new(),
+            };
             self.tx
                 .send(request)
                 .await

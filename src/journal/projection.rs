@@ -67,6 +67,9 @@ pub struct Progress {
     /// this generation): stages of one attempt (dns → tcp → tls) count once.
     #[serde(default)]
     pub attempt_n: u32,
+    /// When the live generation's lease began (`ACTION_ACCEPTED` or `RETRY_LEASED`), unix ms.
+    #[serde(default)]
+    pub lease_started_ms: i64,
 }
 
 /// Record plus progress: what the journal stores per invocation.
@@ -109,6 +112,8 @@ pub enum Refusal {
     UnresolvedResult,
     #[error("a retry lease needs a closed generation that is not resolved")]
     LeaseRefused,
+    #[error("the idempotency key is held by {0}")]
+    KeyHeld(String),
 }
 
 /// The time of an event in unix ms; 0 if `ts` is not RFC 3339.
@@ -185,6 +190,7 @@ fn accepted(event: &Event, a: super::event::Accepted) -> State {
         progress: Progress {
             phase_reached: Some(Phase::Validation),
             last_seq: event.seq,
+            lease_started_ms: event_ms(event),
             ..Progress::default()
         },
     }
@@ -384,10 +390,11 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             p.closed = true;
         }
         Body::RetryLeased(lease) => {
-            if !p.closed || is_resolved(r.outcome) || lease.generation != r.generation + 1 {
+            if !may_lease(p, r, &lease) {
                 return Err(Refusal::LeaseRefused);
             }
             r.generation = lease.generation;
+            p.lease_started_ms = event_ms(event);
             // The earlier failure stays in the events; the record shows the live attempt.
             r.retry = Retry::FetchResult;
             r.code = None;
@@ -399,6 +406,18 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
         }
     }
     Ok(())
+}
+
+/// A new generation needs the live one closed and unresolved, or — when it supersedes
+/// that one by name — the live one still short of the dispatch boundary.
+fn may_lease(p: &Progress, r: &Record, lease: &super::event::Lease) -> bool {
+    if is_resolved(r.outcome) || lease.generation != r.generation + 1 {
+        return false;
+    }
+    match &lease.supersedes {
+        None => p.closed,
+        Some(s) => s.generation == r.generation && !p.closed && !p.dispatched_this_generation,
+    }
 }
 
 fn reach(p: &mut Progress, phase: Phase) {
@@ -434,7 +453,9 @@ fn fail(
     let p = &mut state.progress;
     let r = &mut state.record;
     let live_result = code == Code::ResultDeliveryFailed || code == Code::ResultStoreFailed;
-    if p.closed && !(live_result && p.result_stored && !p.delivered) {
+    // A spent budget is found when a retry is asked for: the last generation is closed.
+    let spent_budget = code == Code::RetryBudgetExhausted && !is_resolved(r.outcome);
+    if p.closed && !(live_result && p.result_stored && !p.delivered) && !spent_budget {
         return Err(Refusal::Closed(EventKind::Failed));
     }
     if code.is_pre_dispatch() && p.dispatched_this_generation {

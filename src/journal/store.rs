@@ -4,6 +4,7 @@
 //! process must exit and recover from what is durable.
 
 use super::event::Event;
+use super::keys::{KeyEntry, KeyWrite};
 use super::projection::State;
 use super::request::StoredRequest;
 use super::result::StoredResult;
@@ -34,6 +35,11 @@ pub struct WriteSet {
     /// Requests kept for `postern retry` (they expire with the results).
     pub requests: Vec<StoredRequest>,
     pub expired_results: Vec<(i64, String)>,
+    /// Idempotency key index entries claimed or refreshed.
+    pub keys: Vec<KeyWrite>,
+    /// Expiry rows of the key index that came due: (expiry, index key). The entry goes
+    /// with its row only if it was not refreshed meanwhile.
+    pub expired_keys: Vec<(i64, Vec<u8>)>,
 }
 
 impl WriteSet {
@@ -42,6 +48,8 @@ impl WriteSet {
             && self.results.is_empty()
             && self.requests.is_empty()
             && self.expired_results.is_empty()
+            && self.keys.is_empty()
+            && self.expired_keys.is_empty()
     }
 }
 
@@ -75,4 +83,8 @@ pub trait EventStore: Send + Sync + 'static {
     fn request(&self, invocation_id: &str) -> Result<Option<StoredRequest>, StoreError>;
     /// Results whose retention ended at or before `now_ms`.
     fn expired_results(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, String)>, StoreError>;
+    /// The idempotency key index entry under `index_key`, expired or not.
+    fn key_entry(&self, index_key: &[u8]) -> Result<Option<KeyEntry>, StoreError>;
+    /// Key index expiry rows due at or before `now_ms`: (expiry, index key).
+    fn expired_keys(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError>;
 }

@@ -421,6 +421,12 @@ impl EventStore for FailingSync {
     fn expired_results(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, String)>, StoreError> {
         self.inner.expired_results(now_ms, limit)
     }
+    fn key_entry(&self, index_key: &[u8]) -> Result<Option<super::KeyEntry>, StoreError> {
+        self.inner.key_entry(index_key)
+    }
+    fn expired_keys(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+        self.inner.expired_keys(now_ms, limit)
+    }
 }
 
 #[test]

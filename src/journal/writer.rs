@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::event::{Draft, Event, EventKind, GENESIS_HASH, split_body};
 use super::failpoints::Failpoints;
 use super::health::Health;
+use super::keys::{KeyClaim, KeyEntry, KeyWrite};
 use super::metrics::JournalMetrics;
 use super::projection::{Refusal, State, apply_body, replay};
 use super::request::StoredRequest;
@@ -36,15 +37,21 @@ pub(super) enum Request {
         invocation_id: String,
         drafts: Vec<Draft>,
         result: Option<StoredResult>,
+        /// An idempotency key index entry written in the same batch.
+        claim: Option<KeyClaim>,
         reply: oneshot::Sender<Result<Appended, JournalError>>,
+    },
+    /// A key index entry alone (a replay moves its expiry on).
+    Touch {
+        claim: KeyClaim,
+        reply: oneshot::Sender<Result<(), JournalError>>,
     },
     Expire {
         results: Vec<(i64, String)>,
+        keys: Vec<(i64, Vec<u8>)>,
     },
     /// A request kept for `postern retry`; rides the next write (and its sync).
-    Keep {
-        request: Box<StoredRequest>,
-    },
+    Keep { request: Box<StoredRequest> },
     Flush {
         reply: oneshot::Sender<Result<(), JournalError>>,
     },
@@ -120,7 +127,11 @@ impl Writer {
     fn commit_group(&mut self, group: Vec<Request>) {
         let mut set = WriteSet::default();
         let mut overlay: HashMap<String, Arc<State>> = HashMap::new();
+        let mut keys: HashMap<Vec<u8>, KeyEntry> = HashMap::new();
+        let mut touches = Vec::new();
         let mut acks = Vec::new();
+        // Answered after the group is written: a refused claim's caller reads the holder next.
+        let mut refused = Vec::new();
         let mut flushes = Vec::new();
         let mut needs_sync = false;
         let start = (self.head_seq, self.head_hash.clone());
@@ -130,9 +141,20 @@ impl Writer {
                     invocation_id,
                     drafts,
                     result,
+                    claim,
                     reply,
-                } => match self.stage(&invocation_id, drafts, result.as_ref(), &overlay) {
-                    Ok(staged) => {
+                } => match self.stage_claimed(
+                    &invocation_id,
+                    drafts,
+                    (result.as_ref(), claim),
+                    &overlay,
+                    &keys,
+                ) {
+                    Ok((staged, key)) => {
+                        if let Some(w) = key {
+                            keys.insert(w.index_key.clone(), w.entry.clone());
+                            set.keys.push(w);
+                        }
                         needs_sync |= staged.needs_sync;
                         let seqs = staged.events.iter().map(|(e, _)| e.seq).collect();
                         let closed = staged.state.progress.closed;
@@ -143,8 +165,11 @@ impl Writer {
                         }
                         set.events.extend(staged.events);
                         // Live states are served from memory and replayed from events after a
-                        // crash: the record is stored once, when it settles.
-                        if closed {
+                        // crash: the record is stored once, when it settles — and again when a
+                        // retry lease reopens a settled one, so no reader (or recovery) takes
+                        // the stale settled copy for the truth.
+                        let reopened = !closed && !staged.was_live;
+                        if closed || reopened {
                             set.states.push(staged.state.clone());
                         }
                         if let Some(r) = result {
@@ -154,11 +179,22 @@ impl Writer {
                         let newly_closed = closed && staged.was_live;
                         acks.push((reply, staged.state, seqs, newly_closed));
                     }
+                    Err(e) => refused.push((reply, e)),
+                },
+                Request::Touch { claim, reply } => match self.claim(&claim, &keys) {
+                    Ok(w) => {
+                        keys.insert(w.index_key.clone(), w.entry.clone());
+                        set.keys.push(w);
+                        touches.push(reply);
+                    }
                     Err(e) => {
                         let _ = reply.send(Err(e));
                     }
                 },
-                Request::Expire { results } => set.expired_results.extend(results),
+                Request::Expire { results, keys } => {
+                    set.expired_results.extend(results);
+                    set.expired_keys.extend(keys);
+                }
                 Request::Keep { request } => set.requests.push(*request),
                 Request::Flush { reply } => {
                     needs_sync = true;
@@ -180,9 +216,61 @@ impl Writer {
             };
             let _ = reply.send(result);
         }
-        for reply in flushes {
+        for reply in flushes.into_iter().chain(touches) {
             let _ = reply.send(outcome.clone());
         }
+        for (reply, e) in refused {
+            let _ = reply.send(Err(e));
+        }
+    }
+
+    /// `stage`, after checking the key claim riding it; a refused claim writes nothing.
+    fn stage_claimed(
+        &mut self,
+        id: &str,
+        drafts: Vec<Draft>,
+        (result, claim): (Option<&StoredResult>, Option<KeyClaim>),
+        overlay: &HashMap<String, Arc<State>>,
+        keys: &HashMap<Vec<u8>, KeyEntry>,
+    ) -> Result<(Staged, Option<KeyWrite>), JournalError> {
+        let key = match claim {
+            Some(c) if c.entry.invocation_id != id => {
+                return Err(JournalError::Refused(Refusal::UnknownInvocation));
+            }
+            Some(c) => Some(self.claim(&c, keys)?),
+            None => None,
+        };
+        Ok((self.stage(id, drafts, result, overlay)?, key))
+    }
+
+    /// The index write for a claim, unless a live entry names another invocation.
+    fn claim(
+        &self,
+        claim: &KeyClaim,
+        keys: &HashMap<Vec<u8>, KeyEntry>,
+    ) -> Result<KeyWrite, JournalError> {
+        let index_key = claim.slot.index_key();
+        let current = match keys.get(&index_key) {
+            Some(e) => Some(e.clone()),
+            None => self
+                .store
+                .key_entry(&index_key)
+                .map_err(|e| self.storage_fault(e))?,
+        };
+        let now = super::unix_ms((self.clock)());
+        if let Some(held) = current
+            .as_ref()
+            .filter(|e| e.expires_at_ms > now && e.invocation_id != claim.entry.invocation_id)
+        {
+            return Err(JournalError::Refused(Refusal::KeyHeld(
+                held.invocation_id.clone(),
+            )));
+        }
+        Ok(KeyWrite {
+            index_key,
+            entry: claim.entry.clone(),
+            replaces_expiry: current.map(|e| e.expires_at_ms),
+        })
     }
 
     /// Writes a group; syncs it if any event needs it; fires failpoints.
@@ -291,10 +379,12 @@ impl Writer {
         for draft in drafts {
             seq += 1;
             let (kind, data) = split_body(&draft.body);
-            let generation = match (&draft.body, &state) {
-                (super::event::Body::RetryLeased(l), _) => l.generation,
-                (_, Some(s)) => s.record.generation,
-                (_, None) => 1,
+            // A draft names the generation its writer holds; the projection refuses a stale one.
+            let generation = match (&draft.body, draft.generation, &state) {
+                (super::event::Body::RetryLeased(l), _, _) => l.generation,
+                (_, Some(g), _) => g,
+                (_, None, Some(s)) => s.record.generation,
+                (_, None, None) => 1,
             };
             let mut event = Event {
                 seq,

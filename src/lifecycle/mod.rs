@@ -9,9 +9,15 @@
 //! envelope the journal's projection computed (`contract` decides, the transport renders).
 //! Invariant: nothing is sent after `dispatch_boundary` fails, and once it succeeded the
 //! invocation is never again `not_attempted`.
+//!
+//! Generations (`lease`): a retry of an unresolved invocation is a new generation of the
+//! same invocation (`RETRY_LEASED`), and every draft carries the generation its worker
+//! holds, so a worker whose generation was superseded is refused at the dispatch boundary.
+//! `idempotency` decides what a request with a known idempotency key gets.
 
 mod approval;
-mod lease;
+pub mod idempotency;
+pub mod lease;
 pub mod refusals;
 pub mod retry;
 
@@ -22,7 +28,7 @@ use crate::contract::{
 };
 use crate::journal::{
     Accepted, Appended, Body, ConnectAttempt, Delivered, Dispatch, Draft, Failure, Journal,
-    JournalError, StoredResult, new_invocation_id,
+    JournalError, KeyClaim, Refusal, StoredResult, new_invocation_id,
 };
 
 /// An invocation on its way through the lifecycle.
@@ -32,8 +38,14 @@ pub struct Invocation {
     /// Drafts not yet appended: they travel with the next append.
     pending: Vec<Draft>,
     dispatched: bool,
+    /// An earlier generation crossed the dispatch boundary.
+    dispatched_before: bool,
     /// The last connection-setup attempt recorded (numbers those of a later connection).
     last_attempt: u32,
+    /// The generation this worker holds; every draft it appends names it.
+    generation: u32,
+    /// Made by `lease` (a new generation), not by `accept`.
+    leased: bool,
 }
 
 impl Invocation {
@@ -44,8 +56,26 @@ impl Invocation {
             id: new_invocation_id(),
             pending: vec![Draft::observed(Body::ActionAccepted(accepted))],
             dispatched: false,
+            dispatched_before: false,
             last_attempt: 0,
+            generation: 1,
+            leased: false,
         }
+    }
+
+    /// The generation this worker holds.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// A new generation of an existing invocation (`lease`), not a fresh one.
+    pub fn leased(&self) -> bool {
+        self.leased
+    }
+
+    /// Some generation before this one crossed the dispatch boundary.
+    pub fn dispatched_before(&self) -> bool {
+        self.dispatched_before
     }
 
     pub fn id(&self) -> &str {
@@ -87,18 +117,51 @@ impl Invocation {
         self.pending.append(&mut drafts);
     }
 
-    /// Appends the deferred drafts and these, waiting for what the sync rule requires.
-    pub async fn record(&mut self, mut drafts: Vec<Draft>) -> Result<Appended, JournalError> {
+    /// The deferred drafts and these, each naming this worker's generation.
+    fn take_drafts(&mut self, mut drafts: Vec<Draft>) -> Vec<Draft> {
         let mut all = std::mem::take(&mut self.pending);
         all.append(&mut drafts);
-        self.journal.append(&self.id, all).await
+        for d in &mut all {
+            d.generation.get_or_insert(self.generation);
+        }
+        all
+    }
+
+    /// Appends the deferred drafts and these, waiting for what the sync rule requires.
+    pub async fn record(&mut self, drafts: Vec<Draft>) -> Result<Appended, JournalError> {
+        let all = self.take_drafts(drafts);
+        let recorded = self.journal.append(&self.id, all).await;
+        self.note_superseded(&recorded);
+        recorded
+    }
+
+    /// `record`, claiming (or refreshing) an idempotency key in the same write; refused
+    /// with `Refusal::KeyHeld` while another invocation holds the key.
+    pub async fn record_claiming(
+        &mut self,
+        drafts: Vec<Draft>,
+        claim: KeyClaim,
+    ) -> Result<Appended, JournalError> {
+        let all = self.take_drafts(drafts);
+        self.journal.append_claiming(&self.id, all, claim).await
     }
 
     /// Appends without waiting: for events nothing acts on.
-    pub async fn observe(&mut self, mut drafts: Vec<Draft>) {
-        let mut all = std::mem::take(&mut self.pending);
-        all.append(&mut drafts);
+    pub async fn observe(&mut self, drafts: Vec<Draft>) {
+        let all = self.take_drafts(drafts);
         self.journal.enqueue(&self.id, all).await;
+    }
+
+    /// Logs a worker stopped by the generation check (a later generation took over).
+    fn note_superseded(&self, recorded: &Result<Appended, JournalError>) {
+        if let Err(JournalError::Refused(Refusal::WrongGeneration { expected, got })) = recorded {
+            tracing::warn!(
+                invocation = %self.id,
+                generation = got,
+                current = expected,
+                "a superseded worker was stopped by the generation check; nothing was sent"
+            );
+        }
     }
 
     /// Records a failure; the envelope is the projection's.
@@ -124,14 +187,24 @@ impl Invocation {
                 Some(env) => env.clone(),
                 None => self.fallback(code),
             },
+            Err(JournalError::Refused(Refusal::WrongGeneration { .. })) => self.superseded(),
             Err(_) if self.dispatched => self.fallback(code),
             Err(_) => self.fallback(Code::JournalUnavailable),
         }
     }
 
+    /// The answer of a worker whose generation was superseded: the invocation belongs to
+    /// a later attempt now (`ATTEMPT_IN_PROGRESS`, fetch its result by id).
+    fn superseded(&self) -> Envelope {
+        match self.journal.state(&self.id) {
+            Ok(Some(state)) => lease::attempt_in_progress(&state),
+            _ => self.fallback(Code::JournalUnavailable),
+        }
+    }
+
     /// An envelope computed without the journal (it could not record).
     pub fn fallback(&self, code: Code) -> Envelope {
-        let d = self.dispatched;
+        let d = self.dispatched || self.dispatched_before;
         let ctx = FailureContext {
             phase_reached: if d {
                 Phase::RemoteExecution
@@ -185,21 +258,24 @@ impl Invocation {
         hop: &str,
     ) -> Result<(), Envelope> {
         drafts.push(Draft::observed(Body::DispatchStarted(dispatch)).hop(hop));
-        if self.record(drafts).await.is_err() {
-            return Err(self.fallback(Code::JournalUnavailable));
+        match self.record(drafts).await {
+            Ok(_) => {
+                self.dispatched = true;
+                Ok(())
+            }
+            // The generation check: a later generation owns the invocation now.
+            Err(JournalError::Refused(Refusal::WrongGeneration { .. })) => Err(self.superseded()),
+            Err(_) => Err(self.fallback(Code::JournalUnavailable)),
         }
-        self.dispatched = true;
-        Ok(())
     }
 
     /// `RESULT_COMMITTED` (the resolving event, in `drafts`) with its result, durable.
     pub async fn commit_result(
         &mut self,
-        mut drafts: Vec<Draft>,
+        drafts: Vec<Draft>,
         result: StoredResult,
     ) -> Result<Appended, JournalError> {
-        let mut all = std::mem::take(&mut self.pending);
-        all.append(&mut drafts);
+        let all = self.take_drafts(drafts);
         self.journal.commit_result(&self.id, all, result).await
     }
 

@@ -10,7 +10,7 @@ use crate::contract::{Envelope, OperationView, RecordFacts, Verdict, decide};
 use crate::journal::{Journal, Payload, Record, StoredRequest, StoredResult};
 
 use super::Invocation;
-use super::lease::LeaseTerms;
+use super::lease::{LeaseError, LeaseTerms};
 
 /// What the operator asked for.
 #[derive(Debug, Clone, Default)]
@@ -32,8 +32,9 @@ pub trait Resend: Send + Sync {
         record: &Record,
         request: &StoredRequest,
     ) -> Result<(), SnapshotChanged>;
-    /// The retry budget of the invocation's route or target.
-    fn budget(&self, record: &Record) -> u32;
+    /// The lease terms (retry budget, lease expiry) of the invocation's route or target;
+    /// `None` when it no longer exists.
+    fn terms(&self, record: &Record, note: Option<String>) -> Option<LeaseTerms>;
     /// Runs the leased generation to its end (result committed or failure recorded).
     fn resend(
         &self,
@@ -176,14 +177,24 @@ async fn resend_generation(
             record: Box::new(record),
         };
     }
-    let terms = LeaseTerms {
-        budget: resend.budget(&record),
-        unsafe_override: vouched,
-        note,
+    let Some(mut terms) = resend.terms(&record, note) else {
+        return RetryAnswer::Refused {
+            verdict: None,
+            code: "FINGERPRINT_CHANGED",
+            message:
+                "The route or target this invocation bound no longer exists; nothing was sent."
+                    .into(),
+            record: Box::new(record),
+        };
     };
+    terms.unsafe_override = vouched;
     let inv = match Invocation::lease(journal.clone(), &id, terms).await {
         Ok(inv) => inv,
-        Err(env) => return RetryAnswer::Failed(Box::new(env)),
+        Err(LeaseError::Refused(env)) => return RetryAnswer::Failed(env),
+        Err(LeaseError::NotFound) => return RetryAnswer::NotFound,
+        Err(LeaseError::Resolved(state)) => {
+            return RetryAnswer::Settled(Verdict::ReturnRecordedResult, Box::new(state.record));
+        }
     };
     resend.resend(inv, record, request).await;
     match journal.record(&id) {

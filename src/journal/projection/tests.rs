@@ -21,6 +21,7 @@ enum Move {
     Fail(Code, Source),
     Reconcile(Outcome, Source),
     Lease(u32),
+    Supersede,
     WrongGeneration,
 }
 
@@ -50,6 +51,7 @@ fn a_move() -> impl Strategy<Value = Move> {
         4 => (code(), source()).prop_map(|(c, s)| Move::Fail(c, s)),
         2 => (outcome(), source()).prop_map(|(o, s)| Move::Reconcile(o, s)),
         2 => (0u32..3).prop_map(Move::Lease),
+        1 => Just(Move::Supersede),
         1 => Just(Move::WrongGeneration),
     ]
 }
@@ -124,12 +126,22 @@ fn body_of(m: &Move, generation: u32) -> (Body, Source, u32) {
             return (
                 Body::RetryLeased(Lease {
                     generation: g,
-                    unsafe_override: false,
-                    note: None,
+                    ..Lease::default()
                 }),
                 observed,
                 g,
             );
+        }
+        Move::Supersede => {
+            let lease = Lease {
+                generation: generation + 1,
+                supersedes: Some(Supersession {
+                    generation,
+                    reason: SupersedeReason::LeaseExpired,
+                }),
+                ..Lease::default()
+            };
+            return (Body::RetryLeased(lease), observed, generation + 1);
         }
         Move::WrongGeneration => {
             return (
@@ -215,6 +227,11 @@ proptest! {
             let ev = event(seq, &body, source, g);
             if let Ok(next) = apply(state.clone(), &ev) {
                     check_transition(&state, &next, &ev)?;
+                    if let Body::RetryLeased(Lease { supersedes: Some(_), .. }) = &body {
+                        let prev = state.as_ref().map(|s| &s.progress);
+                        prop_assert!(prev.is_some_and(|p| !p.closed && !p.dispatched_this_generation),
+                            "superseded a closed or dispatched generation");
+                    }
                     if let Body::Failed(f) = &body {
                         let same_gen_dispatch = state.as_ref().is_some_and(|s| s.progress.dispatched_this_generation);
                         prop_assert!(!(f.code.is_pre_dispatch() && same_gen_dispatch));
@@ -438,4 +455,61 @@ fn a_request_held_for_approval_stopped_at_credential_injection() {
             "answered={answered}"
         );
     }
+}
+
+#[test]
+fn a_lease_supersedes_only_a_live_generation_short_of_dispatch() {
+    use Move::*;
+    let s = run(&[
+        Accept,
+        Preflight(false),
+        Supersede,
+        Preflight(false),
+        Dispatch,
+    ])
+    .ok();
+    assert!(s.is_some_and(|s| s.record.generation == 2 && s.progress.dispatched_this_generation));
+    assert_eq!(
+        run(&[Accept, Preflight(false), Dispatch, Supersede]).err(),
+        Some(Refusal::LeaseRefused)
+    );
+    assert_eq!(
+        run(&[
+            Accept,
+            Preflight(false),
+            Fail(Code::DnsError, Source::TransportObserved),
+            Supersede
+        ])
+        .err(),
+        Some(Refusal::LeaseRefused)
+    );
+}
+
+#[test]
+fn a_spent_budget_is_recorded_on_a_closed_unresolved_generation() {
+    use Move::*;
+    let s = run(&[
+        Accept,
+        Preflight(false),
+        Dispatch,
+        Fail(Code::RemoteOutcomeUnknown, Source::TransportObserved),
+        Fail(Code::RetryBudgetExhausted, Source::TransportObserved),
+    ])
+    .ok();
+    let r = s.map(|s| s.record);
+    assert!(r.as_ref().is_some_and(|r| r.outcome == Outcome::Unknown
+        && r.code == Some(Code::RetryBudgetExhausted)
+        && r.retry == Retry::Reconcile));
+    assert_eq!(
+        run(&[
+            Accept,
+            Preflight(false),
+            Dispatch,
+            Commit(Outcome::Committed, Source::RemoteResponse),
+            Delivered,
+            Fail(Code::RetryBudgetExhausted, Source::TransportObserved),
+        ])
+        .err(),
+        Some(Refusal::Closed(EventKind::Failed))
+    );
 }
