@@ -243,3 +243,26 @@ fn a_polite_rejection_and_a_refusal_before_dispatch_are_not_repeated() {
         stderr(&out)
     );
 }
+
+#[test]
+fn the_retry_budget_of_the_route_bounds_operator_retries_too() {
+    let origin = origins::closes_without_response();
+    let s = setup(origin.port(), "retry_budget = 1", false);
+    let (status, _, head) = s.send(&[], "/balance");
+    assert_eq!(status, 502);
+    let id = invocation(&head);
+    let out = s.retry(&[&id]);
+    assert_eq!(out.status.code(), Some(1), "still unknown: {out:?}");
+    assert!(stdout(&out).contains("generation 2"), "{}", stdout(&out));
+    assert_eq!(origin.hits(), 2);
+
+    let url = s.daemon.url(&format!("/v1/invocations/{id}/retry"));
+    let (status, body, _) = curl(&["-X", "POST", &url]);
+    assert_eq!(status, 409, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "RETRY_BUDGET_EXHAUSTED");
+    assert_eq!(v["invocation_id"], id.as_str());
+    assert_eq!(origin.hits(), 2, "a spent budget sends nothing");
+    let decide = s.daemon.cli(&["decide", &id], &[]);
+    assert_eq!(stdout(&decide).trim(), "RECONCILE");
+}
