@@ -18,8 +18,8 @@ use crate::contract::{
     Code, Envelope, FailureContext, KeyWindow, OperationFacts, Phase, is_resolved, resolve_failure,
 };
 use crate::journal::{
-    Body, Draft, Failure, Journal, JournalError, Lease, State, SupersedeReason, Supersession,
-    unix_ms,
+    Body, Draft, Failure, Journal, JournalError, Lease, Source, State, SupersedeReason,
+    Supersession, unix_ms,
 };
 
 /// What a caller asks a new generation to be held to.
@@ -200,7 +200,12 @@ impl Invocation {
                 ttl_ms: Some(u64::try_from(terms.ttl.as_millis()).unwrap_or(u64::MAX)),
                 note: terms.note.clone(),
             };
-            let draft = Draft::observed(Body::RetryLeased(lease.clone()));
+            // An operator vouching against the verdict is the source of this lease.
+            let source = match terms.unsafe_override {
+                true => Source::OperatorAttested,
+                false => Source::TransportObserved,
+            };
+            let draft = Draft::observed(Body::RetryLeased(lease.clone())).source(source);
             match journal.append(invocation_id, vec![draft]).await {
                 Ok(_) => return Ok(leased(journal, invocation_id, &state, &lease)),
                 Err(JournalError::Refused(_)) => continue,
