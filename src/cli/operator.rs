@@ -183,10 +183,12 @@ pub fn decide(target: &AdminTarget, id: &str, json: bool) -> Result<ExitCode, Cl
         idempotent: r["evidence"]["idempotent"].as_bool().unwrap_or(false),
         fingerprint_equal: true,
     };
+    let now = crate::journal::unix_ms(time::OffsetDateTime::now_utc());
     let facts = RecordFacts {
         result_stored: result_stored(target, id)?,
         ..facts
-    };
+    }
+    .as_of(r["evidence"]["idempotency"]["safe_until"].as_str(), now);
     let verdict = decide_verdict(facts, op);
     if json {
         print_json(&json!({"invocation_id": id, "verdict": verdict}));

@@ -57,6 +57,26 @@ pub struct RecordFacts {
     pub result_stored: bool,
 }
 
+impl RecordFacts {
+    /// The facts as of `now_ms`: a same-key retry is safe only before the key's safe-until
+    /// time (SPEC §1.6); past it, or without one, the verdict is computed from `reconcile`.
+    /// The record keeps what was true when it was written.
+    pub fn as_of(mut self, safe_until: Option<&str>, now_ms: i64) -> Self {
+        let until = safe_until.and_then(rfc3339_ms);
+        if self.retry == Retry::SameIdempotencyKey && until.is_none_or(|t| now_ms >= t) {
+            self.retry = Retry::Reconcile;
+        }
+        self
+    }
+}
+
+/// Unix ms of an RFC 3339 time.
+fn rfc3339_ms(text: &str) -> Option<i64> {
+    let t = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339);
+    t.ok()
+        .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
+}
+
 /// What the caller knows about the operation it would repeat.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OperationView {
@@ -92,6 +112,33 @@ pub fn decide(record: RecordFacts, operation: OperationView) -> Verdict {
             Verdict::ReturnRecordedOutcome
         }
         Outcome::Rejected | Outcome::Committed => Verdict::ReturnRecordedResult,
+    }
+}
+
+#[cfg(test)]
+mod as_of_tests {
+    use super::*;
+
+    #[test]
+    fn a_same_key_verdict_lapses_at_safe_until() {
+        let facts = RecordFacts {
+            code: Some(Code::RemoteOutcomeUnknown),
+            outcome: Outcome::Unknown,
+            retry: Retry::SameIdempotencyKey,
+            result_stored: false,
+        };
+        let until = "2026-01-01T00:00:10Z";
+        let t = 1_767_225_610_000; // 2026-01-01T00:00:10Z
+        let op = OperationView {
+            idempotent: false,
+            fingerprint_equal: true,
+        };
+        assert_eq!(
+            decide(facts.as_of(Some(until), t - 1), op),
+            Verdict::RetrySameKey
+        );
+        assert_eq!(decide(facts.as_of(Some(until), t), op), Verdict::Reconcile);
+        assert_eq!(decide(facts.as_of(None, 0), op), Verdict::Reconcile);
     }
 }
 

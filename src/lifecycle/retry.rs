@@ -73,7 +73,8 @@ pub async fn retry(journal: &Journal, resend: &dyn Resend, id: &str, ask: RetryA
         Ok(None) => return RetryAnswer::NotFound,
         Err(_) => return RetryAnswer::Unavailable,
     };
-    let verdict = verdict_of(&record, result_stored);
+    let now = crate::journal::unix_ms(journal.now());
+    let verdict = verdict_of(&record, result_stored, now);
     match verdict {
         Verdict::Fetch | Verdict::ReturnRecordedResult | Verdict::ReturnRecordedOutcome => {
             match journal.result(id) {
@@ -100,13 +101,15 @@ pub async fn retry(journal: &Journal, resend: &dyn Resend, id: &str, ask: RetryA
 const STOP: &str = "The verdict is STOP_FOR_CORRECTION: this invocation is not repeated. Correct the request, route or credential and send a new request.";
 const RECONCILE: &str = "The verdict is RECONCILE: the action may have happened. Find out at the remote, then record it with `postern reconcile ID --outcome committed|rejected --note …`; if you established that it did not happen, `postern retry ID --i-have-reconciled --note …` repeats it (journaled as operator-attested).";
 
-fn verdict_of(record: &Record, result_stored: bool) -> Verdict {
+fn verdict_of(record: &Record, result_stored: bool, now_ms: i64) -> Verdict {
+    let key = record.evidence.idempotency.as_ref();
     let facts = RecordFacts {
         code: record.code,
         outcome: record.outcome,
         retry: record.retry,
         result_stored,
-    };
+    }
+    .as_of(key.and_then(|k| k.safe_until.as_deref()), now_ms);
     let view = OperationView {
         idempotent: record.evidence.idempotent.unwrap_or(false),
         // The kept request is the bound snapshot itself.

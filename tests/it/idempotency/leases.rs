@@ -156,7 +156,13 @@ fn an_unknown_past_safe_until_reconciles_and_an_expired_key_starts_over() {
     let c = Cell::start(origin.port(), contract, &[]);
     let first = c.post("a", Some("k-window"), "{}");
     assert_eq!(first.error().3, "same_idempotency_key");
+    let decide = |c: &Cell| {
+        let out = c.daemon.cli(&["decide", &first.id()], &[]);
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(decide(&c), "RETRY_SAME_KEY");
     std::thread::sleep(Duration::from_millis(1300));
+    assert_eq!(decide(&c), "RECONCILE", "the verdict lapses at safe-until");
     let late = c.post("a", Some("k-window"), "{}");
     assert_eq!((late.status, late.id()), (502, first.id()), "{}", late.body);
     assert_eq!(
