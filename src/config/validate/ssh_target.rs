@@ -147,13 +147,15 @@ fn allow(c: &mut Checker<'_>, p: &str, v: Option<&[String]>) -> Vec<SshAction> {
     allowed
 }
 
-/// Each pattern must match the whole command, so it is anchored at both ends.
+/// A pattern matches the whole command: one without anchors is anchored at both ends; one
+/// that carries its own (`^…$`, or `^git-upload-pack ` to allow arguments, as SPEC §5.4's
+/// example does) is used as written.
 fn commands(c: &mut Checker<'_>, p: &str, patterns: &[String]) -> Vec<regex::Regex> {
     patterns
         .iter()
         .enumerate()
         .filter_map(
-            |(j, pattern)| match regex::Regex::new(&format!("^(?:{pattern})$")) {
+            |(j, pattern)| match regex::Regex::new(&whole_command(pattern)) {
                 Ok(re) => Some(re),
                 Err(e) => {
                     c.bad(
@@ -165,4 +167,36 @@ fn commands(c: &mut Checker<'_>, p: &str, patterns: &[String]) -> Vec<regex::Reg
             },
         )
         .collect()
+}
+
+/// The regular expression a `commands` pattern stands for (see `commands`).
+fn whole_command(pattern: &str) -> String {
+    let anchored = pattern.starts_with('^') || (pattern.ends_with('$') && !pattern.ends_with("\\$"));
+    if anchored {
+        pattern.to_owned()
+    } else {
+        format!("^(?:{pattern})$")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whole_command;
+
+    fn permits(pattern: &str, command: &str) -> bool {
+        regex::Regex::new(&whole_command(pattern)).is_ok_and(|r| r.is_match(command))
+    }
+
+    #[test]
+    fn patterns_match_whole_commands_unless_they_carry_their_own_anchors() {
+        assert!(permits("echo hi", "echo hi"));
+        assert!(!permits("echo hi", "echo hi; rm -rf /"));
+        assert!(!permits("echo hi", "sudo echo hi"));
+        assert!(permits("^systemctl restart app$", "systemctl restart app"));
+        assert!(!permits("^systemctl restart app$", "systemctl restart app; reboot"));
+        // SPEC §5.4's example: the git pattern allows the repository argument.
+        assert!(permits("^git-(upload|receive)-pack ", "git-upload-pack '/srv/repo.git'"));
+        assert!(!permits("^git-(upload|receive)-pack ", "sh -c 'git-upload-pack x'"));
+        assert!(!permits("cost \\$", "cost $5"));
+    }
 }
