@@ -87,7 +87,9 @@ pub struct OperationView {
 
 /// SPEC §1.7, branch for branch; a verdict never points at a result that is not stored.
 pub fn decide(record: RecordFacts, operation: OperationView) -> Verdict {
-    if record.retry == Retry::FetchResult && record.result_stored {
+    // No code with `fetch_result` is a live attempt: its result is what to wait for and fetch.
+    let in_flight = record.code.is_none();
+    if record.retry == Retry::FetchResult && (record.result_stored || in_flight) {
         return Verdict::Fetch;
     }
     if record.code == Some(Code::RetryBudgetExhausted) {

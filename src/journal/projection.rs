@@ -108,6 +108,8 @@ pub enum Refusal {
     SourceCannotResolve(Source),
     #[error("only an unknown outcome can be reconciled")]
     NotUnknown,
+    #[error("the invocation is still in flight; its own evidence will settle it")]
+    InFlight,
     #[error("a RESULT_COMMITTED outcome must be committed or rejected")]
     UnresolvedResult,
     #[error("a retry lease needs a closed generation that is not resolved")]
@@ -371,6 +373,11 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             if r.outcome != Outcome::Unknown {
                 return Err(Refusal::NotUnknown);
             }
+            // A live attempt resolves itself from what the remote says: an operator's word
+            // must not pre-empt (and then hide) that evidence.
+            if !p.closed {
+                return Err(Refusal::InFlight);
+            }
             if !is_resolved(rec.outcome) {
                 return Err(Refusal::UnresolvedResult);
             }
@@ -400,6 +407,8 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             r.code = None;
             r.envelope = None;
             r.evidence.attempts.clear();
+            r.evidence.attempt = None;
+            r.evidence.generation = Some(lease.generation);
             p.closed = false;
             p.dispatched_this_generation = false;
             p.attempt_n = 0;

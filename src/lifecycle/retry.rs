@@ -7,10 +7,10 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::contract::{Envelope, OperationView, RecordFacts, Verdict, decide};
-use crate::journal::{Journal, Payload, Record, StoredRequest, StoredResult};
+use crate::journal::{Journal, Payload, Protocol, Record, StoredRequest, StoredResult};
 
 use super::Invocation;
-use super::lease::{LeaseError, LeaseTerms};
+use super::lease::{LeaseError, LeaseTerms, attempt_in_progress};
 
 /// What the operator asked for.
 #[derive(Debug, Clone, Default)]
@@ -68,11 +68,15 @@ pub enum RetryAnswer {
 
 /// Acts on the verdict for `id`.
 pub async fn retry(journal: &Journal, resend: &dyn Resend, id: &str, ask: RetryAsk) -> RetryAnswer {
-    let (record, result_stored) = match journal.state(id) {
-        Ok(Some(s)) => (s.record, s.progress.result_stored),
+    let state = match journal.state(id) {
+        Ok(Some(s)) => s,
         Ok(None) => return RetryAnswer::NotFound,
         Err(_) => return RetryAnswer::Unavailable,
     };
+    if !state.progress.closed {
+        return RetryAnswer::Failed(Box::new(attempt_in_progress(&state)));
+    }
+    let (record, result_stored) = (state.record, state.progress.result_stored);
     let now = crate::journal::unix_ms(journal.now());
     let verdict = verdict_of(&record, result_stored, now);
     match verdict {
@@ -161,6 +165,15 @@ async fn resend_generation(
     let id = record.invocation_id.clone();
     let request = match journal.request(&id) {
         Ok(Some(r)) if r.resendable() => r,
+        Ok(_) if record.protocol == Protocol::Ssh => {
+            let message = "postern does not repeat SSH execs yet (their stdin is not kept): run the command again as a new exec once you know what the first one did.";
+            return RetryAnswer::Refused {
+                verdict: None,
+                code: "REQUEST_NOT_KEPT",
+                message: message.into(),
+                record: Box::new(record),
+            };
+        }
         Ok(_) => {
             let message = "The request of this invocation was not kept whole (its body was larger than max_result_bytes, it expired, or it came from an older postern): send it again as a new request.";
             return RetryAnswer::Refused {

@@ -266,3 +266,66 @@ fn the_retry_budget_of_the_route_bounds_operator_retries_too() {
     let decide = s.daemon.cli(&["decide", &id], &[]);
     assert_eq!(stdout(&decide).trim(), "RECONCILE");
 }
+
+#[test]
+fn an_attempt_in_flight_cannot_be_reconciled_or_retried_and_settles_from_its_own_evidence() {
+    let origin = origins::slow_head(std::time::Duration::from_secs(3), "charged");
+    let s = setup(origin.port(), "", false);
+    let proxy = s.daemon.proxy.clone();
+    let url = format!("http://origin.test:{}/pay", s.port);
+    let agent = std::thread::spawn(move || {
+        curl(&[
+            "-x",
+            proxy.as_str(),
+            "-X",
+            "POST",
+            "--data",
+            "amount=5",
+            &url,
+        ])
+    });
+    let id = loop {
+        let (_, list) = get_json(&s.daemon.url("/v1/invocations"), &[]);
+        let first = &list["invocations"][0];
+        if first["evidence"]["dispatch_started"] == true {
+            break first["invocation_id"].as_str().unwrap().to_owned();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let out = s.daemon.cli(
+        &[
+            "reconcile",
+            &id,
+            "--outcome",
+            "rejected",
+            "--note",
+            "nothing happened",
+        ],
+        &[],
+    );
+    assert!(!out.status.success(), "reconciled in flight: {out:?}");
+    assert!(stderr(&out).contains("in flight"), "{}", stderr(&out));
+    assert_eq!(stdout(&s.daemon.cli(&["decide", &id], &[])).trim(), "FETCH");
+    let out = s.retry(&[&id, "--i-have-reconciled", "--note", "sure"]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        stderr(&out).contains("ATTEMPT_IN_PROGRESS"),
+        "{}",
+        stderr(&out)
+    );
+
+    let (status, body, _) = agent.join().unwrap();
+    assert_eq!((status, body.as_str()), (200, "charged"));
+    let r = s.record(&id);
+    assert_eq!(
+        (r["outcome"].as_str(), r["generation"].as_u64()),
+        (Some("committed"), Some(1))
+    );
+    assert_eq!(origin.hits(), 1);
+    let kinds: Vec<Value> = s
+        .events(&id)
+        .into_iter()
+        .map(|e| e["kind"].clone())
+        .collect();
+    assert!(!kinds.contains(&Value::from("RECONCILED")), "{kinds:?}");
+}
