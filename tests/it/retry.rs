@@ -329,3 +329,45 @@ fn an_attempt_in_flight_cannot_be_reconciled_or_retried_and_settles_from_its_own
         .collect();
     assert!(!kinds.contains(&Value::from("RECONCILED")), "{kinds:?}");
 }
+
+/// The README's agent loop ("Retrying safely"), run as written against an origin that drops
+/// the first answer: it retries with the same key and settles once, on the same invocation.
+#[test]
+fn the_readme_agent_loop_settles_a_dropped_answer_with_one_same_key_retry() {
+    let readme = include_str!("../../README.md");
+    let start = readme
+        .find("An agent step that pays at most once")
+        .expect("the README loop");
+    let block = &readme[start..];
+    let code = block
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a sh block");
+    let origin = fails_then_answers(1);
+    let contract = "idempotency = { header = \"Idempotency-Key\", scope = \"charges\", retention = \"1h\", safe_margin = \"10m\" }";
+    let s = setup(origin.port(), contract, false);
+    let url = format!("http://origin.test:{}/v1/charges", s.port);
+    let script = code.replace("https://api.example.com/v1/charges", &url);
+    assert_ne!(script, code, "the README loop names its URL");
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(dir.path())
+        .env("http_proxy", &s.daemon.proxy)
+        .env_remove("HTTP_PROXY")
+        .output()
+        .unwrap();
+    let said = stdout(&out);
+    assert!(out.status.success(), "{said}{}", stderr(&out));
+    let id = said
+        .trim()
+        .strip_prefix("settled: ")
+        .expect("settled: <id>");
+    let r = s.record(id);
+    assert_eq!(
+        (r["generation"].as_u64(), r["outcome"].as_str()),
+        (Some(2), Some("committed"))
+    );
+    assert_eq!(origin.hits(), 2, "one retry, same key");
+}
