@@ -188,7 +188,9 @@ impl russh::server::Handler for AgentSession {
         Ok(())
     }
 
-    /// No terminal: commands run without a pty (`ssh -t` warns and goes on).
+    /// No terminal is allocated, but the request is answered with success: `ssh -tt` treats a
+    /// refused pty as fatal and exits while the exec it already sent still runs, so the agent
+    /// would not see the output of a command that did run. The exec runs without a pty.
     #[allow(clippy::too_many_arguments)]
     async fn pty_request(
         &mut self,
@@ -201,7 +203,7 @@ impl russh::server::Handler for AgentSession {
         _modes: &[(russh::Pty, u32)],
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        session.channel_failure(id)?;
+        session.channel_success(id)?;
         Ok(())
     }
 

@@ -495,3 +495,15 @@ fn a_second_exec_reuses_the_authenticated_upstream_session() {
         first["evidence"]["connection_id"]
     );
 }
+
+#[test]
+fn a_forced_tty_still_shows_the_output_of_the_command_that_ran() {
+    let f = Front::start("");
+    let out = f.ssh(TOKEN, &["-tt", "--", "", "echo tty"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("tty"),
+        "{}",
+        stderr(&out)
+    );
+}
