@@ -171,7 +171,8 @@ fn commands(c: &mut Checker<'_>, p: &str, patterns: &[String]) -> Vec<regex::Reg
 
 /// The regular expression a `commands` pattern stands for (see `commands`).
 fn whole_command(pattern: &str) -> String {
-    let anchored = pattern.starts_with('^') || (pattern.ends_with('$') && !pattern.ends_with("\\$"));
+    let anchored =
+        pattern.starts_with('^') || (pattern.ends_with('$') && !pattern.ends_with("\\$"));
     if anchored {
         pattern.to_owned()
     } else {
@@ -193,10 +194,19 @@ mod tests {
         assert!(!permits("echo hi", "echo hi; rm -rf /"));
         assert!(!permits("echo hi", "sudo echo hi"));
         assert!(permits("^systemctl restart app$", "systemctl restart app"));
-        assert!(!permits("^systemctl restart app$", "systemctl restart app; reboot"));
+        assert!(!permits(
+            "^systemctl restart app$",
+            "systemctl restart app; reboot"
+        ));
         // SPEC §5.4's example: the git pattern allows the repository argument.
-        assert!(permits("^git-(upload|receive)-pack ", "git-upload-pack '/srv/repo.git'"));
-        assert!(!permits("^git-(upload|receive)-pack ", "sh -c 'git-upload-pack x'"));
+        assert!(permits(
+            "^git-(upload|receive)-pack ",
+            "git-upload-pack '/srv/repo.git'"
+        ));
+        assert!(!permits(
+            "^git-(upload|receive)-pack ",
+            "sh -c 'git-upload-pack x'"
+        ));
         assert!(!permits("cost \\$", "cost $5"));
     }
 }
