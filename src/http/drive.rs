@@ -124,6 +124,7 @@ impl Exchange {
             credential: None,
             idempotency: binding.as_ref().map(|b| b.evidence.clone()),
             safe_until_ms: binding.as_ref().map(|b| b.safe_until_ms),
+            retry_budget: Some(route.retry_budget),
         };
         let mut drafts = Vec::new();
         let mut refusal = None;
