@@ -16,7 +16,7 @@ pub use envelope::{
     IdempotencyEvidence, Stage, postern_outcome, proxy_status, unjournaled_refusal,
 };
 pub use resolve::{
-    FailureContext, KeyWindow, OperationFacts, RecoveryFacts, Resolution, is_resolved,
+    FailureContext, Generations, KeyWindow, OperationFacts, RecoveryFacts, Resolution, is_resolved,
     recovery_code, resolve_failure, retry_for_unknown,
 };
 pub use status::{

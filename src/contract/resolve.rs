@@ -9,6 +9,25 @@ pub struct OperationFacts {
     pub idempotent: bool,
     /// A configured idempotency contract with a key and fingerprint recorded before dispatch.
     pub idempotency_key: Option<KeyWindow>,
+    /// The invocation's generation against the retry budget bound at preflight; `None` when
+    /// no budget was bound (journals from before it was).
+    pub generations: Option<Generations>,
+}
+
+/// How far an invocation is into its retry budget (SPEC §1.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Generations {
+    /// The current generation (1 for the first dispatch try).
+    pub current: u32,
+    /// Retries allowed beyond the first generation (the route's `retry_budget`).
+    pub budget: u32,
+}
+
+impl Generations {
+    /// No generation is left: a repeat of this invocation is `RETRY_BUDGET_EXHAUSTED`.
+    pub const fn spent(self) -> bool {
+        self.current > self.budget
+    }
 }
 
 /// The window in which the remote promises to deduplicate a key.
@@ -44,15 +63,29 @@ pub struct Resolution {
     pub retry: Retry,
 }
 
-/// Computes retry for an `unknown` outcome (SPEC §1.6).
+/// Computes retry for an `unknown` outcome (SPEC §1.6), never pointing at a repeat the
+/// budget refuses (SPEC §1.7).
 pub fn retry_for_unknown(op: &OperationFacts, now_ms: i64) -> Retry {
+    if keyed_repeat_refused(op) {
+        // With a key the agent repeats as this same invocation, and no generation is left
+        // for it: neither `same_idempotency_key` nor `backoff` would be true.
+        return Retry::Reconcile;
+    }
     if op.idempotent {
+        // Without a key, an idempotent method's repeat is a new invocation with a budget of
+        // its own, so `backoff` stays true even when this one's budget is spent.
         return Retry::Backoff;
     }
     match op.idempotency_key {
         Some(window) if now_ms < window.safe_until_ms => Retry::SameIdempotencyKey,
         _ => Retry::Reconcile,
     }
+}
+
+/// A repeat under the invocation's idempotency key would be its next generation, and the
+/// retry budget has none left.
+fn keyed_repeat_refused(op: &OperationFacts) -> bool {
+    op.idempotency_key.is_some() && op.generations.is_some_and(Generations::spent)
 }
 
 /// Resolves a failure code against what the journal proves.
@@ -84,6 +117,10 @@ pub fn resolve_failure(code: Code, ctx: &FailureContext) -> Resolution {
             } else {
                 retry_for_unknown(&ctx.operation, ctx.now_ms)
             }
+        }
+        // Nothing was sent, but the key's repeat is refused: correct it (a new key).
+        RetryRule::Fixed(Retry::Backoff) if keyed_repeat_refused(&ctx.operation) => {
+            Retry::AfterCorrection
         }
         RetryRule::Fixed(r) => r,
         RetryRule::ComputedUnknown => retry_for_unknown(&ctx.operation, ctx.now_ms),
@@ -317,6 +354,44 @@ mod tests {
             c.now_ms = 2_000;
             assert_eq!(resolve_failure(code, &c).retry, Retry::Reconcile, "{code}");
         }
+    }
+
+    #[test]
+    fn no_generation_left_never_points_at_a_keyed_repeat() {
+        let keyed = |idempotent, current| {
+            let mut c = ctx(true);
+            c.operation = OperationFacts {
+                idempotent,
+                idempotency_key: Some(KeyWindow {
+                    safe_until_ms: 2_000,
+                }),
+                generations: Some(Generations { current, budget: 2 }),
+            };
+            c
+        };
+        let retry = |c: &FailureContext| resolve_failure(Code::RemoteOutcomeUnknown, c).retry;
+        assert_eq!(retry(&keyed(false, 2)), Retry::SameIdempotencyKey);
+        assert_eq!(retry(&keyed(false, 3)), Retry::Reconcile);
+        assert_eq!(retry(&keyed(true, 2)), Retry::Backoff);
+        assert_eq!(retry(&keyed(true, 3)), Retry::Reconcile);
+        // Without a key the agent's repeat is a new invocation: idempotent stays backoff.
+        let mut keyless = keyed(true, 3);
+        keyless.operation.idempotency_key = None;
+        assert_eq!(retry(&keyless), Retry::Backoff);
+        // Nothing was sent, but the key's repeat would be refused all the same.
+        let mut refused = keyed(false, 3);
+        refused.dispatched = false;
+        refused.current_outcome = Outcome::NotAttempted;
+        let r = resolve_failure(Code::ConnectionRefused, &refused);
+        assert_eq!(
+            (r.outcome, r.retry),
+            (Outcome::NotAttempted, Retry::AfterCorrection)
+        );
+        refused.operation.idempotency_key = None;
+        assert_eq!(
+            resolve_failure(Code::ConnectionRefused, &refused).retry,
+            Retry::Backoff
+        );
     }
 
     #[test]

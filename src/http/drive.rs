@@ -22,7 +22,7 @@ use crate::config::{Approval, Config, Inject, Route};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Body, Draft, Failure, Preflight};
 use crate::lifecycle::Invocation;
-use crate::policy::{denial_field, fingerprint, match_route, route_is_built};
+use crate::policy::{covered_headers, denial_field, fingerprint, match_route, route_is_built};
 
 impl Exchange {
     pub(super) async fn run(
@@ -97,15 +97,11 @@ impl Exchange {
             Err(resp) => return Outgoing::Respond(resp),
         };
         let idempotent = route.idempotent_methods.contains(&self.method);
-        let content_type = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .map(|v| v.as_bytes())
-            .unwrap_or_default();
+        let key_header = route.idempotency.as_ref().map(|c| c.header.as_str());
         let fp = fingerprint(
             &self.method,
             &self.target.url(),
-            &[("content-type", content_type)],
+            &covered_headers(&parts.headers, key_header),
             &body,
         );
         let held_fingerprint = fp.clone();
@@ -128,6 +124,7 @@ impl Exchange {
             credential: None,
             idempotency: binding.as_ref().map(|b| b.evidence.clone()),
             safe_until_ms: binding.as_ref().map(|b| b.safe_until_ms),
+            retry_budget: Some(route.retry_budget),
         };
         let mut drafts = Vec::new();
         let mut refusal = None;

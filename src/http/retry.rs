@@ -23,7 +23,10 @@ use crate::policy::{Target, match_route};
 
 impl Exchange {
     /// Keeps the request for `postern retry`, without the agent's own proxy credential.
-    /// It rides the preflight write; a body over `max_result_bytes` is not kept.
+    /// It rides the preflight write; a body over `max_result_bytes` is not kept. Every
+    /// header the fingerprint covers is kept, in order (it leaves `Proxy-*` out), so the
+    /// resent request fingerprints as the bound one; a header that cannot be kept as text
+    /// marks the request not resendable.
     pub(super) async fn keep_request(&self, parts: &http::request::Parts, body: &Bytes) {
         let journal = self.inv.journal();
         let limit = self.proxy.config.journal.max_result_bytes;

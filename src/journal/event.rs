@@ -188,6 +188,10 @@ pub struct Preflight {
     /// Unix ms until which a same-key retry is safe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub safe_until_ms: Option<i64>,
+    /// The route's (or SSH target's) `retry_budget`: generations beyond the first this
+    /// invocation may have. Absent in events written before it was bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_budget: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::event::{Body, Event, EventKind, Protocol, Source};
 use crate::contract::{
-    AttemptEvidence, Code, Envelope, Evidence, FailureContext, KeyWindow, OperationFacts, Outcome,
-    OutcomeRule, Phase, Resolution, Retry, is_resolved, resolve_failure,
+    AttemptEvidence, Code, Envelope, Evidence, FailureContext, Generations, KeyWindow,
+    OperationFacts, Outcome, OutcomeRule, Phase, Resolution, Retry, is_resolved, resolve_failure,
 };
 
 /// A record, exactly the shape of SPEC §5.5.
@@ -70,6 +70,9 @@ pub struct Progress {
     /// When the live generation's lease began (`ACTION_ACCEPTED` or `RETRY_LEASED`), unix ms.
     #[serde(default)]
     pub lease_started_ms: i64,
+    /// The retry budget the latest preflight bound (none in older journals).
+    #[serde(default)]
+    pub retry_budget: Option<u32>,
 }
 
 /// Record plus progress: what the journal stores per invocation.
@@ -77,6 +80,21 @@ pub struct Progress {
 pub struct State {
     pub record: Record,
     pub progress: Progress,
+}
+
+impl State {
+    /// What the journal proves about the operation's retry semantics, for `contract`.
+    pub fn operation(&self) -> OperationFacts {
+        let p = &self.progress;
+        OperationFacts {
+            idempotent: p.idempotent,
+            idempotency_key: p.safe_until_ms.map(|ms| KeyWindow { safe_until_ms: ms }),
+            generations: p.retry_budget.map(|budget| Generations {
+                current: self.record.generation,
+                budget,
+            }),
+        }
+    }
 }
 
 /// Why the projection refused an event.
@@ -216,6 +234,7 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             p.idempotent = pf.idempotent;
             r.evidence.idempotent = Some(pf.idempotent);
             p.safe_until_ms = pf.safe_until_ms;
+            p.retry_budget = pf.retry_budget;
             reach(p, Phase::CredentialInjection);
         }
         Body::CredentialAuthorized(cred) => {
@@ -459,6 +478,7 @@ fn fail(
     code: Code,
     field: Option<String>,
 ) -> Result<(), Refusal> {
+    let operation = state.operation();
     let p = &mut state.progress;
     let r = &mut state.record;
     let live_result = code == Code::ResultDeliveryFailed || code == Code::ResultStoreFailed;
@@ -486,10 +506,7 @@ fn fail(
         current_outcome: r.outcome,
         dispatched: p.dispatched_ever,
         result_stored: p.result_stored,
-        operation: OperationFacts {
-            idempotent: p.idempotent,
-            idempotency_key: p.safe_until_ms.map(|ms| KeyWindow { safe_until_ms: ms }),
-        },
+        operation,
         now_ms: event_ms(event),
     };
     let resolution: Resolution = resolve_failure(code, &ctx);

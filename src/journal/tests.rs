@@ -33,6 +33,7 @@ fn preflight(idempotent: bool) -> Draft {
         credential: None,
         idempotency: None,
         safe_until_ms: None,
+        retry_budget: None,
     }))
 }
 

@@ -5,7 +5,8 @@
 //! Unseen key → a new invocation claims it with its preflight. Known key: another
 //! request (different fingerprint) → `IDEMPOTENCY_MISMATCH`; `committed`/`rejected` →
 //! the stored result, replayed under the original invocation id; a live generation →
-//! `ATTEMPT_IN_PROGRESS`; `not_attempted`, or `unknown` while a same-key retry is safe
+//! `ATTEMPT_IN_PROGRESS`; no generation left in the retry budget → `RETRY_BUDGET_EXHAUSTED`
+//! (journaled by `lease`); `not_attempted`, or `unknown` while a same-key retry is safe
 //! (before safe-until, or an idempotent method) → a new generation of that invocation
 //! (`lease`); `unknown` otherwise → the record's envelope with retry `reconcile`.
 //! Transports render these; no route without a contract ever gets here.
@@ -13,7 +14,7 @@
 use std::time::Duration;
 
 use super::Invocation;
-use super::lease::{LeaseError, LeaseTerms, attempt_in_progress, in_progress};
+use super::lease::{LeaseError, LeaseTerms, attempt_in_progress, in_progress, no_generation_left};
 use crate::contract::{Envelope, IdempotencyEvidence, Outcome, Retry};
 use crate::journal::{Journal, KeyClaim, KeyEntry, KeySlot, State, rfc3339, unix_ms};
 
@@ -76,7 +77,7 @@ pub async fn take_turn(
         Err(_) => return Turn::Unavailable,
     };
     let now = unix_ms(journal.now());
-    let answer = match answer_without_lease(state.clone(), now, terms.ttl) {
+    let answer = match answer_without_lease(state.clone(), now, &terms) {
         Some(turn) => turn,
         None => lease(journal, &state, terms).await,
     };
@@ -88,15 +89,18 @@ pub async fn take_turn(
     answer
 }
 
-/// The turns that need no lease: resolved, in progress, or not safe to repeat now.
-fn answer_without_lease(state: State, now_ms: i64, ttl: Duration) -> Option<Turn> {
+/// The turns that need no lease: resolved, in progress, or not safe to repeat now. A
+/// repeat past the budget goes on to `lease`, which journals `RETRY_BUDGET_EXHAUSTED`
+/// (SPEC §1.7: the spent budget, with the last evidence).
+fn answer_without_lease(state: State, now_ms: i64, terms: &LeaseTerms) -> Option<Turn> {
     if crate::contract::is_resolved(state.record.outcome) {
         return Some(Turn::Replay(Box::new(state)));
     }
-    if in_progress(&state, now_ms, ttl) {
+    if in_progress(&state, now_ms, terms.ttl) {
         return Some(Turn::Refuse(Box::new(attempt_in_progress(&state))));
     }
-    if retry_allowed(&state, now_ms) {
+    let spent = state.progress.closed && no_generation_left(&state, terms);
+    if spent || retry_allowed(&state, now_ms) {
         return None;
     }
     Some(Turn::Refuse(Box::new(match state.progress.closed {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::Invocation;
 use crate::contract::{
-    Code, Envelope, FailureContext, KeyWindow, OperationFacts, Phase, is_resolved, resolve_failure,
+    Code, Envelope, FailureContext, OperationFacts, Phase, is_resolved, resolve_failure,
 };
 use crate::journal::{
     Body, Draft, Failure, Journal, JournalError, Lease, Source, State, SupersedeReason,
@@ -26,7 +26,9 @@ use crate::journal::{
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseTerms {
     /// Retries the invocation may have: generations beyond the first (the route's or the
-    /// SSH target's `retry_budget`). Spent → `RETRY_BUDGET_EXHAUSTED`, journaled.
+    /// SSH target's `retry_budget`). Spent → `RETRY_BUDGET_EXHAUSTED`, journaled. The
+    /// budget the invocation bound at preflight wins (see `no_generation_left`); this one
+    /// counts only for journals written before budgets were bound.
     pub budget: u32,
     /// How long the new generation's worker may take to reach the dispatch boundary; past
     /// it, a later lease may supersede that worker. Also how long a live generation that
@@ -138,9 +140,17 @@ fn lease_expiry_ms(state: &State, ttl: Duration) -> i64 {
     state.progress.lease_started_ms.saturating_add(ttl_ms)
 }
 
+/// The invocation has used up its retry budget. The budget is the one bound at preflight
+/// (snapshot binding), so a config reload changes neither the lease nor the `retry` the
+/// record computed from it (`contract::Generations`).
+pub fn no_generation_left(state: &State, terms: &LeaseTerms) -> bool {
+    let budget = state.progress.retry_budget.unwrap_or(terms.budget);
+    state.record.generation > budget
+}
+
 /// Decides what `lease` does, before any write.
 pub fn plan(state: &State, now_ms: i64, terms: &LeaseTerms) -> LeasePlan {
-    let spent = state.record.generation > terms.budget;
+    let spent = no_generation_left(state, terms);
     if is_resolved(state.record.outcome) {
         LeasePlan::Resolved
     } else if in_progress(state, now_ms, terms.ttl) {
@@ -290,10 +300,7 @@ pub fn attempt_in_progress(state: &State) -> Envelope {
         current_outcome: r.outcome,
         dispatched: p.dispatched_ever,
         result_stored: p.result_stored,
-        operation: OperationFacts {
-            idempotent: p.idempotent,
-            idempotency_key: p.safe_until_ms.map(|ms| KeyWindow { safe_until_ms: ms }),
-        },
+        operation: state.operation(),
         now_ms: 0,
     };
     let mut evidence = r.evidence.clone();

@@ -1,8 +1,58 @@
-//! The request fingerprint: SHA-256 over method, normalized target, selected headers and body.
+//! The request fingerprint: SHA-256 over method, normalized target, selected headers and
+//! body (SPEC §3.4). It decides whether a same-key request, an approved request and a
+//! `postern retry` are the operation the invocation bound, so it covers every end-to-end
+//! header the origin receives from the agent, except those that legitimately differ
+//! between tries of one operation or are postern's own (`EXCLUDED`, `EXCLUDED_PREFIXES`).
 
+use http::{HeaderMap, header};
 use sha2::{Digest, Sha256};
 
-/// `sha256:<hex>`; headers are (lower-case name, value) pairs in a fixed order.
+/// Headers the fingerprint leaves out, and why (README "Idempotency keys" lists them).
+const EXCLUDED: &[&str] = &[
+    // Hop-by-hop and framing (RFC 9110 §7.6.1): never forwarded as sent, or restating the
+    // body's length, which the fingerprint covers itself.
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "content-length",
+    "upgrade",
+    // The target (scheme, host, port) is covered as such.
+    "host",
+    // postern rewrites it when it injects a credential (it decodes for the reflection guard).
+    "accept-encoding",
+    // Names the client software, not the operation: a retry after the agent restarted with
+    // an upgraded library, or sent by another tool, is still the same operation.
+    "user-agent",
+    // The time of each try.
+    "date",
+    // Tracing ids: new for every try by design.
+    "traceparent",
+    "tracestate",
+    "baggage",
+    "b3",
+    "x-request-id",
+    "x-amzn-trace-id",
+    "sentry-trace",
+    // Per-try counters and telemetry that SDKs change on each of their own retries (the
+    // Stainless SDKs of LLM APIs; Stripe's SDKs report the previous try's timing).
+    "x-stainless-retry-count",
+    "x-stripe-client-telemetry",
+];
+
+/// Name prefixes the fingerprint leaves out: the agent's proxy headers (`Proxy-*`, hop to
+/// postern only), B3 tracing ids, and postern's own `Postern-*` (never forwarded).
+const EXCLUDED_PREFIXES: &[&str] = &["proxy-", "x-b3-", "postern-"];
+
+/// Kept although it is `Postern-*`: it picks which of the route's credentials — which
+/// account — the request acts as.
+const POSTERN_CREDENTIAL: &str = "postern-credential";
+
+/// `sha256:<hex>` over length-prefixed parts: method, url, each header as (name, value) in
+/// the order given, then the body. Every part is length-prefixed and the body is last, so
+/// the encoding is unambiguous: a decoder reads length-prefixed fields to the end, and the
+/// last one is the body.
 pub fn fingerprint(method: &str, url: &str, headers: &[(&str, &[u8])], body: &[u8]) -> String {
     let mut h = Sha256::new();
     for part in [method.as_bytes(), url.as_bytes()] {
@@ -20,9 +70,71 @@ pub fn fingerprint(method: &str, url: &str, headers: &[(&str, &[u8])], body: &[u
     crate::journal::sha256_tagged_digest(&h.finalize())
 }
 
+/// The headers a fingerprint covers, canonical: names lower-case (as `HeaderMap` holds
+/// them), sorted by name, values exact and, within a repeated name, in the order sent.
+/// `key_header` is the route's idempotency key header: the key names the operation, it is
+/// not part of it (and postern may add it at retry time).
+pub fn covered_headers<'h>(
+    headers: &'h HeaderMap,
+    key_header: Option<&str>,
+) -> Vec<(&'h str, &'h [u8])> {
+    let listed = connection_listed(headers);
+    let mut covered: Vec<(&str, &[u8])> = headers
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_bytes()))
+        .filter(|(name, _)| !excluded(name, key_header, &listed))
+        .collect();
+    // Stable: values of one name keep their order.
+    covered.sort_by(|a, b| a.0.cmp(b.0));
+    covered
+}
+
+/// Whether the fingerprint leaves `name` (lower-case) out.
+fn excluded(name: &str, key_header: Option<&str>, listed: &[String]) -> bool {
+    if name == POSTERN_CREDENTIAL {
+        return false;
+    }
+    EXCLUDED.contains(&name)
+        || EXCLUDED_PREFIXES.iter().any(|p| name.starts_with(p))
+        || key_header.is_some_and(|k| k.eq_ignore_ascii_case(name))
+        || listed.iter().any(|l| l == name)
+}
+
+/// Names the `Connection` header declares hop-by-hop: postern strips them before
+/// forwarding, so the origin never sees them.
+fn connection_listed(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
+
+    fn map(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(*k, HeaderValue::from_static(v));
+        }
+        m
+    }
+
+    fn fp(pairs: &[(&'static str, &'static str)]) -> String {
+        let m = map(pairs);
+        fingerprint(
+            "POST",
+            "https://x/a",
+            &covered_headers(&m, Some("Idempotency-Key")),
+            b"{}",
+        )
+    }
 
     #[test]
     fn fingerprints_separate_their_parts() {
@@ -31,5 +143,61 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a, fingerprint("POST", "https://x/a", &[], b"bc"));
         assert!(a.starts_with("sha256:"));
+        let split = fingerprint("POST", "u", &[("ab", b"c")], b"");
+        assert_ne!(split, fingerprint("POST", "u", &[("a", b"bc")], b""));
+        assert_ne!(split, fingerprint("POST", "u", &[], b"abc"));
+    }
+
+    #[test]
+    fn an_end_to_end_header_is_covered_with_its_exact_value() {
+        let base = fp(&[("stripe-account", "acct_A")]);
+        assert_ne!(base, fp(&[("stripe-account", "acct_EVIL")]));
+        assert_ne!(
+            base,
+            fp(&[("stripe-account", "acct_a")]),
+            "values are exact"
+        );
+        assert_ne!(base, fp(&[]), "absent is not empty");
+        assert_ne!(fp(&[]), fp(&[("stripe-account", "")]));
+        assert_ne!(base, fp(&[("stripe-account", "acct_A"), ("x-extra", "1")]));
+        assert_ne!(base, fp(&[("postern-credential", "other")]));
+    }
+
+    #[test]
+    fn names_are_order_insensitive_values_of_one_name_are_not() {
+        assert_eq!(
+            fp(&[("a", "1"), ("b", "2"), ("a", "3")]),
+            fp(&[("b", "2"), ("a", "1"), ("a", "3")])
+        );
+        assert_ne!(
+            fp(&[("accept", "x"), ("accept", "y")]),
+            fp(&[("accept", "y"), ("accept", "x")])
+        );
+        let m = map(&[("X-Mode", "live")]);
+        assert_eq!(covered_headers(&m, None), vec![("x-mode", &b"live"[..])]);
+    }
+
+    #[test]
+    fn what_varies_between_tries_or_is_postern_s_own_is_left_out() {
+        let base = fp(&[("stripe-account", "acct_A")]);
+        let noisy = fp(&[
+            ("connection", "keep-alive, x-hop"),
+            ("x-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("content-length", "2"),
+            ("host", "x"),
+            ("accept-encoding", "gzip"),
+            ("user-agent", "sdk/2"),
+            ("date", "Tue, 01 Dec 2026 00:00:00 GMT"),
+            ("traceparent", "00-abc-def-01"),
+            ("x-b3-traceid", "1"),
+            ("x-request-id", "r-2"),
+            ("x-stainless-retry-count", "1"),
+            ("proxy-authorization", "Basic eA=="),
+            ("postern-outcome", "x"),
+            ("idempotency-key", "k-1"),
+            ("stripe-account", "acct_A"),
+        ]);
+        assert_eq!(base, noisy);
     }
 }

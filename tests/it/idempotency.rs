@@ -1,9 +1,10 @@
 //! Idempotency contracts, leases, generations and retry budgets (SPEC §3.4, §1.7) against
 //! loopback origins that count their side effects, driven by real curl through the daemon.
-//! Keys, replays and hostile origins here; leases, generations and budgets in `leases`;
-//! crash cells in `crash`.
+//! Keys, replays and hostile origins here; what the fingerprint covers in `headers`; leases,
+//! generations and budgets in `leases`; crash cells in `crash`.
 
 mod crash;
+mod headers;
 mod leases;
 
 use std::time::Duration;
@@ -94,6 +95,17 @@ impl Cell {
 
     /// POST through the proxy as `agent`, with an idempotency key if given.
     pub(super) fn post(&self, agent: &str, key: Option<&str>, body: &str) -> Reply {
+        self.post_with(agent, key, &[], body)
+    }
+
+    /// `post` with more request headers (`Name: value`).
+    pub(super) fn post_with(
+        &self,
+        agent: &str,
+        key: Option<&str>,
+        headers: &[&str],
+        body: &str,
+    ) -> Reply {
         let proxy = self
             .daemon
             .proxy
@@ -112,6 +124,9 @@ impl Cell {
         ];
         if let Some(h) = &key_header {
             args.extend(["-H", h.as_str()]);
+        }
+        for h in headers {
+            args.extend(["-H", h]);
         }
         args.push(&url);
         let (status, body, head) = curl(&args);

@@ -255,6 +255,9 @@ fn the_retry_budget_of_the_route_bounds_operator_retries_too() {
     assert_eq!(out.status.code(), Some(1), "still unknown: {out:?}");
     assert!(stdout(&out).contains("generation 2"), "{}", stdout(&out));
     assert_eq!(origin.hits(), 2);
+    // No generation is left, but without a key the agent's repeat is a new invocation of
+    // an idempotent method: backoff stays true for it.
+    assert_eq!(s.record(&id)["retry"], "backoff");
 
     let url = s.daemon.url(&format!("/v1/invocations/{id}/retry"));
     let (status, body, _) = curl(&["-X", "POST", &url]);

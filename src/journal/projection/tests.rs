@@ -11,6 +11,8 @@ use crate::journal::event::*;
 enum Move {
     Accept,
     Preflight(bool),
+    /// A preflight that binds an idempotency key (open window) and a retry budget.
+    KeyedPreflight(bool, Option<u32>),
     Connect(bool),
     Dispatch,
     Sent,
@@ -41,6 +43,7 @@ fn a_move() -> impl Strategy<Value = Move> {
     prop_oneof![
         1 => Just(Move::Accept),
         2 => any::<bool>().prop_map(Move::Preflight),
+        1 => any::<bool>().prop_map(|i| Move::KeyedPreflight(i, Some(1))),
         2 => any::<bool>().prop_map(Move::Connect),
         3 => Just(Move::Dispatch),
         2 => Just(Move::Sent),
@@ -73,6 +76,16 @@ fn body_of(m: &Move, generation: u32) -> (Body, Source, u32) {
             credential: None,
             idempotency: None,
             safe_until_ms: None,
+            retry_budget: None,
+        }),
+        Move::KeyedPreflight(idempotent, budget) => Body::PreflightValidated(Preflight {
+            route: "r".into(),
+            fingerprint: "sha256:f".into(),
+            idempotent: *idempotent,
+            credential: None,
+            idempotency: None,
+            safe_until_ms: Some(i64::MAX),
+            retry_budget: *budget,
         }),
         Move::Connect(ok) => Body::ConnectAttempt(ConnectAttempt {
             n: 1,
@@ -235,6 +248,12 @@ proptest! {
                     if let Body::Failed(f) = &body {
                         let same_gen_dispatch = state.as_ref().is_some_and(|s| s.progress.dispatched_this_generation);
                         prop_assert!(!(f.code.is_pre_dispatch() && same_gen_dispatch));
+                        // SPEC §1.7: with no generation left, a keyed repeat is never offered.
+                        let spent = next.operation().generations.is_some_and(Generations::spent);
+                        if spent && next.progress.safe_until_ms.is_some() {
+                            prop_assert!(!matches!(next.record.retry,
+                                Retry::SameIdempotencyKey | Retry::Backoff), "{:?}", f.code);
+                        }
                     }
                     state = Some(next);
             }
@@ -512,4 +531,56 @@ fn a_spent_budget_is_recorded_on_a_closed_unresolved_generation() {
         .err(),
         Some(Refusal::Closed(EventKind::Failed))
     );
+}
+
+#[test]
+fn the_last_generation_the_budget_allows_offers_no_keyed_repeat() {
+    use Move::*;
+    let unknown = Fail(Code::RemoteOutcomeUnknown, Source::TransportObserved);
+    let try_once = |keyed: Move| [keyed, Dispatch, unknown.clone()];
+    let mut moves = vec![Accept];
+    moves.extend(try_once(KeyedPreflight(false, Some(1))));
+    let retry_of = |moves: &[Move]| run(moves).ok().map(|s| s.record.retry);
+    assert_eq!(
+        retry_of(&moves),
+        Some(Retry::SameIdempotencyKey),
+        "one left"
+    );
+    moves.push(Lease(1));
+    moves.extend(try_once(KeyedPreflight(false, Some(1))));
+    assert_eq!(retry_of(&moves), Some(Retry::Reconcile), "none left");
+    // An idempotent method under a key: its repeat would be refused all the same.
+    let idempotent: Vec<Move> = moves
+        .iter()
+        .map(|m| match m {
+            KeyedPreflight(_, b) => KeyedPreflight(true, *b),
+            m => m.clone(),
+        })
+        .collect();
+    assert_eq!(retry_of(&idempotent), Some(Retry::Reconcile));
+    // A journal from before budgets were bound: as it was computed then.
+    let old: Vec<Move> = moves
+        .iter()
+        .map(|m| match m {
+            KeyedPreflight(i, _) => KeyedPreflight(*i, None),
+            m => m.clone(),
+        })
+        .collect();
+    assert_eq!(retry_of(&old), Some(Retry::SameIdempotencyKey));
+}
+
+#[test]
+fn records_and_preflights_written_before_budgets_were_bound_still_read() {
+    let pf = serde_json::json!({"route": "r", "fingerprint": "sha256:f", "idempotent": false});
+    let pf: Result<Preflight, _> = serde_json::from_value(pf);
+    assert!(pf.is_ok_and(|p| p.retry_budget.is_none()));
+    let Ok(state) = run(&[Move::Accept, Move::Preflight(false)]) else {
+        panic!("accept");
+    };
+    let mut progress = serde_json::to_value(&state.progress).unwrap_or_default();
+    if let Some(map) = progress.as_object_mut() {
+        map.remove("retry_budget");
+    }
+    let back: Result<Progress, _> = serde_json::from_value(progress);
+    assert!(back.is_ok_and(|p| p.retry_budget.is_none()));
 }

@@ -34,6 +34,7 @@ fn preflight(safe_until_ms: Option<i64>) -> Draft {
         credential: None,
         idempotency: None,
         safe_until_ms,
+        retry_budget: None,
     }))
 }
 
@@ -105,6 +106,28 @@ fn the_plan_follows_liveness_budget_and_outcome() {
         LeasePlan::Take { supersedes: None }
     );
     assert_eq!(plan(&unknown, t0, &terms(0, 1_000)), LeasePlan::Exhausted);
+}
+
+#[test]
+fn the_budget_bound_at_preflight_outlives_a_config_reload() {
+    let Ok(dir) = tempfile::tempdir() else { return };
+    let j = journal(dir.path());
+    let id = new_invocation_id();
+    let bound = Draft::observed(Body::PreflightValidated(Preflight {
+        route: "r".into(),
+        fingerprint: "sha256:f".into(),
+        idempotent: false,
+        credential: None,
+        idempotency: None,
+        safe_until_ms: Some(i64::MAX),
+        retry_budget: Some(0),
+    }));
+    let _ = state(j.append_blocking(&id, vec![accepted(), bound, dispatch()]));
+    let unknown = state(j.append_blocking(&id, vec![failed(Code::RemoteOutcomeUnknown)]));
+    // The record's retry and the lease agree, whatever the route says now.
+    assert_eq!(unknown.record.retry, Retry::Reconcile);
+    let t0 = unknown.progress.lease_started_ms;
+    assert_eq!(plan(&unknown, t0, &terms(5, 1_000)), LeasePlan::Exhausted);
 }
 
 #[test]

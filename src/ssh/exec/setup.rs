@@ -33,6 +33,7 @@ impl Run {
             credential: None,
             idempotency: None,
             safe_until_ms: None,
+            retry_budget: Some(target.retry_budget),
         };
         let login = match self.login_and_guard() {
             Ok(l) => l,

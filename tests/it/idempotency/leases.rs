@@ -150,6 +150,77 @@ fn the_retry_budget_counts_generations_in_the_journal_across_a_restart() {
 }
 
 #[test]
+fn the_last_generation_the_budget_allows_says_reconcile_not_same_key() {
+    let origin = KeyedOrigin::start(Policy::Honours, Answer::DropsAll);
+    let extra = format!("{CONTRACT}\nretry_budget = 2");
+    let c = Cell::start(origin.port(), &extra, &[]);
+    let first = c.post("a", Some("k-last"), "{}");
+    let id = first.id();
+    assert_eq!(first.error().3, "same_idempotency_key", "{}", first.body);
+    let second = c.post("a", Some("k-last"), "{}");
+    assert_eq!(second.id(), id);
+    assert_eq!(
+        second.error().3,
+        "same_idempotency_key",
+        "one generation is left: {}",
+        second.body
+    );
+    let last = c.post("a", Some("k-last"), "{}");
+    assert_eq!((last.status, last.id()), (502, id.clone()), "{}", last.body);
+    assert_eq!(
+        last.error(),
+        four(
+            "REMOTE_OUTCOME_UNKNOWN",
+            "remote_execution",
+            "unknown",
+            "reconcile"
+        ),
+        "generation 3 of a budget of 2 retries: no same-key retry is left"
+    );
+    assert!(last.outcome().contains("retry=reconcile"), "{}", last.head);
+    let r = c.record(&id);
+    assert_eq!(
+        (r["generation"].as_u64(), r["retry"].as_str()),
+        (Some(3), Some("reconcile"))
+    );
+    assert_eq!(c.decide(&id), "RECONCILE");
+    // Whoever repeats anyway is refused, and nothing is sent.
+    let refused = c.post("a", Some("k-last"), "{}");
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    assert_eq!(
+        refused.error(),
+        four(
+            "RETRY_BUDGET_EXHAUSTED",
+            "remote_execution",
+            "unknown",
+            "reconcile"
+        )
+    );
+    assert_eq!(origin.hits(), 3);
+}
+
+#[test]
+fn an_idempotent_method_under_a_key_with_no_generation_left_says_reconcile() {
+    let origin = KeyedOrigin::start(Policy::Honours, Answer::DropsAll);
+    let extra = format!("{CONTRACT}\nidempotent_methods = [\"POST\"]\nretry_budget = 1");
+    let c = Cell::start(origin.port(), &extra, &[]);
+    let first = c.post("a", Some("k-idem"), "{}");
+    assert_eq!(first.error().3, "backoff", "{}", first.body);
+    let second = c.post("a", Some("k-idem"), "{}");
+    assert_eq!((second.status, second.id()), (502, first.id()));
+    // Backoff would send the agent back with its key, into RETRY_BUDGET_EXHAUSTED.
+    assert_eq!(second.error().3, "reconcile", "{}", second.body);
+    let refused = c.post("a", Some("k-idem"), "{}");
+    assert_eq!(
+        refused.error().0,
+        "RETRY_BUDGET_EXHAUSTED",
+        "{}",
+        refused.body
+    );
+    assert_eq!(origin.hits(), 2);
+}
+
+#[test]
 fn an_unknown_past_safe_until_reconciles_and_an_expired_key_starts_over() {
     let origin = KeyedOrigin::start(Policy::Honours, Answer::DropsAll);
     let contract = "idempotency = { header = \"Idempotency-Key\", scope = \"s\", retention = \"3s\", safe_margin = \"2s\" }";
