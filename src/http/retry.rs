@@ -36,6 +36,12 @@ impl Exchange {
             if name == header::PROXY_AUTHORIZATION {
                 continue;
             }
+            // The agent's own credential never enters the journal (SPEC §1.8); without it the
+            // request cannot be rebuilt, so it is not resendable.
+            if name == header::AUTHORIZATION {
+                incomplete = true;
+                continue;
+            }
             match value.to_str() {
                 Ok(v) => headers.push((name.as_str().to_owned(), v.to_owned())),
                 Err(_) => incomplete = true,

@@ -15,7 +15,8 @@ pub struct StoredRequest {
     /// `None` when the body was larger than `max_result_bytes` (then it cannot be resent).
     pub body_base64: Option<String>,
     pub body_bytes: u64,
-    /// A header value was not text: the request cannot be rebuilt byte for byte.
+    /// A header was not kept (not text, or the agent's own `Authorization`): the request
+    /// cannot be rebuilt byte for byte.
     #[serde(default)]
     pub headers_incomplete: bool,
     /// Unix ms after which the request is removed (with the result's retention).

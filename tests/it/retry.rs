@@ -374,3 +374,44 @@ fn the_readme_agent_loop_settles_a_dropped_answer_with_one_same_key_retry() {
     );
     assert_eq!(origin.hits(), 2, "one retry, same key");
 }
+
+#[test]
+fn an_agents_own_authorization_header_is_never_kept_so_that_request_is_not_resent() {
+    let origin = fails_then_answers(1);
+    let s = setup(origin.port(), "", false);
+    let canary = "Bearer agent-own-canary-7731";
+    let (status, _, head) = s.send(&["-H", &format!("Authorization: {canary}")], "/balance");
+    assert_eq!(status, 502);
+    let id = invocation(&head);
+    let out = s.retry(&[&id]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        stderr(&out).contains("REQUEST_NOT_KEPT"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(origin.hits(), 1);
+    let journal = crate::support::journal_dir(&s.home.root());
+    let _ = s.daemon.cli(&["actions", "list"], &[]);
+    for entry in walk(&journal) {
+        let bytes = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains("agent-own-canary-7731"),
+            "{} holds the agent's Authorization",
+            entry.display()
+        );
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
