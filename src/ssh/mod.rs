@@ -16,6 +16,7 @@ pub mod dispatch;
 mod exec;
 pub mod front;
 pub mod hostkey;
+mod output;
 pub mod preamble;
 mod refuse;
 mod session;
