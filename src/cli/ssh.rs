@@ -1,9 +1,11 @@
 //! `postern ssh-connect` (the agent's ProxyCommand) and `postern ssh-config`.
 
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::process::ExitCode;
-
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use super::{CliError, Env, Home};
 use crate::ssh::hostkey;
@@ -53,19 +55,14 @@ pub fn connect(
         port: args.port,
     };
     let address = proxy_address(config, args, env);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::Failed(format!("cannot start the runtime: {e}")))?;
-    let code = runtime.block_on(bridge(&address, &preamble));
-    // stdin may still be blocked in a read: do not wait for it.
-    runtime.shutdown_background();
-    Ok(code)
+    Ok(bridge(&address, &preamble))
 }
 
 /// Sends the preamble; on `OK` relays stdin → front → stdout until the front closes.
-async fn bridge(address: &str, preamble: &Preamble) -> ExitCode {
-    let stream = match tokio::net::TcpStream::connect(address).await {
+/// Plain blocking I/O on two threads: the bridge carries every byte of the session, and an
+/// async stdout would hand each chunk to a blocking pool thread.
+fn bridge(address: &str, preamble: &Preamble) -> ExitCode {
+    let stream = match TcpStream::connect(address) {
         Ok(s) => s,
         Err(e) => {
             errln!(
@@ -75,17 +72,15 @@ async fn bridge(address: &str, preamble: &Preamble) -> ExitCode {
         }
     };
     let _ = stream.set_nodelay(true);
-    let (read, mut write) = stream.into_split();
-    let mut read = BufReader::new(read);
-    if let Err(e) = write.write_all(preamble.encode().as_bytes()).await {
+    if let Err(e) = (&stream).write_all(preamble.encode().as_bytes()) {
         errln!("postern: postern's SSH front at {address} closed the connection: {e}");
         return ExitCode::from(EXIT_REFUSED);
     }
+    let mut read = BufReader::new(&stream);
     let mut line = Vec::new();
     let got = (&mut read)
         .take(MAX_LINE as u64 * 4)
-        .read_until(b'\n', &mut line)
-        .await;
+        .read_until(b'\n', &mut line);
     let text = String::from_utf8_lossy(&line);
     let text = text.trim_end();
     if got.is_err() || text != "OK" {
@@ -98,23 +93,56 @@ async fn bridge(address: &str, preamble: &Preamble) -> ExitCode {
         errln!("{shown}");
         return ExitCode::from(EXIT_REFUSED);
     }
-    relay(read, write).await;
+    // SSH bytes the front sent right behind `OK` are already in the line reader's buffer.
+    let early = read.buffer().to_vec();
+    if let Err(e) = relay(&stream, &early) {
+        errln!("postern: cannot bridge stdin/stdout to postern's SSH front: {e}");
+        return ExitCode::from(EXIT_REFUSED);
+    }
     ExitCode::SUCCESS
 }
 
-async fn relay(
-    mut read: BufReader<tokio::net::tcp::OwnedReadHalf>,
-    mut write: tokio::net::tcp::OwnedWriteHalf,
-) {
-    let upstream = tokio::spawn(async move {
-        let mut stdin = tokio::io::stdin();
-        let _ = tokio::io::copy(&mut stdin, &mut write).await;
-        let _ = write.shutdown().await;
+/// stdin → front on its own thread; front → stdout here until the front closes. The
+/// process exits then, so a stdin thread still blocked in a read is not waited for.
+fn relay(stream: &TcpStream, early: &[u8]) -> std::io::Result<()> {
+    let stdin = owned(std::io::stdin().as_fd())?;
+    let mut stdout = owned(std::io::stdout().as_fd())?;
+    let up = stream.try_clone()?;
+    std::thread::spawn(move || {
+        pump(stdin, &up);
+        let _ = up.shutdown(Shutdown::Write);
     });
-    let mut stdout = tokio::io::stdout();
-    let _ = tokio::io::copy_buf(&mut read, &mut stdout).await;
-    let _ = stdout.flush().await;
-    upstream.abort();
+    if stdout.write_all(early).is_ok() {
+        pump(stream, stdout);
+    }
+    Ok(())
+}
+
+/// Bytes bridged per read: large enough that a bulk transfer costs few system calls.
+const PUMP_BUFFER: usize = 128 * 1024;
+
+/// Copies until EOF or an error, writing each read as soon as it arrives. (Not `io::copy`:
+/// between a pipe and a socket it splices, and spliced writes stalled the SSH exchange.)
+fn pump(mut from: impl Read, mut to: impl Write) {
+    let mut buf = vec![0; PUMP_BUFFER];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                let Some(chunk) = buf.get(..n) else { return };
+                if to.write_all(chunk).is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// stdin/stdout as files of their own: unbuffered, no line scanning, no stdio lock.
+fn owned(fd: BorrowedFd<'_>) -> std::io::Result<File> {
+    fd.try_clone_to_owned().map(File::from)
 }
 
 /// `postern ssh-config`: the `~/.ssh/config` block and postern's known_hosts line; writes the

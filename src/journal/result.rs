@@ -45,6 +45,14 @@ pub struct SshResult {
     pub exit_signal: Option<String>,
     pub stdout_base64: String,
     pub stderr_base64: String,
+    /// False when the output exceeded `max_result_bytes`: then neither stream is kept
+    /// (both empty) and only the digest and byte count stand for it, as HTTP's `body_stored`.
+    #[serde(default = "stored")]
+    pub output_stored: bool,
+}
+
+fn stored() -> bool {
+    true
 }
 
 /// Standard base64 of bytes.

@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use russh::ChannelMsg;
-use sha2::{Digest, Sha256};
 
 use super::dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent};
+use super::output::Output;
 use super::refuse;
 use super::screen::Screen;
 use super::upstream::{Login, Upstream};
@@ -23,7 +23,7 @@ use crate::dns::Dns;
 use crate::guard::GuardCache;
 use crate::journal::{
     Accepted, Body, Dispatch, Draft, Failure, Journal, Payload, Protocol, RequestSent,
-    ResponseComplete, ResponseStarted, ResultCommitted, Source, SshResult, StoredResult, b64,
+    ResponseComplete, ResponseStarted, ResultCommitted, Source, SshResult, StoredResult,
     sha256_tagged_digest,
 };
 use crate::lifecycle::Invocation;
@@ -143,35 +143,11 @@ struct Run {
 /// command waiting for the agent's answer (git's protocol) must get the bytes it sent.
 const HELD_AT_MOST: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// What came back from the remote command.
-#[derive(Default)]
-struct Output {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    hasher: Sha256,
-    bytes: u64,
-    keep: bool,
-    exit_status: Option<u32>,
-    exit_signal: Option<russh::Sig>,
-    agent_gone: bool,
-}
-
-impl Output {
-    fn absorb(&mut self, data: &[u8], stderr: bool, cap: u64) {
-        self.hasher.update(data);
-        self.bytes += data.len() as u64;
-        if self.bytes > cap {
-            self.keep = false;
-        }
-        if self.keep {
-            let to = if stderr {
-                &mut self.stderr
-            } else {
-                &mut self.stdout
-            };
-            to.extend_from_slice(data);
-        }
-    }
+/// One write to the agent's channel.
+enum ToAgent {
+    Accept,
+    Stdout(Bytes),
+    Stderr(Bytes),
 }
 
 /// How the remote side ended.
@@ -250,15 +226,16 @@ impl Run {
     ) -> (Output, End) {
         let target = self.call.target.clone();
         let cap = self.config.journal.max_result_bytes;
-        let mut out = Output {
-            keep: true,
-            ..Output::default()
-        };
+        let mut out = Output::default();
         let deadline = tokio::time::sleep(target.response_timeout);
         tokio::pin!(deadline);
+        // The idle timer is re-armed only when it fires: resetting a timer per chunk of
+        // output would cost a timer-wheel update each time.
+        let idle = tokio::time::sleep(target.idle_timeout);
+        tokio::pin!(idle);
+        let mut last_event = tokio::time::Instant::now();
         let (mut accepted, mut input_open) = (false, true);
         loop {
-            let idle = tokio::time::sleep(target.idle_timeout);
             tokio::select! {
                 msg = remote.wait() => {
                     let Some(msg) = msg else { return (out, End::Dropped) };
@@ -266,18 +243,18 @@ impl Run {
                         ChannelMsg::Success if !accepted => {
                             accepted = true;
                             self.answered().await;
-                            self.relay_to_agent(&mut out, |c| Box::pin(async move { c.accept().await })).await;
+                            self.relay_to_agent(&mut out, ToAgent::Accept).await;
                         }
                         ChannelMsg::Failure if !accepted => return (out, End::Rejected),
                         ChannelMsg::Data { data } => {
                             let data = self.screen.pass(&data, false);
                             out.absorb(&data, false, cap);
-                            self.relay_to_agent(&mut out, move |c| Box::pin(async move { c.stdout(data).await })).await;
+                            self.relay_to_agent(&mut out, ToAgent::Stdout(data)).await;
                         }
                         ChannelMsg::ExtendedData { data, ext: 1 } => {
                             let data = self.screen.pass(&data, true);
                             out.absorb(&data, true, cap);
-                            self.relay_to_agent(&mut out, move |c| Box::pin(async move { c.stderr(data).await })).await;
+                            self.relay_to_agent(&mut out, ToAgent::Stderr(data)).await;
                         }
                         ChannelMsg::ExitStatus { exit_status } => out.exit_status = Some(exit_status),
                         ChannelMsg::ExitSignal { signal_name, .. } => out.exit_signal = Some(signal_name),
@@ -305,29 +282,35 @@ impl Run {
                 () = &mut deadline => {
                     return (out, End::TimedOut(format!("no exit status within {:?}", target.response_timeout)));
                 }
-                () = idle, if accepted => {
-                    return (out, End::Idle(format!("no output for {:?}", target.idle_timeout)));
+                () = &mut idle, if accepted => {
+                    let quiet_until = last_event + target.idle_timeout;
+                    if tokio::time::Instant::now() >= quiet_until {
+                        return (out, End::Idle(format!("no output for {:?}", target.idle_timeout)));
+                    }
+                    idle.as_mut().reset(quiet_until);
+                    continue;
                 }
                 () = tokio::time::sleep(HELD_AT_MOST), if self.screen.holding() => {
                     self.release_held(&mut out).await;
                 }
             }
+            last_event = tokio::time::Instant::now();
         }
     }
 
     /// Writes to the agent; the first failure records `CALLER_CANCELLED` and stops writing
-    /// (the remote result is still read and stored).
-    async fn relay_to_agent<F>(&mut self, out: &mut Output, write: F)
-    where
-        F: FnOnce(
-            AgentChannel,
-        )
-            -> Pin<Box<dyn Future<Output = Result<(), super::dispatch::AgentGone>> + Send>>,
-    {
+    /// (the remote result is still read and stored). Awaiting each write is the
+    /// backpressure: a slow agent slows the reads from the remote.
+    async fn relay_to_agent(&mut self, out: &mut Output, what: ToAgent) {
         if out.agent_gone {
             return;
         }
-        if write(self.channel.clone()).await.is_err() {
+        let written = match what {
+            ToAgent::Accept => self.channel.accept().await,
+            ToAgent::Stdout(data) => self.channel.stdout(data).await,
+            ToAgent::Stderr(data) => self.channel.stderr(data).await,
+        };
+        if written.is_err() {
             out.agent_gone = true;
             self.inv.caller_cancelled().await;
         }
@@ -340,17 +323,11 @@ impl Run {
         let (stdout, stderr) = self.screen.finish();
         if !stdout.is_empty() {
             out.absorb(&stdout, false, cap);
-            self.relay_to_agent(out, move |c| {
-                Box::pin(async move { c.stdout(stdout).await })
-            })
-            .await;
+            self.relay_to_agent(out, ToAgent::Stdout(stdout)).await;
         }
         if !stderr.is_empty() {
             out.absorb(&stderr, true, cap);
-            self.relay_to_agent(out, move |c| {
-                Box::pin(async move { c.stderr(stderr).await })
-            })
-            .await;
+            self.relay_to_agent(out, ToAgent::Stderr(stderr)).await;
         }
     }
 
@@ -418,7 +395,7 @@ impl Run {
     }
 
     async fn commit(&mut self, out: Output, complete: bool) {
-        let digest = sha256_tagged_digest(&out.hasher.clone().finalize());
+        let digest = sha256_tagged_digest(&out.digest());
         let exit_status = out.exit_status.map(i64::from);
         let exit_signal = out.exit_signal.as_ref().map(|s| format!("{s:?}"));
         let resolution = classify_exit();
@@ -443,14 +420,16 @@ impl Run {
         }))
         .source(Source::RemoteResponse)
         .hop("origin");
+        let (stdout_base64, stderr_base64) = out.recorded_base64();
         let result = StoredResult {
             invocation_id: self.inv.id().to_owned(),
             outcome: resolution.outcome,
             payload: Payload::Ssh(SshResult {
                 exit_status,
                 exit_signal,
-                stdout_base64: b64(&out.stdout),
-                stderr_base64: b64(&out.stderr),
+                stdout_base64,
+                stderr_base64,
+                output_stored: out.stored(),
             }),
             complete,
             expires_at_ms: self.inv.journal().result_expiry_ms(),

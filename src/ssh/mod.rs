@@ -17,6 +17,7 @@ pub mod dispatch;
 mod exec;
 pub mod front;
 pub mod hostkey;
+mod output;
 pub mod preamble;
 mod refuse;
 mod screen;

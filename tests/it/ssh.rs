@@ -507,3 +507,58 @@ fn a_forced_tty_still_shows_the_output_of_the_command_that_ran() {
         stderr(&out)
     );
 }
+
+/// Resident memory of a process, in MiB.
+fn rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib / 1024
+}
+
+/// An agent that stops reading holds the remote command back: postern relays no faster than
+/// the agent takes the output, so what it holds stays bounded however much the command
+/// writes, and the whole output still arrives, digested and counted, once the agent reads on.
+#[test]
+fn a_slow_agent_holds_back_the_remote_and_postern_stays_bounded() {
+    use std::io::Read;
+    let f = Front::start("");
+    let total: u64 = 48 << 20;
+    let mut child = f
+        .ssh_command(TOKEN, &["--", "", &format!("head -c {total} /dev/zero")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = vec![0u8; 1 << 20];
+    stdout.read_exact(&mut first).unwrap();
+    let pid = f.daemon.child.id();
+    let before = rss_mib(pid);
+    // Without backpressure postern would take in the whole output meanwhile.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let during = rss_mib(pid);
+    assert!(
+        during < before + 24,
+        "postern grew from {before} MiB to {during} MiB while the agent was not reading"
+    );
+    let rest = std::io::copy(&mut stdout, &mut std::io::sink()).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(first.len() as u64 + rest, total);
+    let list = f.daemon.cli(&["actions", "list", "--json"], &[]);
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+    let r = &list["invocations"][0];
+    assert_eq!(r["outcome"], "committed", "{r}");
+    assert_eq!(r["result"]["bytes"], total, "{r}");
+    let zeros = vec![0u8; total as usize];
+    let hex: String = <sha2::Sha256 as sha2::Digest>::digest(&zeros)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let digest = format!("sha256:{hex}");
+    assert_eq!(r["result"]["digest"], digest, "{r}");
+}
