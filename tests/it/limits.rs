@@ -162,7 +162,8 @@ fn idle_and_half_sent_admin_connections_cannot_lock_the_operator_out() {
     let mut hogs: Vec<TcpStream> = (0..4)
         .map(|_| {
             let mut s = TcpStream::connect(&admin).unwrap();
-            s.write_all(b"GET /v1/invocations HTTP/1.1\r\nHost: x\r\n").unwrap();
+            s.write_all(b"GET /v1/invocations HTTP/1.1\r\nHost: x\r\n")
+                .unwrap();
             s
         })
         .collect();
