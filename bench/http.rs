@@ -604,7 +604,7 @@ fn main() {
 /// The reflection guard's own cost: building it, and scanning 8 MiB whole and as a
 /// stream of 4 KiB chunks (both per MiB).
 fn guard_cost() {
-    use postern::guard::ReflectionGuard;
+    use postern::guard::{Carry, ReflectionGuard};
     let secret = b"bench-secret-7f3a9c0d1e2b";
     let started = Instant::now();
     let runs = 200u32;
@@ -619,7 +619,7 @@ fn guard_cost() {
     let (_, hits) = g.redact(&body);
     let whole = started.elapsed() / 8;
     let started = Instant::now();
-    let mut carry = Vec::new();
+    let mut carry = Carry::default();
     for chunk in body.chunks(4096) {
         let _ = g.redact_stream(&mut carry, chunk);
     }

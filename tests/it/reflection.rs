@@ -383,7 +383,6 @@ fn undecodable_and_oversized_bodies_are_withheld_not_relayed() {
     for (path, reason) in [
         ("/echo?coding=compress", "unsupported_coding"),
         ("/bomb", "too_large"),
-        ("/escaped", "escaped_secret"),
     ] {
         let (status, body, head) = s.get(path, &[]);
         assert_eq!((status, body.as_str()), (200, ""), "{path}: {head}");
