@@ -15,13 +15,15 @@ use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use bytes::Bytes;
 
 use super::unescape::{Decoded, has_escape};
-use super::{REDACTED, first_pending};
+use super::{Needles, REDACTED};
+
+/// How much of a whole body is decoded at once.
+const PIECE: usize = 16 << 10;
 
 /// The decoded plain forms of the secret.
 pub(super) struct Escaped {
     automaton: AhoCorasick,
-    needles: Vec<Vec<u8>>,
-    longest: usize,
+    needles: Needles,
 }
 
 /// A stream's state: bytes kept back, and buffers reused from chunk to chunk.
@@ -43,11 +45,9 @@ impl Escaped {
             .ascii_case_insensitive(true)
             .build(&needles)
             .ok()?;
-        let longest = needles.iter().map(Vec::len).max().unwrap_or(0);
         Some(Self {
             automaton,
-            needles,
-            longest,
+            needles: Needles::new(needles),
         })
     }
 
@@ -61,6 +61,24 @@ impl Escaped {
         self.automaton
             .find_overlapping_iter(&decoded.text[..])
             .any(|m| decoded.escaped(m.start(), m.end()))
+    }
+
+    /// Redacts escaped forms in a whole body. A large one goes in pieces (any chunking
+    /// gives the same output), so the decoded copy and its map stay the size of a piece.
+    pub fn whole(&self, bytes: Bytes) -> (Bytes, usize) {
+        let mut carry = EscapedCarry::default();
+        if bytes.len() <= PIECE || !has_escape(&bytes) {
+            return self.pass(&mut carry, bytes, true);
+        }
+        let (mut out, mut hits) = (Vec::with_capacity(bytes.len()), 0);
+        for piece in bytes.chunks(PIECE) {
+            let (part, n) = self.pass(&mut carry, bytes.slice_ref(piece), false);
+            out.extend_from_slice(&part);
+            hits += n;
+        }
+        let (part, n) = self.pass(&mut carry, Bytes::new(), true);
+        out.extend_from_slice(&part);
+        (Bytes::from(out), hits + n)
     }
 
     /// Redacts escaped forms in `input` after what `carry` kept back; keeps back what may
@@ -81,7 +99,7 @@ impl Escaped {
         let decoded_to = carry.decoded.decode(&data, at_end);
         self.find(carry);
         let d = &carry.decoded;
-        let decided = self.decided(d.text.len());
+        let decided = self.needles.decided(d.text.len());
         let mut out = Vec::with_capacity(data.len());
         let (mut end, mut emitted, mut count, mut pending) = (0, 0, 0, None);
         for &(start, stop) in &carry.hits {
@@ -89,7 +107,9 @@ impl Escaped {
                 continue;
             }
             if !at_end {
-                pending = first_pending(&self.needles, &d.text, end.max(decided), start + 1);
+                pending = self
+                    .needles
+                    .first_pending(&d.text, end.max(decided), start + 1);
                 if pending.is_some() {
                     break;
                 }
@@ -121,20 +141,15 @@ impl Escaped {
             .sort_unstable_by_key(|&(start, end)| (start, std::cmp::Reverse(end)));
     }
 
-    /// Every plain form starting before this position is whole in `len` bytes.
-    fn decided(&self, len: usize) -> usize {
-        (len + 1).saturating_sub(self.longest)
-    }
-
     /// Where to keep back `text` from: the first position at or after `end` (or
     /// `pending`) where a plain form may start and run past the end.
     fn hold(&self, text: &[u8], end: usize, at_end: bool, pending: Option<usize>) -> usize {
         if at_end {
             return text.len();
         }
-        let from = end.max(self.decided(text.len()));
+        let from = end.max(self.needles.decided(text.len()));
         pending
-            .or_else(|| first_pending(&self.needles, text, from, text.len()))
+            .or_else(|| self.needles.first_pending(text, from, text.len()))
             .unwrap_or(text.len())
     }
 }

@@ -73,8 +73,7 @@ impl GuardCache {
 #[derive(Default)]
 pub struct ReflectionGuard {
     automaton: Option<AhoCorasick>,
-    needles: Vec<Vec<u8>>,
-    longest: usize,
+    needles: Needles,
     /// The second pass, over the decoded text.
     escaped: Option<Escaped>,
 }
@@ -142,7 +141,6 @@ impl ReflectionGuard {
             .ascii_case_insensitive(true)
             .build(&needles)
             .ok()?;
-        let longest = needles.iter().map(Vec::len).max().unwrap_or(0);
         let escaped = if plain.is_empty() {
             None
         } else {
@@ -150,8 +148,7 @@ impl ReflectionGuard {
         };
         Some(Self {
             automaton: Some(automaton),
-            needles,
-            longest,
+            needles: Needles::new(needles),
             escaped,
         })
     }
@@ -163,7 +160,10 @@ impl ReflectionGuard {
     /// Returns the redacted bytes and how many hits were replaced.
     pub fn redact(&self, bytes: &[u8]) -> (Bytes, usize) {
         let (out, hits) = self.redact_uniform(bytes);
-        let (out, more) = self.second_pass(&mut EscapedCarry::default(), out, true);
+        let (out, more) = match &self.escaped {
+            Some(escaped) => escaped.whole(out),
+            None => (out, 0),
+        };
         (out, hits + more)
     }
 
@@ -222,11 +222,13 @@ impl ReflectionGuard {
         // Every needle starting before `decided` is whole in `data`. After it, a match
         // is taken only if no needle could still start at or before it and run past
         // the data: then the whole body would have made the same choice.
-        let decided = (data.len() + 1).saturating_sub(self.longest);
+        let decided = self.needles.decided(data.len());
         let mut out = Vec::with_capacity(data.len());
         let (mut end, mut hits, mut held) = (0, 0, None);
         for m in ac.find_iter(&data) {
-            held = first_pending(&self.needles, &data, end.max(decided), m.start() + 1);
+            held = self
+                .needles
+                .first_pending(&data, end.max(decided), m.start() + 1);
             if held.is_some() {
                 break;
             }
@@ -236,7 +238,10 @@ impl ReflectionGuard {
             hits += 1;
         }
         let hold = held
-            .or_else(|| first_pending(&self.needles, &data, end.max(decided), data.len()))
+            .or_else(|| {
+                self.needles
+                    .first_pending(&data, end.max(decided), data.len())
+            })
             .unwrap_or(data.len());
         out.extend_from_slice(&data[end..hold]);
         carry.extend_from_slice(&data[hold..]);
@@ -250,14 +255,51 @@ impl ReflectionGuard {
     }
 }
 
-/// The first position in `from..to` where a needle could start and end past the data.
-fn first_pending(needles: &[Vec<u8>], data: &[u8], from: usize, to: usize) -> Option<usize> {
-    (from..to.min(data.len())).find(|&p| {
-        let rest = &data[p..];
-        needles
-            .iter()
-            .any(|n| n.len() > rest.len() && n[..rest.len()].eq_ignore_ascii_case(rest))
-    })
+/// A pass's forms as a stream's end sees them: where one may start and run past it.
+struct Needles {
+    list: Vec<Vec<u8>>,
+    /// The bytes a form starts with, in either ASCII case: most positions start none.
+    starts: [bool; 256],
+    longest: usize,
+}
+
+impl Default for Needles {
+    fn default() -> Self {
+        Self::new(Vec::new())
+    }
+}
+
+impl Needles {
+    fn new(list: Vec<Vec<u8>>) -> Self {
+        let mut starts = [false; 256];
+        for b in list.iter().filter_map(|n| n.first()) {
+            starts[usize::from(b.to_ascii_lowercase())] = true;
+            starts[usize::from(b.to_ascii_uppercase())] = true;
+        }
+        let longest = list.iter().map(Vec::len).max().unwrap_or(0);
+        Self {
+            list,
+            starts,
+            longest,
+        }
+    }
+
+    /// Every form starting before this position is whole in `len` bytes.
+    fn decided(&self, len: usize) -> usize {
+        (len + 1).saturating_sub(self.longest)
+    }
+
+    /// The first position in `from..to` where a form could start and end past the data.
+    fn first_pending(&self, data: &[u8], from: usize, to: usize) -> Option<usize> {
+        (from..to.min(data.len())).find(|&p| {
+            let rest = &data[p..];
+            self.starts[usize::from(rest[0])]
+                && self
+                    .list
+                    .iter()
+                    .any(|n| n.len() > rest.len() && n[..rest.len()].eq_ignore_ascii_case(rest))
+        })
+    }
 }
 
 /// Leading characters of the secret that an escape introducer put right before it can

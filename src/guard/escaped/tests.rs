@@ -4,8 +4,11 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use proptest::prelude::*;
 
+use bytes::Bytes;
+
 use super::super::unescape::Decoded;
 use super::super::{Carry, ReflectionGuard};
+use super::{EscapedCarry, PIECE};
 
 const SECRET: &str = "s3cr/t+val~Z9?q";
 
@@ -166,6 +169,26 @@ fn an_event_with_escapes_but_no_start_of_the_secret_is_not_held() {
     assert_eq!(&out[..], b"data: tail ", "a cut-off escape waits");
     let (out, _) = g.finish(&mut carry);
     assert_eq!(&out[..], b"\\u00", "and goes out as it is at the end");
+}
+
+#[test]
+fn a_large_body_is_decoded_in_pieces_with_the_result_of_one_pass() {
+    let g = guard();
+    let form = mixed(SECRET, &[1, 0, 3, 0, 9]);
+    let mut body = String::from("caf\\u00e9 ");
+    for k in 1..=3 {
+        // Each form straddles the end of a piece, cut inside an escape or not.
+        while body.len() < k * PIECE - 2 * k {
+            body.push('x');
+        }
+        body.push_str(&form);
+    }
+    let bytes = Bytes::from(body);
+    let escaped = g.escaped.as_ref().unwrap();
+    let (whole, hits) = escaped.whole(bytes.clone());
+    let (one, n) = escaped.pass(&mut EscapedCarry::default(), bytes, true);
+    assert_eq!((whole, hits), (one, n));
+    assert_eq!(hits, 3);
 }
 
 #[test]
