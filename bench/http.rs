@@ -497,6 +497,9 @@ fn selected(cell: &str) -> bool {
 }
 
 fn main() {
+    if std::env::var("POSTERN_BENCH_ONLY").is_ok_and(|only| only == "guard") {
+        return guard_cost();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -602,9 +605,11 @@ fn main() {
 }
 
 /// The reflection guard's own cost: building it, and scanning 8 MiB whole and as a
-/// stream of 4 KiB chunks (both per MiB).
+/// stream of 4 KiB chunks (per MiB, and MB/s of the streamed scan), for events of plain
+/// text, of JSON with escapes (what the second pass decodes: `\u00e9`, `\"`), and of
+/// nothing but percent-escapes (its worst case). `POSTERN_BENCH_ONLY=guard` runs only this.
 fn guard_cost() {
-    use postern::guard::ReflectionGuard;
+    use postern::guard::{Carry, ReflectionGuard};
     let secret = b"bench-secret-7f3a9c0d1e2b";
     let started = Instant::now();
     let runs = 200u32;
@@ -612,22 +617,33 @@ fn guard_cost() {
         let _ = ReflectionGuard::new(secret, b"Bearer bench-secret-7f3a9c0d1e2b");
     }
     let build = started.elapsed() / runs;
+    println!("Reflection guard: built in {}", us(build));
     let g = ReflectionGuard::new(secret, b"Bearer bench-secret-7f3a9c0d1e2b").unwrap();
-    let event = b"data: {\"delta\":\"bench text\"}\n\n";
-    let body: Vec<u8> = event.iter().copied().cycle().take(8 << 20).collect();
-    let started = Instant::now();
-    let (_, hits) = g.redact(&body);
-    let whole = started.elapsed() / 8;
-    let started = Instant::now();
-    let mut carry = Vec::new();
-    for chunk in body.chunks(4096) {
-        let _ = g.redact_stream(&mut carry, chunk);
+    let events: [(&str, &[u8]); 3] = [
+        ("plain", b"data: {\"delta\":\"bench text\"}\n\n"),
+        (
+            "JSON escapes",
+            b"data: {\"delta\":\"caf\\u00e9 \\\"na\\u00efve\\\" a\\/b\"}\n\n",
+        ),
+        ("all %XX", b"%62%65%6E%63%68%20%74%65%78%74%0A"),
+    ];
+    for (name, event) in events {
+        let body: Vec<u8> = event.iter().copied().cycle().take(8 << 20).collect();
+        let started = Instant::now();
+        let (_, hits) = g.redact(&body);
+        let whole = started.elapsed() / 8;
+        let started = Instant::now();
+        let mut carry = Carry::default();
+        for chunk in body.chunks(4096) {
+            let _ = g.redact_stream(&mut carry, chunk);
+        }
+        let _ = g.finish(&mut carry);
+        let streamed = started.elapsed() / 8;
+        println!(
+            "  {name}: scan {} per MiB whole, {} per MiB in 4 KiB chunks ({:.0} MB/s) ({hits} hits)",
+            us(whole),
+            us(streamed),
+            1.048_576 / streamed.as_secs_f64()
+        );
     }
-    let streamed = started.elapsed() / 8;
-    println!(
-        "Reflection guard: built in {}; scan {} per MiB whole, {} per MiB in 4 KiB chunks ({hits} hits)",
-        us(build),
-        us(whole),
-        us(streamed)
-    );
 }

@@ -4,10 +4,16 @@
 //! the lines of a private key), is replaced with `[postern:redacted]` in HTTP headers and
 //! bodies and in SSH stdout/stderr, across chunk boundaries, and counted.
 //!
-//! One Aho-Corasick automaton (leftmost-longest, ASCII case-insensitive) holds all the
-//! forms. Case-insensitive for all of them: hex, `%XX` and `\uXXXX` come in either
-//! case and header names are lower-cased; a base64 form differing only in case is
-//! astronomically unlikely, and redacting it anyway is the safe side.
+//! Two passes. The first: one Aho-Corasick automaton (leftmost-longest, ASCII
+//! case-insensitive) holds every uniform form, each character encoded the same way.
+//! Case-insensitive for all of them: hex, `%XX` and `\uXXXX` come in either case and
+//! header names are lower-cased; a base64 form differing only in case is astronomically
+//! unlikely, and redacting it anyway is the safe side. The second (`escaped`): what the
+//! first let through is decoded (`unescape`) and scanned for the plain forms again,
+//! which catches an echo with only some characters escaped (`C\u0041NARY`, `%43ANARY`).
+//!
+//! Streams keep back, per pass, only the bytes that may still start a form, so an
+//! interactive stream is not held; see `ReflectionGuard::redact_stream`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,6 +22,11 @@ use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
 use bytes::Bytes;
+
+use escaped::{Escaped, EscapedCarry};
+
+mod escaped;
+mod unescape;
 
 pub const REDACTED: &[u8] = b"[postern:redacted]";
 
@@ -62,27 +73,48 @@ impl GuardCache {
 #[derive(Default)]
 pub struct ReflectionGuard {
     automaton: Option<AhoCorasick>,
-    needles: Vec<Vec<u8>>,
-    longest: usize,
+    needles: Needles,
+    /// The second pass, over the decoded text.
+    escaped: Option<Escaped>,
+}
+
+/// What a stream keeps back between chunks, for both passes.
+#[derive(Default)]
+pub struct Carry {
+    plain: Vec<u8>,
+    escaped: EscapedCarry,
+}
+
+impl Carry {
+    /// Nothing is kept back.
+    pub fn is_empty(&self) -> bool {
+        self.plain.is_empty() && self.escaped.held.is_empty()
+    }
+
+    /// Drops what was kept back (the rest of the stream is not relayed).
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
 }
 
 impl ReflectionGuard {
     /// The guard for `secret`, injected as `value`. `None` if the automaton cannot be
     /// built: the caller must then not relay the response at all.
     pub fn new(secret: &[u8], value: &[u8]) -> Option<Self> {
-        Self::build(forms(secret, value))
+        Self::build(forms(secret, value), plain_forms(secret, value))
     }
 
     /// The guard for a PEM-armoured private key: each base64 body line (the body joined
     /// into one string holds them too). Short lines (the last one of a PEM often is) are
     /// left out: they would redact ordinary text.
     pub fn for_pem(pem: &str) -> Option<Self> {
-        let mut needles: Vec<Vec<u8>> = pem
+        let lines: Vec<Vec<u8>> = pem
             .lines()
             .map(str::trim)
             .filter(|l| l.len() >= MIN_PEM_LINE && !l.starts_with("-----"))
             .map(|l| l.as_bytes().to_vec())
             .collect();
+        let mut needles = lines.clone();
         // A JSON encoder may write `/` as `\/`.
         let escaped: Vec<Vec<u8>> = needles
             .iter()
@@ -92,10 +124,11 @@ impl ReflectionGuard {
         needles.extend(escaped);
         needles.sort();
         needles.dedup();
-        Self::build(needles)
+        Self::build(needles, lines)
     }
 
-    fn build(needles: Vec<Vec<u8>>) -> Option<Self> {
+    /// `needles` for the first pass, `plain` (what escapes decode to) for the second.
+    fn build(needles: Vec<Vec<u8>>, plain: Vec<Vec<u8>>) -> Option<Self> {
         if needles.is_empty() {
             return Some(Self::default());
         }
@@ -108,11 +141,15 @@ impl ReflectionGuard {
             .ascii_case_insensitive(true)
             .build(&needles)
             .ok()?;
-        let longest = needles.iter().map(Vec::len).max().unwrap_or(0);
+        let escaped = if plain.is_empty() {
+            None
+        } else {
+            Some(Escaped::new(plain)?)
+        };
         Some(Self {
             automaton: Some(automaton),
-            needles,
-            longest,
+            needles: Needles::new(needles),
+            escaped,
         })
     }
 
@@ -120,21 +157,45 @@ impl ReflectionGuard {
         self.automaton.is_none()
     }
 
-    /// Whether the bytes still hold a form of the secret once `\uXXXX` and `%XX` escapes
-    /// are undone: an echo with only some characters escaped (`C\u0041NARY`) that no needle
-    /// matches. Callers withhold such a body rather than relay it.
-    pub fn leaks_after_unescaping(&self, bytes: &[u8]) -> bool {
-        let Some(ac) = &self.automaton else {
-            return false;
-        };
-        if !bytes.contains(&b'%') && !bytes.contains(&b'\\') {
-            return false;
-        }
-        ac.is_match(&unescape(bytes))
-    }
-
     /// Returns the redacted bytes and how many hits were replaced.
     pub fn redact(&self, bytes: &[u8]) -> (Bytes, usize) {
+        let (out, hits) = self.redact_uniform(bytes);
+        let (out, more) = match &self.escaped {
+            Some(escaped) => escaped.whole(out),
+            None => (out, 0),
+        };
+        (out, hits + more)
+    }
+
+    /// Redacts a streamed chunk. Each pass keeps back only bytes that could still start
+    /// a form: the first at most the longest form − 1 bytes, the second an escape cut
+    /// off by the chunk's end (under 26 bytes) and decoded text that starts a plain form
+    /// (under the longest plain form, each decoded byte from at most 13 bytes). An SSE
+    /// event is not held back unless it ends in what may be the start of a secret.
+    /// `finish` drains the carry.
+    pub fn redact_stream(&self, carry: &mut Carry, chunk: &[u8]) -> (Bytes, usize) {
+        let (out, hits) = self.uniform_stream(&mut carry.plain, chunk);
+        let (out, more) = self.second_pass(&mut carry.escaped, out, false);
+        (out, hits + more)
+    }
+
+    /// The end of a stream: whatever was held back is decided now.
+    pub fn finish(&self, carry: &mut Carry) -> (Bytes, usize) {
+        let tail = std::mem::take(&mut carry.plain);
+        let (out, hits) = self.redact_uniform(&tail);
+        let (out, more) = self.second_pass(&mut carry.escaped, out, true);
+        (out, hits + more)
+    }
+
+    fn second_pass(&self, carry: &mut EscapedCarry, bytes: Bytes, at_end: bool) -> (Bytes, usize) {
+        match &self.escaped {
+            Some(escaped) => escaped.pass(carry, bytes, at_end),
+            None => (bytes, 0),
+        }
+    }
+
+    /// The first pass over a whole body.
+    fn redact_uniform(&self, bytes: &[u8]) -> (Bytes, usize) {
         let Some(ac) = &self.automaton else {
             return (Bytes::copy_from_slice(bytes), 0);
         };
@@ -150,10 +211,9 @@ impl ReflectionGuard {
         (Bytes::from(out), hits)
     }
 
-    /// Redacts a streamed chunk. Only bytes that could still start a match stay in
-    /// `carry` (at most the longest needle − 1), so an SSE event is not held back
-    /// unless it ends in what may be the start of a secret. `finish` drains `carry`.
-    pub fn redact_stream(&self, carry: &mut Vec<u8>, chunk: &[u8]) -> (Bytes, usize) {
+    /// The first pass over a streamed chunk: bytes that could still start a match stay
+    /// in `carry`.
+    fn uniform_stream(&self, carry: &mut Vec<u8>, chunk: &[u8]) -> (Bytes, usize) {
         let Some(ac) = &self.automaton else {
             return (Bytes::copy_from_slice(chunk), 0);
         };
@@ -162,11 +222,13 @@ impl ReflectionGuard {
         // Every needle starting before `decided` is whole in `data`. After it, a match
         // is taken only if no needle could still start at or before it and run past
         // the data: then the whole body would have made the same choice.
-        let decided = (data.len() + 1).saturating_sub(self.longest);
+        let decided = self.needles.decided(data.len());
         let mut out = Vec::with_capacity(data.len());
         let (mut end, mut hits, mut held) = (0, 0, None);
         for m in ac.find_iter(&data) {
-            held = self.first_pending(&data, end.max(decided), m.start() + 1);
+            held = self
+                .needles
+                .first_pending(&data, end.max(decided), m.start() + 1);
             if held.is_some() {
                 break;
             }
@@ -176,33 +238,104 @@ impl ReflectionGuard {
             hits += 1;
         }
         let hold = held
-            .or_else(|| self.first_pending(&data, end.max(decided), data.len()))
+            .or_else(|| {
+                self.needles
+                    .first_pending(&data, end.max(decided), data.len())
+            })
             .unwrap_or(data.len());
         out.extend_from_slice(&data[end..hold]);
         carry.extend_from_slice(&data[hold..]);
         (Bytes::from(out), hits)
     }
 
-    /// The end of a stream: whatever was held back is decided now.
-    pub fn finish(&self, carry: &mut Vec<u8>) -> (Bytes, usize) {
-        let tail = std::mem::take(carry);
-        self.redact(&tail)
-    }
-
-    /// The first position in `from..to` where a needle could start and end past the data.
-    fn first_pending(&self, data: &[u8], from: usize, to: usize) -> Option<usize> {
-        (from..to.min(data.len())).find(|&p| {
-            let rest = &data[p..];
-            self.needles
-                .iter()
-                .any(|n| n.len() > rest.len() && n[..rest.len()].eq_ignore_ascii_case(rest))
-        })
-    }
-
     /// Whether `bytes` hold a form of the secret (for names that cannot be rewritten).
     pub fn is_match(&self, bytes: &[u8]) -> bool {
         self.automaton.as_ref().is_some_and(|ac| ac.is_match(bytes))
+            || self.escaped.as_ref().is_some_and(|e| e.is_match(bytes))
     }
+}
+
+/// A pass's forms as a stream's end sees them: where one may start and run past it.
+struct Needles {
+    list: Vec<Vec<u8>>,
+    /// The bytes a form starts with, in either ASCII case: most positions start none.
+    starts: [bool; 256],
+    longest: usize,
+}
+
+impl Default for Needles {
+    fn default() -> Self {
+        Self::new(Vec::new())
+    }
+}
+
+impl Needles {
+    fn new(list: Vec<Vec<u8>>) -> Self {
+        let mut starts = [false; 256];
+        for b in list.iter().filter_map(|n| n.first()) {
+            starts[usize::from(b.to_ascii_lowercase())] = true;
+            starts[usize::from(b.to_ascii_uppercase())] = true;
+        }
+        let longest = list.iter().map(Vec::len).max().unwrap_or(0);
+        Self {
+            list,
+            starts,
+            longest,
+        }
+    }
+
+    /// Every form starting before this position is whole in `len` bytes.
+    fn decided(&self, len: usize) -> usize {
+        (len + 1).saturating_sub(self.longest)
+    }
+
+    /// The first position in `from..to` where a form could start and end past the data.
+    fn first_pending(&self, data: &[u8], from: usize, to: usize) -> Option<usize> {
+        (from..to.min(data.len())).find(|&p| {
+            let rest = &data[p..];
+            self.starts[usize::from(rest[0])]
+                && self
+                    .list
+                    .iter()
+                    .any(|n| n.len() > rest.len() && n[..rest.len()].eq_ignore_ascii_case(rest))
+        })
+    }
+}
+
+/// Leading characters of the secret that an escape introducer put right before it can
+/// swallow (`\u` takes four hex digits, `%` two, `\` one); the rest is still a form.
+const MAX_SWALLOWED: usize = 4;
+
+/// The shortest rest of the secret guarded on its own.
+const MIN_REST: usize = 8;
+
+/// What escapes in an echo decode to: the secret raw (with `+` for each space too, as a
+/// form encoder writes it, and without its first few characters, which an escape just
+/// before it may have swallowed), base64 of it at any offset and of the value, and hex.
+fn plain_forms(secret: &[u8], value: &[u8]) -> Vec<Vec<u8>> {
+    let mut needles = base64_cores(secret);
+    needles.extend(base64s(secret));
+    needles.extend(base64s(value));
+    needles.push(secret.to_vec());
+    if secret.contains(&b' ') {
+        needles.push(
+            secret
+                .iter()
+                .map(|&b| if b == b' ' { b'+' } else { b })
+                .collect(),
+        );
+    }
+    needles.push(hex(secret));
+    needles.extend(
+        (1..=MAX_SWALLOWED)
+            .filter_map(|k| secret.get(k..))
+            .filter(|rest| rest.len() >= MIN_REST)
+            .map(<[u8]>::to_vec),
+    );
+    needles.retain(|n| n.len() >= MIN_NEEDLE);
+    needles.sort();
+    needles.dedup();
+    needles
 }
 
 /// Every form an echo might take, of the secret and of the injected value.
@@ -221,12 +354,7 @@ fn forms(secret: &[u8], value: &[u8]) -> Vec<Vec<u8>> {
 fn encodings(x: &[u8]) -> Vec<Vec<u8>> {
     let mut out = vec![x.to_vec()];
     out.extend(base64s(x));
-    out.push(
-        x.iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-            .into_bytes(),
-    );
+    out.push(hex(x));
     out.push(pct_all(x));
     let reserved = pct_reserved(x, b"");
     out.push(reserved.replace("%20", "+").into_bytes());
@@ -241,6 +369,14 @@ fn encodings(x: &[u8]) -> Vec<Vec<u8>> {
         }
     }
     out
+}
+
+/// Lower-case hex of every byte.
+fn hex(x: &[u8]) -> Vec<u8> {
+    x.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>()
+        .into_bytes()
 }
 
 /// `x` and `x` + newline in both alphabets, padded or not.
@@ -295,38 +431,6 @@ pub fn pct_reserved(x: &[u8], keep: &[u8]) -> String {
             out.push(char::from(b));
         } else {
             out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// `\uXXXX` (ASCII code points) and `%XX` escapes undone; everything else kept.
-fn unescape(bytes: &[u8]) -> Vec<u8> {
-    let hex = |b: &[u8]| {
-        std::str::from_utf8(b)
-            .ok()
-            .and_then(|t| u32::from_str_radix(t, 16).ok())
-    };
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let rest = &bytes[i..];
-        if rest.len() >= 6
-            && rest[0] == b'\\'
-            && rest[1] == b'u'
-            && let Some(c) = hex(&rest[2..6]).filter(|c| *c < 0x80)
-        {
-            out.push(c as u8);
-            i += 6;
-        } else if rest.len() >= 3
-            && rest[0] == b'%'
-            && let Some(c) = hex(&rest[1..3])
-        {
-            out.push(c as u8);
-            i += 3;
-        } else {
-            out.push(rest[0]);
-            i += 1;
         }
     }
     out

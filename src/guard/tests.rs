@@ -126,7 +126,7 @@ fn base64_at_every_alignment_leaves_only_boundary_characters() {
 #[test]
 fn a_secret_split_across_chunks_is_still_redacted() {
     let g = guard();
-    let mut carry = Vec::new();
+    let mut carry = Carry::default();
     let (a, _) = g.redact_stream(&mut carry, b"data: s3cr/");
     assert_eq!(&a[..], b"data: ");
     let (b, hits) = g.redact_stream(&mut carry, b"t+val~Z9?q\n\n");
@@ -143,14 +143,17 @@ fn a_secret_split_across_chunks_is_still_redacted() {
 #[test]
 fn an_sse_event_without_a_secret_prefix_is_not_held_back() {
     let g = guard();
-    let mut carry = Vec::new();
+    let mut carry = Carry::default();
     let (out, _) = g.redact_stream(&mut carry, b"data: {\"delta\":\"hello\"}\n\n");
     assert_eq!(out.len(), 25);
     assert!(carry.is_empty());
 }
 
+/// Built once: a debug-build DFA takes a while.
+static GUARD: std::sync::LazyLock<ReflectionGuard> = std::sync::LazyLock::new(guard);
+
 fn stream(g: &ReflectionGuard, body: &[u8], cuts: &[usize]) -> (Vec<u8>, usize) {
-    let (mut carry, mut out, mut hits) = (Vec::new(), Vec::new(), 0);
+    let (mut carry, mut out, mut hits) = (Carry::default(), Vec::new(), 0);
     let mut at = 0;
     for &cut in cuts {
         let cut = cut.clamp(at, body.len());
@@ -184,9 +187,9 @@ proptest! {
             }
         }
         cuts.sort_unstable();
-        let g = guard();
+        let g = &*GUARD;
         let (whole, hits) = g.redact(&body);
-        let (streamed, shits) = stream(&g, &body, &cuts);
+        let (streamed, shits) = stream(g, &body, &cuts);
         prop_assert_eq!(String::from_utf8_lossy(&streamed), String::from_utf8_lossy(&whole));
         prop_assert_eq!(shits, hits);
         prop_assert!(!String::from_utf8_lossy(&whole).contains(SECRET));
@@ -207,17 +210,4 @@ fn a_guard_is_built_once_per_credential_version() {
     assert!(a.zip(b).is_some_and(|(a, b)| Arc::ptr_eq(&a, &b)));
     assert!(c.is_some());
     assert_eq!(builds, 2, "a rotation (new version) builds a new guard");
-}
-
-#[test]
-fn a_partly_escaped_echo_is_seen_after_unescaping() {
-    let g = guard();
-    let json = SECRET.replacen('3', "\\u0033", 1);
-    let pct = SECRET.replacen('c', "%63", 1);
-    for body in [format!("{{\"a\":\"{json}\"}}"), format!("x={pct}")] {
-        let (out, hits) = g.redact(body.as_bytes());
-        assert_eq!(hits, 0, "no needle matches {body}");
-        assert!(g.leaks_after_unescaping(&out), "{body}");
-    }
-    assert!(!g.leaks_after_unescaping(b"{\"a\":\"\\u0041 100% plain\"}"));
 }

@@ -25,9 +25,6 @@ pub enum Undecodable {
     DecodeError,
     /// The decoded body would pass the size bound.
     TooLarge,
-    /// Unescaping (`\uXXXX`, `%XX`) shows the injected secret that no form matched:
-    /// a partly escaped echo.
-    EscapedSecret,
 }
 
 impl Undecodable {
@@ -36,7 +33,6 @@ impl Undecodable {
             Self::UnsupportedCoding => "unsupported_coding",
             Self::DecodeError => "decode_error",
             Self::TooLarge => "too_large",
-            Self::EscapedSecret => "escaped_secret",
         }
     }
 }

@@ -99,16 +99,7 @@ impl Exchange {
         let guarded = !head.guard.is_empty() && !bodiless;
         let cap = journal.buffer_limit.max(journal.max_result_bytes);
         let decoded = decode::for_guard(guarded, &mut parts.headers, &body, cap);
-        let (mut delivered, body_hits) =
-            head.guard.redact(decoded.as_ref().unwrap_or(&Bytes::new()));
-        let decoded = match decoded {
-            Ok(_) if guarded && head.guard.leaks_after_unescaping(&delivered) => {
-                decode::mark_withheld(&mut parts.headers, decode::Undecodable::EscapedSecret);
-                delivered = Bytes::new();
-                Err(decode::Undecodable::EscapedSecret)
-            }
-            other => other,
-        };
+        let (delivered, body_hits) = head.guard.redact(decoded.as_ref().unwrap_or(&Bytes::new()));
         // A withheld body is recorded by the digest and length of what the origin sent.
         let body = if decoded.is_ok() {
             delivered.clone()

@@ -21,7 +21,7 @@ use super::respond::ProxyBody;
 use super::respond::{POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME, Relayed};
 use crate::config::Route;
 use crate::contract::{Code, Completion, Phase, StatusResolution, postern_outcome};
-use crate::guard::ReflectionGuard;
+use crate::guard::{Carry, ReflectionGuard};
 use crate::journal::{
     Body, Draft, Failure, HttpResult, Payload, ResponseComplete, ResultCommitted, Source,
     StoredResult, b64, sha256_tagged_digest,
@@ -68,7 +68,7 @@ struct Tally {
     cap: u64,
     bytes: u64,
     hits: usize,
-    carry: Vec<u8>,
+    carry: Carry,
     decoder: Option<Decoder>,
     withheld: Option<Undecodable>,
 }
@@ -183,7 +183,7 @@ impl Exchange {
             cap: self.proxy.config.journal.max_result_bytes,
             bytes: 0,
             hits: plan.header_hits,
-            carry: Vec::new(),
+            carry: Carry::default(),
             decoder: plan.decoder.take(),
             withheld: plan.withheld,
         };

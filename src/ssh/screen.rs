@@ -1,19 +1,24 @@
 //! The reflection guard (SPEC §1.8) over a remote command's output. A command can print
-//! the injected password (or the key) back; stdout and stderr are separate streams, each
-//! with its own held-back tail, and both are screened before a byte reaches the agent or
-//! the stored result. The count of hits is evidence, never the value.
+//! the injected password (or the key) back, whole or partly escaped; stdout and stderr
+//! are separate streams, each with its own held-back tail (a possible start of a form,
+//! or an escape cut off by the message's end), and both are screened before a byte
+//! reaches the agent or the stored result. The count of hits is evidence, never the value.
+//!
+//! Latency over completeness: the caller releases a held tail after a short pause, so a
+//! command waiting for the agent's answer is not stalled. A form (or one escape) split
+//! across such a pause is not seen whole: each part goes out as it is.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::guard::ReflectionGuard;
+use crate::guard::{Carry, ReflectionGuard};
 
 #[derive(Default)]
 pub struct Screen {
     guard: Arc<ReflectionGuard>,
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
+    stdout: Carry,
+    stderr: Carry,
     hits: usize,
 }
 
@@ -43,7 +48,7 @@ impl Screen {
     }
 
     /// The held-back tails of stdout and stderr, decided now (at the end of the output, or
-    /// after a pause: a secret split across that pause is not seen whole).
+    /// after a pause).
     pub fn finish(&mut self) -> (Bytes, Bytes) {
         let (stdout, a) = self.guard.finish(&mut self.stdout);
         let (stderr, b) = self.guard.finish(&mut self.stderr);
@@ -78,6 +83,18 @@ mod tests {
         assert_eq!(&stderr[..], b"warn: [postern:redacted]\n");
         assert!(tail_err.is_empty());
         assert_eq!(s.evidence()["redactions"], 2);
+    }
+
+    #[test]
+    fn a_partly_escaped_password_split_inside_an_escape_is_redacted() {
+        let guard = ReflectionGuard::new(b"hunter2-pw", b"hunter2-pw").unwrap();
+        let mut s = Screen::new(Arc::new(guard));
+        let mut stdout = s.pass(b"pw: hunt\\x6", false).to_vec();
+        stdout.extend_from_slice(&s.pass(b"5r2%2Dpw\n", false));
+        let (tail, _) = s.finish();
+        stdout.extend_from_slice(&tail);
+        assert_eq!(stdout, b"pw: [postern:redacted]\n");
+        assert_eq!(s.evidence()["redactions"], 1);
     }
 
     #[test]

@@ -173,6 +173,7 @@ fn echo_origin() -> Origin {
                 respond(s, "OK", &named, forms_body(&secret, &value).as_bytes())
             }
             "/stream" => stream_events(s, &value),
+            "/escaped-stream" => escaped_events(s, &secret),
             "/bomb" => {
                 let zeros = vec![0u8; 8 << 20];
                 let g = Some("gzip".to_owned());
@@ -207,6 +208,57 @@ fn stream_events(s: &mut std::net::TcpStream, value: &str) {
     let _ = s.write_all(format!("{:x}\r\n", rest.len()).as_bytes());
     let _ = s.write_all(&rest);
     let _ = s.write_all(b"\r\n0\r\n\r\n");
+}
+
+/// The canary partly escaped, each form split across chunks inside an escape or the
+/// secret, as a chunked event stream: what an origin escaping some characters sends.
+fn escaped_events(s: &mut std::net::TcpStream, secret: &str) {
+    let _ = s.write_all(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+    );
+    let first = secret.replacen('c', "\\u0063", 1);
+    let pct = secret.replacen('c', "%63", 1).replacen('e', "%65", 1);
+    let hex = secret.replacen('F', "\\x46", 1);
+    let mixed = secret
+        .replacen('c', "\\u0063", 1)
+        .replacen('n', "%6E", 1)
+        .replacen('o', "&#111;", 1);
+    let events = format!(
+        "data: {{\"a\":\"{first}\"}}\n\ndata: {pct}\n\ndata: {hex}\n\ndata: Bearer {mixed}\n\n"
+    );
+    // Cut inside `\u0063`, `%63`, `\x46`, `&#111;` and in the middle of each secret.
+    let mut cuts: Vec<usize> = ["\\u00", "%6", "\\x4", "&#1", "5f2a", "REF"]
+        .iter()
+        .flat_map(|m| events.match_indices(m).map(|(i, _)| i + 2))
+        .collect();
+    cuts.sort_unstable();
+    let mut at = 0;
+    for cut in cuts.into_iter().chain([events.len()]) {
+        let part = &events[at..cut];
+        at = cut;
+        let _ = s.write_all(format!("{:x}\r\n{part}\r\n", part.len()).as_bytes());
+        let _ = s.flush();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = s.write_all(b"0\r\n\r\n");
+}
+
+/// `text` with `\uXXXX`, `\xXX`, `%XX` and `&#NN;` undone, as an agent would read it.
+fn unescaped(text: &str) -> String {
+    let re = regex::Regex::new(
+        r"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})|%([0-9a-fA-F]{2})|&#([0-9]{1,7});",
+    )
+    .unwrap();
+    re.replace_all(text, |c: &regex::Captures| {
+        let (digits, radix) = match (c.get(1).or(c.get(2)).or(c.get(3)), c.get(4)) {
+            (Some(h), _) => (h.as_str(), 16),
+            (None, Some(d)) => (d.as_str(), 10),
+            (None, None) => return String::new(),
+        };
+        let code = u32::from_str_radix(digits, radix).unwrap();
+        char::from_u32(code).map(String::from).unwrap_or_default()
+    })
+    .into_owned()
 }
 
 struct Setup {
@@ -377,13 +429,62 @@ fn a_compressed_event_stream_is_decoded_and_scanned_as_it_flows() {
     assert_eq!(stored, body, "the stored copy is what the agent got");
 }
 
+/// An origin that escapes only some characters of the echo, streamed in chunks cut inside
+/// the escapes and the secret: the agent gets the stream with each echo redacted, and no
+/// form of the canary even once the escapes are undone; the stored copy is the same.
+#[test]
+fn a_partly_escaped_echo_split_across_stream_chunks_is_redacted() {
+    let s = setup();
+    let (status, body, head) = s.get("/escaped-stream", &["-N"]);
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("postern-delivery: streamed"),
+        "{head}"
+    );
+    assert_eq!(
+        body,
+        "data: {\"a\":\"[postern:redacted]\"}\n\ndata: [postern:redacted]\n\n\
+         data: [postern:redacted]\n\ndata: Bearer [postern:redacted]\n\n"
+    );
+    assert_clean("the stream, unescaped", &unescaped(&body).to_lowercase());
+    let r = s.newest();
+    assert_eq!(r["evidence"]["redactions"], 4, "{r}");
+    let id = r["invocation_id"].as_str().unwrap().to_owned();
+    let (res, stored) = s.stored_body(&id);
+    assert_eq!(res["body_stored"], true, "{res}");
+    assert_eq!(stored, body, "the stored copy is what the agent got");
+    assert_clean("the read-back views", &unescaped(&s.read_back(&id)));
+}
+
+/// The same in a buffered body: redacted where it was escaped, the rest delivered.
+#[test]
+fn a_partly_escaped_echo_in_a_buffered_body_is_redacted_not_withheld() {
+    let s = setup();
+    let (status, body, head) = s.get("/escaped", &[]);
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(
+        body,
+        "{\"a\":\"[postern:redacted]\",\"b\":\"[postern:redacted]\"}"
+    );
+    assert!(
+        !head.to_ascii_lowercase().contains("postern-body"),
+        "{head}"
+    );
+    let r = s.newest();
+    assert_eq!(r["evidence"]["redactions"], 2, "{r}");
+    assert!(r["evidence"].get("body_withheld").is_none(), "{r}");
+    let id = r["invocation_id"].as_str().unwrap().to_owned();
+    assert_eq!(s.stored_body(&id).1, body);
+    assert_clean("the read-back views", &unescaped(&s.read_back(&id)));
+}
+
 #[test]
 fn undecodable_and_oversized_bodies_are_withheld_not_relayed() {
     let s = setup();
     for (path, reason) in [
         ("/echo?coding=compress", "unsupported_coding"),
         ("/bomb", "too_large"),
-        ("/escaped", "escaped_secret"),
     ] {
         let (status, body, head) = s.get(path, &[]);
         assert_eq!((status, body.as_str()), (200, ""), "{path}: {head}");

@@ -133,6 +133,41 @@ fn a_password_login_runs_the_exec_and_the_echoed_password_is_redacted() {
     assert_nowhere(&f, &[&out], &forms(PASSWORD));
 }
 
+/// A remote that prints the password with some characters escaped, an escape cut across
+/// two messages: redacted for the agent and in the stored result, and no decoded form of
+/// it anywhere.
+#[test]
+fn a_partly_escaped_password_is_redacted_for_the_agent_and_in_the_result() {
+    let home = Home::new();
+    let peer = Peer::accepts_password(PASSWORD, home.dir.path());
+    let f = password_front(&peer, home, PASSWORD);
+    let out = f.ssh(TOKEN, &["--", "", "echo-escaped"]);
+    let (agent_out, agent_err) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{agent_err}");
+    assert_eq!(agent_out, "json: [postern:redacted]\n", "{agent_err}");
+    assert!(
+        agent_err.contains("mixed: [postern:redacted]\n"),
+        "{agent_err}"
+    );
+    let r = &exec_records(&f)[0];
+    assert_eq!(r["outcome"], "committed", "{r}");
+    assert_eq!(r["evidence"]["redactions"], 2, "{r}");
+    let id = r["invocation_id"].as_str().unwrap();
+    let (stored_out, stored_err) = stored_output(&f, id);
+    assert_eq!(
+        stored_out, agent_out,
+        "the stored result is the guarded one"
+    );
+    assert_eq!(stored_err, "mixed: [postern:redacted]\n");
+    let mut canaries = forms(PASSWORD);
+    canaries.extend([
+        PASSWORD.replacen('w', "\\u0077", 1),
+        "-canary-7c1e9d".to_owned(),
+        PASSWORD.replacen('c', "%63", 1).replacen('S', "\\x53", 1),
+    ]);
+    assert_nowhere(&f, &[&out], &canaries);
+}
+
 #[test]
 fn a_wrong_password_is_an_auth_failure_before_dispatch() {
     let home = Home::new();

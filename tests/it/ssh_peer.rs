@@ -3,7 +3,9 @@
 //! that die. Built by what it does: `accepts_password`, `prints`, `drops_a_kept_session`.
 //!
 //! Its commands: `echo-password` prints the password it received at login (raw and split
-//! across two messages, hex, and base64 on stderr); `print` prints the scripted text in
+//! across two messages, hex, and base64 on stderr); `echo-escaped` prints it partly
+//! escaped (a `\u` escape cut across messages on stdout, `%XX` and `\xXX` on stderr);
+//! `print` prints the scripted text in
 //! 7-byte pieces; `ask` prints `ready: ` and the password's first three characters, then
 //! waits for a line on stdin and prints `got <line>`; anything else prints `ran <command>`.
 //! Every exec exits 0.
@@ -205,6 +207,7 @@ impl russh::server::Handler for Scripted {
                 return Ok(());
             }
             b"echo-password" => self.echo_password(id, session)?,
+            b"echo-escaped" => self.echo_escaped(id, session)?,
             b"print" => {
                 for piece in self.script.print.as_bytes().chunks(7) {
                     session.data(id, piece.to_vec())?;
@@ -250,6 +253,21 @@ impl Scripted {
         session.data(id, format!("hex: {hex}\ndone\n").into_bytes())?;
         let b64 = base64::engine::general_purpose::STANDARD.encode(pw);
         session.extended_data(id, 1, format!("b64: {b64}\n").into_bytes())?;
+        Ok(())
+    }
+
+    /// `p\u0077-canary…` in three messages (`p\u0`, `077-cana`, the rest), and on stderr
+    /// the password with one character as `%XX` and one as `\xXX`.
+    fn echo_escaped(&self, id: ChannelId, session: &mut Session) -> Result<(), russh::Error> {
+        let pw = &self.login_password;
+        let json = pw.replacen('w', "\\u0077", 1);
+        let (a, rest) = json.split_at(4.min(json.len()));
+        let (b, c) = rest.split_at(8.min(rest.len()));
+        session.data(id, format!("json: {a}").into_bytes())?;
+        session.data(id, b.as_bytes().to_vec())?;
+        session.data(id, format!("{c}\n").into_bytes())?;
+        let mixed = pw.replacen('c', "%63", 1).replacen('S', "\\x53", 1);
+        session.extended_data(id, 1, format!("mixed: {mixed}\n").into_bytes())?;
         Ok(())
     }
 }

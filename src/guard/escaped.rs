@@ -1,0 +1,158 @@
+//! The second pass of the reflection guard: forms of the secret with only some characters
+//! escaped (`C\u0041NARY`, `%43ANARY`, `CA\x4eARY`, `\u0043A%4EARY`, a .NET echo of
+//! base64 with `+` as `\u002B`). No single pattern holds them, so the bytes the first
+//! pass let through are decoded (`unescape`) and the decoded text is scanned for the
+//! plain forms (raw, base64, hex); a hit is redacted over the original bytes it came
+//! from. Hits made of no escape at all are the first pass's business and are ignored
+//! here, which also lets text without a `\`, `%` or `&` skip decoding and scanning.
+//!
+//! Among the hits, leftmost-longest wins, as in the first pass. A stream keeps back the
+//! bytes that may still be the start of a hit: an escape cut off by the chunk's end,
+//! and decoded text that is the start of a plain form, so every chunking gives the
+//! output of the whole body. Both are bounded (`ReflectionGuard::redact_stream`).
+
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
+use bytes::Bytes;
+
+use super::unescape::{Decoded, has_escape};
+use super::{Needles, REDACTED};
+
+/// How much of a whole body is decoded at once.
+const PIECE: usize = 16 << 10;
+
+/// The decoded plain forms of the secret.
+pub(super) struct Escaped {
+    automaton: AhoCorasick,
+    needles: Needles,
+}
+
+/// A stream's state: bytes kept back, and buffers reused from chunk to chunk.
+#[derive(Default)]
+pub(super) struct EscapedCarry {
+    pub held: Vec<u8>,
+    decoded: Decoded,
+    hits: Vec<(usize, usize)>,
+}
+
+impl Escaped {
+    /// `None` if the automaton cannot be built.
+    pub fn new(needles: Vec<Vec<u8>>) -> Option<Self> {
+        // Standard semantics: every hit is seen (overlapping), so that one made of no
+        // escape cannot hide an escaped one behind it.
+        let automaton = AhoCorasick::builder()
+            .kind(Some(AhoCorasickKind::DFA))
+            .match_kind(MatchKind::Standard)
+            .ascii_case_insensitive(true)
+            .build(&needles)
+            .ok()?;
+        Some(Self {
+            automaton,
+            needles: Needles::new(needles),
+        })
+    }
+
+    /// Whether `bytes` hold an escaped form.
+    pub fn is_match(&self, bytes: &[u8]) -> bool {
+        if !has_escape(bytes) {
+            return false;
+        }
+        let mut decoded = Decoded::default();
+        decoded.decode(bytes, true);
+        self.automaton
+            .find_overlapping_iter(&decoded.text[..])
+            .any(|m| decoded.escaped(m.start(), m.end()))
+    }
+
+    /// Redacts escaped forms in a whole body. A large one goes in pieces (any chunking
+    /// gives the same output), so the decoded copy and its map stay the size of a piece.
+    pub fn whole(&self, bytes: Bytes) -> (Bytes, usize) {
+        let mut carry = EscapedCarry::default();
+        if bytes.len() <= PIECE || !has_escape(&bytes) {
+            return self.pass(&mut carry, bytes, true);
+        }
+        let (mut out, mut hits) = (Vec::with_capacity(bytes.len()), 0);
+        for piece in bytes.chunks(PIECE) {
+            let (part, n) = self.pass(&mut carry, bytes.slice_ref(piece), false);
+            out.extend_from_slice(&part);
+            hits += n;
+        }
+        let (part, n) = self.pass(&mut carry, Bytes::new(), true);
+        out.extend_from_slice(&part);
+        (Bytes::from(out), hits + n)
+    }
+
+    /// Redacts escaped forms in `input` after what `carry` kept back; keeps back what may
+    /// still start one unless `at_end`. Returns the bytes that can go out and the hits.
+    pub fn pass(&self, carry: &mut EscapedCarry, input: Bytes, at_end: bool) -> (Bytes, usize) {
+        let data = if carry.held.is_empty() {
+            input
+        } else {
+            carry.held.extend_from_slice(&input);
+            Bytes::from(std::mem::take(&mut carry.held))
+        };
+        if !has_escape(&data) {
+            // Decodes to itself: no escaped hit, only a possible start to keep back.
+            let hold = self.hold(&data, 0, at_end, None);
+            carry.held.extend_from_slice(&data[hold..]);
+            return (data.slice(..hold), 0);
+        }
+        let decoded_to = carry.decoded.decode(&data, at_end);
+        self.find(carry);
+        let d = &carry.decoded;
+        let decided = self.needles.decided(d.text.len());
+        let mut out = Vec::with_capacity(data.len());
+        let (mut end, mut emitted, mut count, mut pending) = (0, 0, 0, None);
+        for &(start, stop) in &carry.hits {
+            if start < end {
+                continue;
+            }
+            if !at_end {
+                pending = self
+                    .needles
+                    .first_pending(&d.text, end.max(decided), start + 1);
+                if pending.is_some() {
+                    break;
+                }
+            }
+            let (from, to) = (d.raw_start(start).max(emitted), d.raw_end(stop));
+            out.extend_from_slice(&data[emitted..from]);
+            out.extend_from_slice(REDACTED);
+            (end, emitted, count) = (stop, to.max(emitted), count + 1);
+        }
+        let hold = self.hold(&d.text, end, at_end, pending);
+        let hold = d.raw_start(hold).min(decoded_to).max(emitted);
+        out.extend_from_slice(&data[emitted..hold]);
+        carry.held.extend_from_slice(&data[hold..]);
+        (Bytes::from(out), count)
+    }
+
+    /// Every hit that came from an escape, leftmost first, the longest of a start first.
+    fn find(&self, carry: &mut EscapedCarry) {
+        let d = &carry.decoded;
+        carry.hits.clear();
+        carry.hits.extend(
+            self.automaton
+                .find_overlapping_iter(&d.text[..])
+                .filter(|m| d.escaped(m.start(), m.end()))
+                .map(|m| (m.start(), m.end())),
+        );
+        carry
+            .hits
+            .sort_unstable_by_key(|&(start, end)| (start, std::cmp::Reverse(end)));
+    }
+
+    /// Where to keep back `text` from: the first position at or after `end` (or
+    /// `pending`) where a plain form may start and run past the end.
+    fn hold(&self, text: &[u8], end: usize, at_end: bool, pending: Option<usize>) -> usize {
+        if at_end {
+            return text.len();
+        }
+        let from = end.max(self.needles.decided(text.len()));
+        pending
+            .or_else(|| self.needles.first_pending(text, from, text.len()))
+            .unwrap_or(text.len())
+    }
+}
+
+#[cfg(test)]
+mod tests;

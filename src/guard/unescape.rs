@@ -1,0 +1,415 @@
+//! The normalizer under the escaped-form scan: undoes escapes in a byte stream, left to
+//! right, and keeps where each decoded byte came from, so a hit in the decoded text is
+//! redacted in the original bytes.
+//!
+//! Decoded, each escape as one unit:
+//! - `\uXXXX` (a surrogate pair as one code point; a lone surrogate becomes U+FFFD),
+//!   `\UXXXXXXXX` (a valid code point), `\xXX` (a byte), each also behind up to 8 backslashes (`\\u0041`:
+//!   JSON inside JSON), and `%uXXXX`;
+//! - the JSON escapes `\b \f \n \r \t`, and `\` before any ASCII punctuation or space
+//!   (`\/`, `\"`, `\\`, and what regex quoting and shells write: `\+`, `\?`);
+//! - `%XX`, also encoded again up to twice (`%2541`, `%252541`);
+//! - HTML `&#NN;`, `&#xHH;`, `&amp; &lt; &gt; &quot; &apos;` (any ASCII case).
+//!
+//! `+` stays `+`: decoding it as a space would break every secret that holds a `+`.
+//! An escape cut off by the end of the bytes waits for more (`Step::Wait`) unless the
+//! stream is at its end, where it is plain text, as a whole-body decoder reads it.
+
+/// Backslashes allowed before a nested `\u` or `\x`.
+const MAX_BACKSLASHES: usize = 8;
+/// Times a percent-escape may itself be percent-encoded (`%25` prefixes).
+const MAX_PCT_NEST: usize = 2;
+/// Digits of an HTML numeric reference: `&#1114111;`, `&#x10FFFF;`.
+const MAX_DEC_DIGITS: usize = 7;
+const MAX_HEX_DIGITS: usize = 6;
+const NAMED: [(&[u8], u8); 5] = [
+    (b"amp;", b'&'),
+    (b"lt;", b'<'),
+    (b"gt;", b'>'),
+    (b"quot;", b'"'),
+    (b"apos;", b'\''),
+];
+
+/// Whether `bytes` hold anything that may start an escape: without, they decode to
+/// themselves and need no decoding at all.
+pub(super) fn has_escape(bytes: &[u8]) -> bool {
+    memchr::memchr3(b'\\', b'%', b'&', bytes).is_some()
+}
+
+/// Decoded text and its map back to the raw bytes (reused across calls: no allocation
+/// once warm).
+#[derive(Default)]
+pub(super) struct Decoded {
+    pub text: Vec<u8>,
+    /// Where each run of `text` starts, in `text` and in the raw bytes. A run is one
+    /// escape or literal bytes (one for one); a last entry marks the end of both.
+    runs: Vec<Run>,
+}
+
+#[derive(Clone, Copy)]
+struct Run {
+    text: usize,
+    raw: usize,
+    escape: bool,
+}
+
+impl Decoded {
+    /// Decodes `raw`; returns how much of it was decoded (the rest is an escape cut off
+    /// by the end, only when not `at_end`).
+    pub fn decode(&mut self, raw: &[u8], at_end: bool) -> usize {
+        self.text.clear();
+        self.runs.clear();
+        let mut i = 0;
+        while i < raw.len() {
+            let Some(t) = memchr::memchr3(b'\\', b'%', b'&', &raw[i..]).map(|t| i + t) else {
+                self.literal(raw, i, raw.len());
+                i = raw.len();
+                break;
+            };
+            self.literal(raw, i, t);
+            match escape(&raw[t..], at_end) {
+                Step::Decoded(len, value) => {
+                    self.escape(t, value);
+                    i = t + len;
+                }
+                Step::Literal => {
+                    self.literal(raw, t, t + 1);
+                    i = t + 1;
+                }
+                Step::Wait => {
+                    i = t;
+                    break;
+                }
+            }
+        }
+        self.runs.push(Run {
+            text: self.text.len(),
+            raw: i,
+            escape: false,
+        });
+        i
+    }
+
+    fn literal(&mut self, raw: &[u8], from: usize, to: usize) {
+        if from == to {
+            return;
+        }
+        if self.runs.last().is_none_or(|r| r.escape) {
+            self.runs.push(Run {
+                text: self.text.len(),
+                raw: from,
+                escape: false,
+            });
+        }
+        self.text.extend_from_slice(&raw[from..to]);
+    }
+
+    fn escape(&mut self, at: usize, value: Value) {
+        self.runs.push(Run {
+            text: self.text.len(),
+            raw: at,
+            escape: true,
+        });
+        match value {
+            Value::Byte(b) => self.text.push(b),
+            Value::Char(c) => {
+                let mut buf = [0u8; 4];
+                self.text
+                    .extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            }
+        }
+    }
+
+    /// The run holding `text[pos]` (the end marker for `pos == text.len()`).
+    fn run(&self, pos: usize) -> usize {
+        self.runs
+            .partition_point(|r| r.text <= pos)
+            .saturating_sub(1)
+    }
+
+    /// Where the unit holding `text[pos]` starts in the raw bytes (`pos == text.len()`:
+    /// where decoding stopped).
+    pub fn raw_start(&self, pos: usize) -> usize {
+        let i = self.run(pos);
+        match self.runs.get(i) {
+            Some(r) if r.escape => r.raw,
+            Some(r) => r.raw + (pos - r.text),
+            None => 0,
+        }
+    }
+
+    /// Where the unit holding `text[end - 1]` ends in the raw bytes.
+    pub fn raw_end(&self, end: usize) -> usize {
+        let i = self.run(end.saturating_sub(1));
+        match (self.runs.get(i), self.runs.get(i + 1)) {
+            (Some(r), Some(next)) if r.escape => next.raw,
+            (Some(r), _) => r.raw + (end - r.text),
+            (None, _) => 0,
+        }
+    }
+
+    /// Whether `text[start..end]` came from at least one escape.
+    pub fn escaped(&self, start: usize, end: usize) -> bool {
+        let (a, b) = (self.run(start), self.run(end.saturating_sub(1)));
+        self.runs
+            .get(a..=b)
+            .is_some_and(|runs| runs.iter().any(|r| r.escape))
+    }
+}
+
+/// What one escape decodes to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Value {
+    Byte(u8),
+    Char(char),
+}
+
+/// At a byte that may start an escape: the escape and its length, a plain byte, or
+/// not known until more bytes come.
+#[derive(Debug, PartialEq)]
+pub(super) enum Step {
+    Decoded(usize, Value),
+    Literal,
+    Wait,
+}
+
+/// A parse that may run out of bytes (`Short`) before it can say.
+enum Parse<T> {
+    Yes(T),
+    No,
+    Short,
+}
+
+pub(super) fn escape(raw: &[u8], at_end: bool) -> Step {
+    let parsed = match raw.first() {
+        Some(b'\\') => backslash(raw, at_end),
+        Some(b'%') => percent(raw, at_end),
+        Some(b'&') => entity(raw, at_end),
+        _ => Parse::No,
+    };
+    match parsed {
+        Parse::Yes((len, value)) => Step::Decoded(len, value),
+        Parse::No => Step::Literal,
+        Parse::Short => Step::Wait,
+    }
+}
+
+/// The byte at `i`; running out is `Short` while more bytes may come.
+fn byte(raw: &[u8], i: usize, at_end: bool) -> Parse<u8> {
+    match raw.get(i) {
+        Some(&b) => Parse::Yes(b),
+        None if at_end => Parse::No,
+        None => Parse::Short,
+    }
+}
+
+/// The value of `n` hex digits at `raw[i..]`.
+fn hex(raw: &[u8], i: usize, n: usize, at_end: bool) -> Parse<u32> {
+    let mut v = 0u32;
+    for k in i..i + n {
+        match byte(raw, k, at_end) {
+            Parse::Yes(b) => match char::from(b).to_digit(16) {
+                Some(d) => v = (v << 4) | d,
+                None => return Parse::No,
+            },
+            Parse::No => return Parse::No,
+            Parse::Short => return Parse::Short,
+        }
+    }
+    Parse::Yes(v)
+}
+
+/// `\…`: a (nested) hex escape, a JSON escape, or an escaped punctuation character.
+fn backslash(raw: &[u8], at_end: bool) -> Parse<(usize, Value)> {
+    let run = raw.iter().take_while(|&&b| b == b'\\').count();
+    if run <= MAX_BACKSLASHES {
+        match hex_escape(raw, run, at_end) {
+            Parse::No => {}
+            other => return other,
+        }
+    }
+    if run >= 2 {
+        return Parse::Yes((2, Value::Byte(b'\\')));
+    }
+    let c = match byte(raw, 1, at_end) {
+        Parse::Yes(c) => c,
+        Parse::No => return Parse::No,
+        Parse::Short => return Parse::Short,
+    };
+    let value = match c {
+        b'b' => 0x08,
+        b'f' => 0x0c,
+        b'n' => b'\n',
+        b'r' => b'\r',
+        b't' => b'\t',
+        c if c.is_ascii_punctuation() || c == b' ' => c,
+        _ => return Parse::No,
+    };
+    Parse::Yes((2, Value::Byte(value)))
+}
+
+/// `u`, `U` or `x` and its hex digits after `run` backslashes.
+fn hex_escape(raw: &[u8], run: usize, at_end: bool) -> Parse<(usize, Value)> {
+    let kind = match byte(raw, run, at_end) {
+        Parse::Yes(k) => k,
+        Parse::No => return Parse::No,
+        Parse::Short => return Parse::Short,
+    };
+    let digits = run + 1;
+    match kind {
+        b'u' => match hex(raw, digits, 4, at_end) {
+            Parse::Yes(unit) => utf16(raw, digits + 4, unit, at_end),
+            Parse::No => Parse::No,
+            Parse::Short => Parse::Short,
+        },
+        b'U' => match hex(raw, digits, 8, at_end) {
+            Parse::Yes(v) => match char::from_u32(v) {
+                Some(c) => Parse::Yes((digits + 8, Value::Char(c))),
+                None => Parse::No,
+            },
+            Parse::No => Parse::No,
+            Parse::Short => Parse::Short,
+        },
+        b'x' => match hex(raw, digits, 2, at_end) {
+            Parse::Yes(v) => Parse::Yes((digits + 2, Value::Byte(v as u8))),
+            Parse::No => Parse::No,
+            Parse::Short => Parse::Short,
+        },
+        _ => Parse::No,
+    }
+}
+
+/// A UTF-16 unit read up to `len`: a high surrogate takes the low one that follows.
+fn utf16(raw: &[u8], len: usize, unit: u32, at_end: bool) -> Parse<(usize, Value)> {
+    if !(0xD800..0xDC00).contains(&unit) {
+        return Parse::Yes((len, Value::Char(code_point(unit))));
+    }
+    match low_surrogate(&raw[len..], at_end) {
+        Parse::Yes((n, low)) => {
+            let c = 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
+            Parse::Yes((len + n, Value::Char(code_point(c))))
+        }
+        Parse::No => Parse::Yes((len, Value::Char(char::REPLACEMENT_CHARACTER))),
+        Parse::Short => Parse::Short,
+    }
+}
+
+/// `\uDCxx` (behind any backslashes) or `%uDCxx` at the start of `raw`.
+fn low_surrogate(raw: &[u8], at_end: bool) -> Parse<(usize, u32)> {
+    let lead = match byte(raw, 0, at_end) {
+        Parse::Yes(b'\\') => raw.iter().take_while(|&&b| b == b'\\').count(),
+        Parse::Yes(b'%') => 1,
+        Parse::Yes(_) | Parse::No => return Parse::No,
+        Parse::Short => return Parse::Short,
+    };
+    if lead > MAX_BACKSLASHES {
+        return Parse::No;
+    }
+    match byte(raw, lead, at_end) {
+        Parse::Yes(b'u') => {}
+        Parse::Yes(b'U') if raw[0] == b'%' => {}
+        Parse::Yes(_) | Parse::No => return Parse::No,
+        Parse::Short => return Parse::Short,
+    }
+    match hex(raw, lead + 1, 4, at_end) {
+        Parse::Yes(v) if (0xDC00..0xE000).contains(&v) => Parse::Yes((lead + 5, v)),
+        Parse::Yes(_) | Parse::No => Parse::No,
+        Parse::Short => Parse::Short,
+    }
+}
+
+fn code_point(v: u32) -> char {
+    char::from_u32(v).unwrap_or(char::REPLACEMENT_CHARACTER)
+}
+
+/// `%XX` (also `%25XX`, `%2525XX`) or `%uXXXX`.
+fn percent(raw: &[u8], at_end: bool) -> Parse<(usize, Value)> {
+    match byte(raw, 1, at_end) {
+        Parse::Yes(b'u' | b'U') => {
+            return match hex(raw, 2, 4, at_end) {
+                Parse::Yes(unit) => utf16(raw, 6, unit, at_end),
+                Parse::No => Parse::No,
+                Parse::Short => Parse::Short,
+            };
+        }
+        Parse::Short => return Parse::Short,
+        _ => {}
+    }
+    let (mut at, mut nest) = (1, 0);
+    loop {
+        let v = match hex(raw, at, 2, at_end) {
+            Parse::Yes(v) => v,
+            Parse::No => return Parse::No,
+            Parse::Short => return Parse::Short,
+        };
+        if v == 0x25 && nest < MAX_PCT_NEST {
+            match hex(raw, at + 2, 2, at_end) {
+                Parse::Yes(_) => {
+                    at += 2;
+                    nest += 1;
+                    continue;
+                }
+                Parse::Short => return Parse::Short,
+                Parse::No => {}
+            }
+        }
+        return Parse::Yes((at + 2, Value::Byte(v as u8)));
+    }
+}
+
+/// `&#NN;`, `&#xHH;` or one of the named references of `NAMED`.
+fn entity(raw: &[u8], at_end: bool) -> Parse<(usize, Value)> {
+    match byte(raw, 1, at_end) {
+        Parse::Yes(b'#') => numeric(raw, at_end),
+        Parse::Yes(_) => named(raw, at_end),
+        Parse::No => Parse::No,
+        Parse::Short => Parse::Short,
+    }
+}
+
+fn numeric(raw: &[u8], at_end: bool) -> Parse<(usize, Value)> {
+    let (start, radix, max) = match byte(raw, 2, at_end) {
+        Parse::Yes(b'x' | b'X') => (3, 16, MAX_HEX_DIGITS),
+        Parse::Yes(_) => (2, 10, MAX_DEC_DIGITS),
+        Parse::No => return Parse::No,
+        Parse::Short => return Parse::Short,
+    };
+    let mut v = 0u32;
+    for i in start..=start + max {
+        let b = match byte(raw, i, at_end) {
+            Parse::Yes(b) => b,
+            Parse::No => return Parse::No,
+            Parse::Short => return Parse::Short,
+        };
+        if b == b';' && i > start {
+            return Parse::Yes((i + 1, Value::Char(code_point(v))));
+        }
+        match char::from(b).to_digit(radix) {
+            Some(d) if i < start + max => v = v * radix + d,
+            _ => return Parse::No,
+        }
+    }
+    Parse::No
+}
+
+fn named(raw: &[u8], at_end: bool) -> Parse<(usize, Value)> {
+    let rest = &raw[1..];
+    let mut short = false;
+    for (name, value) in NAMED {
+        let n = name.len().min(rest.len());
+        if rest[..n].eq_ignore_ascii_case(&name[..n]) {
+            if n == name.len() {
+                return Parse::Yes((1 + n, Value::Byte(value)));
+            }
+            short = true;
+        }
+    }
+    if short && !at_end {
+        Parse::Short
+    } else {
+        Parse::No
+    }
+}
+
+#[cfg(test)]
+mod tests;
