@@ -91,6 +91,13 @@ impl Carry {
         self.plain.is_empty() && self.escaped.held.is_empty()
     }
 
+    /// The bytes kept back, in stream order (the second pass holds the older ones).
+    pub fn held(&self) -> Vec<u8> {
+        let mut all = self.escaped.held.clone();
+        all.extend_from_slice(&self.plain);
+        all
+    }
+
     /// Drops what was kept back (the rest of the stream is not relayed).
     pub fn clear(&mut self) {
         *self = Self::default();

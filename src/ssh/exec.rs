@@ -290,8 +290,9 @@ impl Run {
                     idle.as_mut().reset(quiet_until);
                     continue;
                 }
-                () = tokio::time::sleep(HELD_AT_MOST), if self.screen.holding() => {
-                    self.release_held(&mut out).await;
+                () = tokio::time::sleep(HELD_AT_MOST), if self.screen.releasable() => {
+                    let (stdout, stderr) = self.screen.release();
+                    self.relay_output(&mut out, stdout, stderr).await;
                 }
             }
             last_event = tokio::time::Instant::now();
@@ -316,11 +317,15 @@ impl Run {
         }
     }
 
-    /// What the guard held back (a possible start of the secret) goes out: at the end, or
-    /// when no more output came for `HELD_AT_MOST`.
+    /// What the guard held back (a possible start of the secret) is decided at the end.
     async fn release_held(&mut self, out: &mut Output) {
-        let cap = self.config.journal.max_result_bytes;
         let (stdout, stderr) = self.screen.finish();
+        self.relay_output(out, stdout, stderr).await;
+    }
+
+    /// Output the guard let go of, tallied and relayed.
+    async fn relay_output(&mut self, out: &mut Output, stdout: Bytes, stderr: Bytes) {
+        let cap = self.config.journal.max_result_bytes;
         if !stdout.is_empty() {
             out.absorb(&stdout, false, cap);
             self.relay_to_agent(out, ToAgent::Stdout(stdout)).await;

@@ -4,9 +4,11 @@
 //! or an escape cut off by the message's end), and both are screened before a byte
 //! reaches the agent or the stored result. The count of hits is evidence, never the value.
 //!
-//! Latency over completeness: the caller releases a held tail after a short pause, so a
-//! command waiting for the agent's answer is not stalled. A form (or one escape) split
-//! across such a pause is not seen whole: each part goes out as it is.
+//! Latency and completeness: after a pause the caller may release a held tail so a command
+//! waiting for the agent's answer is not stalled — but only a tail of at most
+//! `RELEASE_AT_MOST` bytes (too short to give a secret away), and matching goes on across
+//! it: the rest of a secret split at the pause is still redacted. A longer held tail waits
+//! for more output or the end of the stream.
 
 use std::sync::Arc;
 
@@ -14,12 +16,48 @@ use bytes::Bytes;
 
 use crate::guard::{Carry, ReflectionGuard};
 
+/// The longest held tail a pause releases.
+const RELEASE_AT_MOST: usize = 3;
+
 #[derive(Default)]
 pub struct Screen {
     guard: Arc<ReflectionGuard>,
-    stdout: Carry,
-    stderr: Carry,
+    stdout: Stream,
+    stderr: Stream,
     hits: usize,
+}
+
+/// One output stream: what the guard holds back, and how much of it already went out
+/// on a pause (it stays held, so a match can still start in it).
+#[derive(Default)]
+struct Stream {
+    carry: Carry,
+    sent: Vec<u8>,
+}
+
+impl Stream {
+    /// `out` without what already went out on a pause.
+    fn unsent(&mut self, out: Bytes) -> Bytes {
+        let common = out
+            .iter()
+            .zip(self.sent.iter())
+            .take_while(|(a, b)| a == b)
+            .count();
+        if common == out.len() && common < self.sent.len() {
+            self.sent.drain(..common);
+            return Bytes::new();
+        }
+        // Diverged: a redaction now covers bytes that went out (they cannot be recalled).
+        self.sent.clear();
+        out.slice(common..)
+    }
+
+    /// A short held tail not yet sent, to send after a pause.
+    fn releasable(&self) -> Option<Vec<u8>> {
+        let held = self.carry.held();
+        let fresh = held.len() > self.sent.len() && held.len() <= RELEASE_AT_MOST;
+        fresh.then_some(held)
+    }
 }
 
 impl Screen {
@@ -30,30 +68,49 @@ impl Screen {
         }
     }
 
-    /// What of `data` can go out now, redacted; a possible start of the secret waits.
-    pub fn pass(&mut self, data: &[u8], stderr: bool) -> Bytes {
-        let carry = if stderr {
+    fn stream(&mut self, stderr: bool) -> &mut Stream {
+        if stderr {
             &mut self.stderr
         } else {
             &mut self.stdout
-        };
-        let (out, hits) = self.guard.redact_stream(carry, data);
+        }
+    }
+
+    /// What of `data` can go out now, redacted; a possible start of the secret waits.
+    pub fn pass(&mut self, data: &[u8], stderr: bool) -> Bytes {
+        let guard = self.guard.clone();
+        let s = self.stream(stderr);
+        let (out, hits) = guard.redact_stream(&mut s.carry, data);
+        let out = s.unsent(out);
         self.hits += hits;
         out
     }
 
-    /// Some output is held back as a possible start of the secret.
-    pub fn holding(&self) -> bool {
-        !self.stdout.is_empty() || !self.stderr.is_empty()
+    /// A short held tail waits for a pause to go out.
+    pub fn releasable(&self) -> bool {
+        self.stdout.releasable().is_some() || self.stderr.releasable().is_some()
     }
 
-    /// The held-back tails of stdout and stderr, decided now (at the end of the output, or
-    /// after a pause).
+    /// After a pause: the short held tails of stdout and stderr go out (and stay held for
+    /// matching).
+    pub fn release(&mut self) -> (Bytes, Bytes) {
+        let release = |s: &mut Stream| match s.releasable() {
+            Some(held) => {
+                let fresh = Bytes::copy_from_slice(&held[s.sent.len()..]);
+                s.sent = held;
+                fresh
+            }
+            None => Bytes::new(),
+        };
+        (release(&mut self.stdout), release(&mut self.stderr))
+    }
+
+    /// The held-back tails of stdout and stderr, decided now (at the end of the output).
     pub fn finish(&mut self) -> (Bytes, Bytes) {
-        let (stdout, a) = self.guard.finish(&mut self.stdout);
-        let (stderr, b) = self.guard.finish(&mut self.stderr);
+        let (stdout, a) = self.guard.finish(&mut self.stdout.carry);
+        let (stderr, b) = self.guard.finish(&mut self.stderr.carry);
         self.hits += a + b;
-        (stdout, stderr)
+        (self.stdout.unsent(stdout), self.stderr.unsent(stderr))
     }
 
     /// `redactions` for the record, when there were any.
@@ -106,5 +163,46 @@ mod tests {
         let (tail, _) = s.finish();
         assert_eq!(&tail[..], b"hunt");
         assert!(s.evidence().is_empty());
+    }
+
+    #[test]
+    fn a_pause_inside_the_secret_releases_at_most_a_short_prefix_and_the_rest_is_redacted() {
+        let secret = b"sk_live_SuperSecret123";
+        for pause_after in 1..secret.len() {
+            let guard = ReflectionGuard::new(secret, secret).unwrap();
+            let mut s = Screen::new(Arc::new(guard));
+            let mut seen = s.pass(b"key: ", false).to_vec();
+            seen.extend_from_slice(&s.pass(&secret[..pause_after], false));
+            if s.releasable() {
+                seen.extend_from_slice(&s.release().0);
+            }
+            assert!(!s.releasable(), "released twice");
+            seen.extend_from_slice(&s.pass(&secret[pause_after..], false));
+            seen.extend_from_slice(&s.pass(b" bye\n", false));
+            seen.extend_from_slice(&s.finish().0);
+            let text = String::from_utf8_lossy(&seen).into_owned();
+            assert!(
+                text.contains("[postern:redacted] bye"),
+                "{pause_after}: {text}"
+            );
+            assert!(!text.contains("live_"), "{pause_after}: {text}");
+            assert!(
+                text.len() <= "key: ".len() + RELEASE_AT_MOST + "[postern:redacted] bye\n".len(),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_short_tail_that_is_not_a_secret_goes_out_once_after_a_pause() {
+        let guard = ReflectionGuard::new(b"hunter2-pw", b"hunter2-pw").unwrap();
+        let mut s = Screen::new(Arc::new(guard));
+        let mut seen = s.pass(b"prompt> hu", false).to_vec();
+        assert!(s.releasable());
+        seen.extend_from_slice(&s.release().0);
+        assert_eq!(seen, b"prompt> hu");
+        seen.extend_from_slice(&s.pass(b"sh now\n", false));
+        seen.extend_from_slice(&s.finish().0);
+        assert_eq!(String::from_utf8_lossy(&seen), "prompt> hush now\n");
     }
 }

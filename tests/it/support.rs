@@ -165,7 +165,7 @@ impl Daemon {
         let mut lines = Vec::new();
         let mut proxy = String::new();
         let admin = loop {
-            match rx.recv_timeout(Duration::from_secs(20)) {
+            match rx.recv_timeout(Duration::from_secs(60)) {
                 Ok(line) => {
                     let found = line
                         .trim()
