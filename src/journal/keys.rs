@@ -81,19 +81,7 @@ impl Journal {
     /// Removes index entries whose retention has passed.
     pub async fn expire_keys(&self) -> Result<usize, JournalError> {
         let due = self.store.expired_keys(unix_ms(self.now()), 1024)?;
-        let n = due.len();
-        if n > 0 {
-            let request = Request::Expire {
-                results: Vec::new(),
-                keys: due,
-            };
-            self.tx
-                .send(request)
-                .await
-                .map_err(|_| JournalError::Unavailable)?;
-            self.flush().await?;
-        }
-        Ok(n)
+        self.expire(Vec::new(), due).await
     }
 }
 

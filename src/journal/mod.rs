@@ -362,14 +362,19 @@ impl Journal {
     /// Removes results whose retention has passed.
     pub async fn expire_results(&self) -> Result<usize, JournalError> {
         let due = self.store.expired_results(unix_ms(self.now()), 1024)?;
-        let n = due.len();
+        self.expire(due, Vec::new()).await
+    }
+
+    /// Removes expired results and keys in one durable write; how many were due.
+    async fn expire(
+        &self,
+        results: Vec<(i64, String)>,
+        keys: Vec<(i64, Vec<u8>)>,
+    ) -> Result<usize, JournalError> {
+        let n = results.len() + keys.len();
         if n > 0 {
-            let request = Request::Expire {
-                results: due,
-                keys: Vec::new(),
-            };
             self.tx
-                .send(request)
+                .send(Request::Expire { results, keys })
                 .await
                 .map_err(|_| JournalError::Unavailable)?;
             self.flush().await?;
