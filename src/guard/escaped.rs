@@ -64,21 +64,25 @@ impl Escaped {
     }
 
     /// Redacts escaped forms in a whole body. A large one goes in pieces (any chunking
-    /// gives the same output), so the decoded copy and its map stay the size of a piece.
+    /// gives the same output), so the decoded copy and its map stay the size of a piece;
+    /// without a hit the body is returned as it is, not copied.
     pub fn whole(&self, bytes: Bytes) -> (Bytes, usize) {
         let mut carry = EscapedCarry::default();
         if bytes.len() <= PIECE || !has_escape(&bytes) {
             return self.pass(&mut carry, bytes, true);
         }
-        let (mut out, mut hits) = (Vec::with_capacity(bytes.len()), 0);
+        let (mut parts, mut hits) = (Vec::new(), 0);
         for piece in bytes.chunks(PIECE) {
             let (part, n) = self.pass(&mut carry, bytes.slice_ref(piece), false);
-            out.extend_from_slice(&part);
+            parts.push(part);
             hits += n;
         }
         let (part, n) = self.pass(&mut carry, Bytes::new(), true);
-        out.extend_from_slice(&part);
-        (Bytes::from(out), hits + n)
+        parts.push(part);
+        match hits + n {
+            0 => (bytes, 0),
+            hits => (Bytes::from(parts.concat()), hits),
+        }
     }
 
     /// Redacts escaped forms in `input` after what `carry` kept back; keeps back what may
@@ -93,11 +97,22 @@ impl Escaped {
         if !has_escape(&data) {
             // Decodes to itself: no escaped hit, only a possible start to keep back.
             let hold = self.hold(&data, 0, at_end, None);
-            carry.held.extend_from_slice(&data[hold..]);
-            return (data.slice(..hold), 0);
+            return (keep_back(&mut carry.held, &data, hold), 0);
         }
-        let decoded_to = carry.decoded.decode(&data, at_end);
+        carry.decoded.decode(&data, at_end);
         self.find(carry);
+        if carry.hits.is_empty() {
+            let d = &carry.decoded;
+            let hold = d.raw_start(self.hold(&d.text, 0, at_end, None));
+            return (keep_back(&mut carry.held, &data, hold), 0);
+        }
+        let (out, count) = self.redact_hits(carry, &data, at_end);
+        (Bytes::from(out), count)
+    }
+
+    /// Replaces the hits, leftmost-longest, up to one that a hit not yet whole may still
+    /// displace; keeps back the rest.
+    fn redact_hits(&self, carry: &mut EscapedCarry, data: &[u8], at_end: bool) -> (Vec<u8>, usize) {
         let d = &carry.decoded;
         let decided = self.needles.decided(d.text.len());
         let mut out = Vec::with_capacity(data.len());
@@ -119,11 +134,12 @@ impl Escaped {
             out.extend_from_slice(REDACTED);
             (end, emitted, count) = (stop, to.max(emitted), count + 1);
         }
-        let hold = self.hold(&d.text, end, at_end, pending);
-        let hold = d.raw_start(hold).min(decoded_to).max(emitted);
+        let hold = d
+            .raw_start(self.hold(&d.text, end, at_end, pending))
+            .max(emitted);
         out.extend_from_slice(&data[emitted..hold]);
         carry.held.extend_from_slice(&data[hold..]);
-        (Bytes::from(out), count)
+        (out, count)
     }
 
     /// Every hit that came from an escape, leftmost first, the longest of a start first.
@@ -152,6 +168,12 @@ impl Escaped {
             .or_else(|| self.needles.first_pending(text, from, text.len()))
             .unwrap_or(text.len())
     }
+}
+
+/// `data` up to `hold` goes out as it is (a slice, not a copy); the rest is kept back.
+fn keep_back(held: &mut Vec<u8>, data: &Bytes, hold: usize) -> Bytes {
+    held.extend_from_slice(&data[hold..]);
+    data.slice(..hold)
 }
 
 #[cfg(test)]

@@ -224,18 +224,25 @@ impl ReflectionGuard {
         let Some(ac) = &self.automaton else {
             return (Bytes::copy_from_slice(chunk), 0);
         };
-        carry.extend_from_slice(chunk);
-        let data = std::mem::take(carry);
+        // Without a kept-back tail the chunk is scanned where it is, not copied first.
+        let joined;
+        let data = if carry.is_empty() {
+            chunk
+        } else {
+            carry.extend_from_slice(chunk);
+            joined = std::mem::take(carry);
+            &joined[..]
+        };
         // Every needle starting before `decided` is whole in `data`. After it, a match
         // is taken only if no needle could still start at or before it and run past
         // the data: then the whole body would have made the same choice.
         let decided = self.needles.decided(data.len());
         let mut out = Vec::with_capacity(data.len());
         let (mut end, mut hits, mut held) = (0, 0, None);
-        for m in ac.find_iter(&data) {
+        for m in ac.find_iter(data) {
             held = self
                 .needles
-                .first_pending(&data, end.max(decided), m.start() + 1);
+                .first_pending(data, end.max(decided), m.start() + 1);
             if held.is_some() {
                 break;
             }
@@ -247,7 +254,7 @@ impl ReflectionGuard {
         let hold = held
             .or_else(|| {
                 self.needles
-                    .first_pending(&data, end.max(decided), data.len())
+                    .first_pending(data, end.max(decided), data.len())
             })
             .unwrap_or(data.len());
         out.extend_from_slice(&data[end..hold]);
