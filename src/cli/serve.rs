@@ -228,19 +228,20 @@ async fn serve_until_stopped(
     let ssh_listener = guard_ssh(&config, ssh_listener, &front);
     let approvals = Arc::new(crate::policy::approvals::Approvals::default());
     let dns = Arc::new(crate::dns::Dns::new(config.dns.as_ref()));
+    let exec = Arc::new(crate::ssh::Exec {
+        config: config.clone(),
+        journal: journal.clone(),
+        vault: vault.clone(),
+        approvals: approvals.clone(),
+        sessions: Default::default(),
+        dns: dns.clone(),
+        guards: Default::default(),
+    });
     let ssh_front = Arc::new(crate::ssh::SshFront::new(
         config.clone(),
         journal.clone(),
         host_key,
-        Arc::new(crate::ssh::Exec {
-            config: config.clone(),
-            journal: journal.clone(),
-            vault: vault.clone(),
-            approvals: approvals.clone(),
-            sessions: Default::default(),
-            dns: dns.clone(),
-            guards: Default::default(),
-        }),
+        exec.clone(),
     ));
     let proxy = Arc::new(Proxy {
         config: config.clone(),
@@ -264,7 +265,10 @@ async fn serve_until_stopped(
         approvals: approvals.clone(),
         vault: vault.clone(),
         secrets: secret_names(&config),
-        resend: Arc::new(crate::http::retry::HttpResend(proxy.clone())),
+        resend: Arc::new(crate::lifecycle::retry::Transports {
+            http: Arc::new(crate::http::retry::HttpResend(proxy.clone())),
+            ssh: Arc::new(crate::ssh::retry::SshResend(exec)),
+        }),
     });
     tokio::spawn(admin::serve(admin_listener, state));
     tokio::spawn(proxy_http::serve(proxy_listener, proxy));

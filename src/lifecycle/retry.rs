@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use crate::contract::{Envelope, OperationView, RecordFacts, Verdict, decide};
 use crate::journal::{Journal, Payload, Protocol, Record, StoredRequest, StoredResult};
@@ -42,6 +43,44 @@ pub trait Resend: Send + Sync {
         record: Record,
         request: StoredRequest,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// Each transport's `Resend`, chosen by the invocation's protocol.
+pub struct Transports {
+    pub http: Arc<dyn Resend>,
+    pub ssh: Arc<dyn Resend>,
+}
+
+impl Transports {
+    fn of(&self, record: &Record) -> &dyn Resend {
+        match record.protocol {
+            Protocol::Http | Protocol::Https => self.http.as_ref(),
+            Protocol::Ssh => self.ssh.as_ref(),
+        }
+    }
+}
+
+impl Resend for Transports {
+    fn snapshot_holds(
+        &self,
+        record: &Record,
+        request: &StoredRequest,
+    ) -> Result<(), SnapshotChanged> {
+        self.of(record).snapshot_holds(record, request)
+    }
+
+    fn terms(&self, record: &Record, note: Option<String>) -> Option<LeaseTerms> {
+        self.of(record).terms(record, note)
+    }
+
+    fn resend(
+        &self,
+        inv: Invocation,
+        record: Record,
+        request: StoredRequest,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        self.of(&record).resend(inv, record, request)
+    }
 }
 
 /// What `retry` did.
@@ -166,7 +205,7 @@ async fn resend_generation(
     let request = match journal.request(&id) {
         Ok(Some(r)) if r.resendable() => r,
         Ok(_) if record.protocol == Protocol::Ssh => {
-            let message = "postern does not repeat SSH execs yet (their stdin is not kept): run the command again as a new exec once you know what the first one did.";
+            let message = "The stdin this exec's remote command got is not known whole (the exec failed before its stdin had ended, postern restarted while it ran, its stdin was larger than max_result_bytes, or it expired): run the command again as a new exec once you know what the first one did.";
             return RetryAnswer::Refused {
                 verdict: None,
                 code: "REQUEST_NOT_KEPT",

@@ -41,12 +41,11 @@ pub trait ExecDispatch: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 }
 
-/// Writes to the agent's session channel. Errors mean the agent is gone.
+/// Writes to the agent's session channel. Errors mean the agent is gone. A detached
+/// channel (`postern retry`: the operator is the caller) takes every write and drops it;
+/// the output is kept in the stored result.
 #[derive(Clone)]
-pub struct AgentChannel {
-    handle: Handle,
-    id: ChannelId,
-}
+pub struct AgentChannel(Option<(Handle, ChannelId)>);
 
 /// The agent's channel went away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,42 +53,55 @@ pub struct AgentGone;
 
 impl AgentChannel {
     pub(crate) fn new(handle: Handle, id: ChannelId) -> Self {
-        Self { handle, id }
+        Self(Some((handle, id)))
+    }
+
+    /// Runs one write on the live channel; a detached one takes it as done.
+    async fn on_channel<F, Fut, T, E>(&self, write: F) -> Result<(), AgentGone>
+    where
+        F: FnOnce(Handle, ChannelId) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        match &self.0 {
+            None => Ok(()),
+            Some((handle, id)) => write(handle.clone(), *id)
+                .await
+                .map(drop)
+                .map_err(|_| AgentGone),
+        }
+    }
+
+    /// No agent is attached: the exec runs for the journal only.
+    pub fn detached() -> Self {
+        Self(None)
     }
 
     /// Answers the exec request with success (the command was accepted).
     pub async fn accept(&self) -> Result<(), AgentGone> {
-        self.handle
-            .channel_success(self.id)
+        self.on_channel(|h, id| async move { h.channel_success(id).await })
             .await
-            .map_err(|_| AgentGone)
     }
 
     /// Answers the exec request with failure (the remote refused it).
     pub async fn reject(&self) -> Result<(), AgentGone> {
-        self.handle
-            .channel_failure(self.id)
+        self.on_channel(|h, id| async move { h.channel_failure(id).await })
             .await
-            .map_err(|_| AgentGone)
     }
 
     pub async fn stdout(&self, data: Bytes) -> Result<(), AgentGone> {
-        self.handle.data(self.id, data).await.map_err(|_| AgentGone)
+        self.on_channel(|h, id| async move { h.data(id, data).await })
+            .await
     }
 
     pub async fn stderr(&self, data: Bytes) -> Result<(), AgentGone> {
-        self.handle
-            .extended_data(self.id, 1, data)
+        self.on_channel(|h, id| async move { h.extended_data(id, 1, data).await })
             .await
-            .map_err(|_| AgentGone)
     }
 
     /// The remote's exit status, relayed (never invented).
     pub async fn exit_status(&self, status: u32) -> Result<(), AgentGone> {
-        self.handle
-            .exit_status_request(self.id, status)
+        self.on_channel(|h, id| async move { h.exit_status_request(id, status).await })
             .await
-            .map_err(|_| AgentGone)
     }
 
     /// The remote's exit signal, relayed.
@@ -99,18 +111,21 @@ impl AgentChannel {
         core_dumped: bool,
         message: String,
     ) -> Result<(), AgentGone> {
-        self.handle
-            .exit_signal_request(self.id, signal, core_dumped, message, String::new())
-            .await
-            .map_err(|_| AgentGone)
+        self.on_channel(|h, id| async move {
+            h.exit_signal_request(id, signal, core_dumped, message, String::new())
+                .await
+        })
+        .await
     }
 
     pub async fn eof(&self) -> Result<(), AgentGone> {
-        self.handle.eof(self.id).await.map_err(|_| AgentGone)
+        self.on_channel(|h, id| async move { h.eof(id).await })
+            .await
     }
 
     pub async fn close(&self) -> Result<(), AgentGone> {
-        self.handle.close(self.id).await.map_err(|_| AgentGone)
+        self.on_channel(|h, id| async move { h.close(id).await })
+            .await
     }
 
     /// postern's own error (SPEC §4): success for the request (so the client shows stderr),
@@ -132,11 +147,41 @@ pub enum InputEvent {
 }
 
 /// The agent's stdin; `None` once the channel closed (or the agent disconnected).
-pub struct AgentInput(pub(crate) mpsc::Receiver<InputEvent>);
+pub struct AgentInput {
+    events: mpsc::Receiver<InputEvent>,
+    /// A replayed stdin holds its own sender: after the kept bytes and EOF it stays open
+    /// (no caller went away; the operator waits for the record).
+    _replay: Option<mpsc::Sender<InputEvent>>,
+}
 
 impl AgentInput {
+    pub(crate) fn new(events: mpsc::Receiver<InputEvent>) -> Self {
+        Self {
+            events,
+            _replay: None,
+        }
+    }
+
+    /// The kept stdin of an exec, then EOF (`postern retry`).
+    pub fn replay(stdin: Bytes) -> Self {
+        let (tx, events) = mpsc::channel(2);
+        if !stdin.is_empty() {
+            let _ = tx.try_send(InputEvent::Data(stdin));
+        }
+        let _ = tx.try_send(InputEvent::Eof);
+        Self {
+            events,
+            _replay: Some(tx),
+        }
+    }
+
     pub async fn next(&mut self) -> Option<InputEvent> {
-        self.0.recv().await
+        self.events.recv().await
+    }
+
+    /// What the agent already sent, without waiting.
+    pub fn ready(&mut self) -> Option<InputEvent> {
+        self.events.try_recv().ok()
     }
 }
 

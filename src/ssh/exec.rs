@@ -30,7 +30,10 @@ use crate::lifecycle::Invocation;
 use crate::policy::approvals::Approvals;
 use crate::vault::Vault;
 
+mod kept;
 mod setup;
+
+use kept::Stdin;
 
 /// The lifecycle-backed `ExecDispatch`.
 pub struct Exec {
@@ -95,7 +98,41 @@ impl ExecDispatch for Exec {
         channel: AgentChannel,
         input: AgentInput,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
-        let run = Run {
+        let inv = Invocation::accept(
+            self.journal.clone(),
+            Accepted {
+                agent: call.agent.clone(),
+                protocol: Protocol::Ssh,
+                method: Some("exec".into()),
+                target: call.target.url(),
+                command: Some(call.command.clone()),
+            },
+        );
+        Box::pin(self.run(inv, call, channel, input).go())
+    }
+}
+
+impl Exec {
+    /// A leased generation of a kept exec (`postern retry`), run to its end.
+    pub async fn rerun(
+        &self,
+        inv: Invocation,
+        call: ExecCall,
+        channel: AgentChannel,
+        input: AgentInput,
+    ) {
+        self.run(inv, call, channel, input).go().await;
+    }
+
+    /// One exec of `inv` (a new invocation, or a leased generation of a kept one).
+    fn run(
+        &self,
+        inv: Invocation,
+        call: ExecCall,
+        channel: AgentChannel,
+        input: AgentInput,
+    ) -> Run {
+        Run {
             sessions: self.sessions.clone(),
             reused: false,
             session_key: String::new(),
@@ -105,20 +142,12 @@ impl ExecDispatch for Exec {
             dns: self.dns.clone(),
             guards: self.guards.clone(),
             screen: Screen::default(),
-            inv: Invocation::accept(
-                self.journal.clone(),
-                Accepted {
-                    agent: call.agent.clone(),
-                    protocol: Protocol::Ssh,
-                    method: Some("exec".into()),
-                    target: call.target.url(),
-                    command: Some(call.command.clone()),
-                },
-            ),
+            inv,
             call,
             channel,
-        };
-        Box::pin(run.go(input))
+            input,
+            stdin: Stdin::default(),
+        }
     }
 }
 
@@ -137,6 +166,9 @@ struct Run {
     inv: Invocation,
     call: ExecCall,
     channel: AgentChannel,
+    input: AgentInput,
+    /// What of the agent's stdin went to the remote (kept for `postern retry`).
+    stdin: Stdin,
 }
 
 /// How long output the guard holds back (it may start the secret) waits for more. A
@@ -150,6 +182,14 @@ enum ToAgent {
     Stderr(Bytes),
 }
 
+/// The agent's stdin, passed on; a remote that stopped reading is not an error here.
+async fn to_remote(remote: &russh::Channel<russh::client::Msg>, event: InputEvent) {
+    let _ = match event {
+        InputEvent::Data(d) => remote.data(&d[..]).await,
+        InputEvent::Eof => remote.eof().await,
+    };
+}
+
 /// How the remote side ended.
 enum End {
     Closed,
@@ -161,24 +201,19 @@ enum End {
 }
 
 impl Run {
-    async fn go(mut self, input: AgentInput) {
+    async fn go(mut self) {
         let opened = match self.set_up().await {
             Ok((up, login)) => self.open(up, &login).await,
             Err(env) => Err(env),
         };
         match opened {
-            Ok((up, remote)) => self.dispatch(up, remote, input).await,
+            Ok((up, remote)) => self.dispatch(up, remote).await,
             Err(env) => self.report(&env, false).await,
         }
     }
 
     /// `DISPATCH_STARTED` durable, then the `exec`; the remote's answer decides the rest.
-    async fn dispatch(
-        &mut self,
-        up: Upstream,
-        remote: russh::Channel<russh::client::Msg>,
-        input: AgentInput,
-    ) {
+    async fn dispatch(&mut self, up: Upstream, remote: russh::Channel<russh::client::Msg>) {
         let drafts = self.inv.attempt_drafts(&up.attempts);
         let dispatch = Dispatch {
             connection_id: Some(up.host_key.clone()),
@@ -186,12 +221,15 @@ impl Run {
             address: Some(up.address.to_string()),
             tls: None,
         };
+        // Stdin that ended during the connection setup is kept with DISPATCH_STARTED.
+        self.keep_if_stdin_ended().await;
         if let Err(env) = self.inv.dispatch_boundary(drafts, dispatch, "origin").await {
             up.disconnect().await;
             return self.report(&env, false).await;
         }
         let command = self.call.command.clone();
         if let Err(e) = remote.exec(true, command.as_bytes()).await {
+            self.keep_exec().await;
             let env = self
                 .inv
                 .fail_with(Code::RemoteOutcomeUnknown, e.to_string())
@@ -206,7 +244,7 @@ impl Run {
         self.inv
             .observe(vec![Draft::observed(sent).hop("origin")])
             .await;
-        let (mut out, end) = self.relay(remote, input).await;
+        let (mut out, end) = self.relay(remote).await;
         self.release_held(&mut out).await;
         let clean = matches!(end, End::Closed) && out.exit_status.is_some();
         if clean {
@@ -219,11 +257,7 @@ impl Run {
     }
 
     /// Relays stdin up and output down until the remote closes the channel.
-    async fn relay(
-        &mut self,
-        mut remote: russh::Channel<russh::client::Msg>,
-        mut input: AgentInput,
-    ) -> (Output, End) {
+    async fn relay(&mut self, mut remote: russh::Channel<russh::client::Msg>) -> (Output, End) {
         let target = self.call.target.clone();
         let cap = self.config.journal.max_result_bytes;
         let mut out = Output::default();
@@ -235,6 +269,9 @@ impl Run {
         tokio::pin!(idle);
         let mut last_event = tokio::time::Instant::now();
         let (mut accepted, mut input_open) = (false, true);
+        for early in self.stdin.relaying() {
+            to_remote(&remote, early).await;
+        }
         loop {
             tokio::select! {
                 msg = remote.wait() => {
@@ -262,12 +299,10 @@ impl Run {
                         _ => {}
                     }
                 }
-                ev = input.next(), if input_open => match ev {
-                    Some(InputEvent::Data(d)) => {
-                        let _ = remote.data(&d[..]).await;
-                    }
-                    Some(InputEvent::Eof) => {
-                        let _ = remote.eof().await;
+                ev = self.input.next(), if input_open => match ev {
+                    Some(event) => {
+                        self.stdin.absorb(&event, cap);
+                        to_remote(&remote, event).await;
                     }
                     None => {
                         input_open = false;
@@ -347,6 +382,7 @@ impl Run {
 
     /// The exit status commits the result (any code); without one nothing is fabricated.
     async fn settle(&mut self, out: Output, end: End) {
+        self.keep_exec().await;
         let resolved = out.exit_status.is_some() || out.exit_signal.is_some();
         if resolved {
             return self.commit(out, matches!(end, End::Closed)).await;

@@ -20,6 +20,7 @@ pub mod hostkey;
 mod output;
 pub mod preamble;
 mod refuse;
+pub mod retry;
 mod screen;
 mod session;
 pub mod upstream;

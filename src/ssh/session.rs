@@ -159,7 +159,7 @@ impl russh::server::Handler for AgentSession {
             source: self.source,
         };
         let channel = AgentChannel::new(session.handle(), id);
-        tokio::spawn(self.dispatch.exec(call, channel, AgentInput(rx)));
+        tokio::spawn(self.dispatch.exec(call, channel, AgentInput::new(rx)));
         Ok(())
     }
 

@@ -26,6 +26,7 @@ mod ssh;
 mod ssh_hostile;
 mod ssh_password;
 mod ssh_peer;
+mod ssh_retry;
 mod ssh_session;
 mod sshd;
 mod streaming;

@@ -258,6 +258,13 @@ impl Front {
         self.ssh_addr = ssh_front(&self.daemon);
     }
 
+    /// `restart` with the vault unlocked: enough to dispatch again.
+    pub fn restart_unlocked(&mut self) {
+        let env = [("POSTERN_VAULT_KEY", VAULT_KEY)];
+        self.daemon = Daemon::start_with(&self._home, Some(&self.text), &env);
+        self.ssh_addr = ssh_front(&self.daemon);
+    }
+
     /// The real OpenSSH client through `postern ssh-connect`.
     pub fn ssh(&self, token: &str, args: &[&str]) -> Output {
         self.ssh_command(token, args)

@@ -43,6 +43,7 @@ impl Run {
             }
         };
         preflight.credential = Some(login.evidence.clone());
+        self.keep_if_stdin_ended().await;
         let drafts = vec![
             Draft::observed(Body::PreflightValidated(preflight)),
             Draft::observed(Body::CredentialAuthorized(login.evidence.clone())),
@@ -115,6 +116,7 @@ impl Run {
             Err(mut f) => {
                 number_after(&mut f.attempts, after);
                 let drafts = self.inv.attempt_drafts(&f.attempts);
+                self.keep_exec().await;
                 Err(self.inv.fail(drafts, Failure::of(f.code)).await)
             }
         }
@@ -147,6 +149,7 @@ impl Run {
 
     async fn channel_failed(&mut self, up: Upstream, code: Code) -> Envelope {
         let drafts = self.inv.attempt_drafts(&up.attempts);
+        self.keep_exec().await;
         let env = self.inv.fail(drafts, Failure::of(code)).await;
         up.disconnect().await;
         env
