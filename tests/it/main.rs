@@ -24,6 +24,7 @@ mod retry_origins;
 mod serve;
 mod ssh;
 mod ssh_hostile;
+mod ssh_output;
 mod ssh_password;
 mod ssh_peer;
 mod ssh_retry;

@@ -1,0 +1,103 @@
+//! What a remote command prints, end to end through real `ssh` and a real sshd: the
+//! reflection guard holds a possible start of the key across the remote's pauses, and
+//! output over `max_result_bytes` reaches the agent whole but is stored as not kept.
+
+use serde_json::Value;
+
+use crate::ssh::{Front, TOKEN, VAULT_KEY, target_config};
+use crate::sshd::Sshd;
+use crate::support::{Home, secret_set, stderr, stdout};
+
+fn result(f: &Front, id: &str) -> Value {
+    let out = f.daemon.cli(&["result", id, "--json"], &[]);
+    serde_json::from_slice(&out.stdout).expect("result json")
+}
+
+fn first_record(f: &Front) -> Value {
+    let list = f.daemon.cli(&["actions", "list", "--json"], &[]);
+    let list: Value = serde_json::from_slice(&list.stdout).expect("list json");
+    list["invocations"][0].clone()
+}
+
+/// A command that prints a line of the injected key in two parts with a pause between
+/// them (longer than the guard waits for more) does not get the line out.
+#[test]
+fn a_key_line_printed_across_a_pause_is_still_redacted() {
+    let f = Front::start("");
+    // The first body line is the same in every ed25519 key; the second is this key's.
+    let line = f
+        .client_private
+        .lines()
+        .nth(2)
+        .expect("a key line")
+        .to_owned();
+    assert!(line.len() > 40, "{line}");
+    let mut command = String::new();
+    for cut in [2, 4, 20, line.len() - 1] {
+        let (head, tail) = line.split_at(cut);
+        command.push_str(&format!(
+            "printf '%s' '{head}'; sleep 0.3; printf '%s\\n' '{tail}'; "
+        ));
+    }
+    let out = f.ssh(TOKEN, &["--", "", &command]);
+    let seen = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        !seen.contains(&line),
+        "the key line reached the agent: {seen}"
+    );
+    assert_eq!(seen.matches("[postern:redacted]").count(), 4, "{seen}");
+    for (n, printed) in seen.lines().enumerate() {
+        // What is left of each line is at most the few bytes released at a pause.
+        let left = printed.replace("[postern:redacted]", "");
+        assert!(left.len() <= 3, "line {n}: {printed}");
+    }
+    let r = first_record(&f);
+    let id = r["invocation_id"].as_str().expect("id");
+    let stored = result(&f, id);
+    let text = stored["stdout_base64"]
+        .as_str()
+        .and_then(postern::journal::unb64)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .expect("stored stdout");
+    assert_eq!(text, seen, "the stored result is what the agent saw");
+    assert_eq!(r["evidence"]["redactions"], 4, "{r}");
+}
+
+#[test]
+fn output_over_max_result_bytes_reaches_the_agent_and_is_stored_as_not_kept() {
+    let sshd = Sshd::start();
+    let home = Home::new();
+    let private = sshd.client_key.private.clone();
+    let out = secret_set(&home, "deploy-ssh-key", &private, Some(VAULT_KEY));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let known = sshd.known_hosts(home.dir.path(), "app1.internal");
+    let text = target_config(&sshd.user, sshd.port, &known, "").replacen(
+        "[journal]\n",
+        "[journal]\nmax_result_bytes = \"1MiB\"\n",
+        1,
+    );
+    let user = sshd.user.clone();
+    let f = Front::serve(home, &text, user, private, Some(sshd));
+    let out = f.ssh(
+        TOKEN,
+        &["--", "", "head -c 3000000 /dev/zero; echo done >&2; exit 4"],
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert_eq!(
+        out.stdout.len(),
+        3_000_000,
+        "the agent got the whole output"
+    );
+    assert!(stderr(&out).contains("done"), "{}", stderr(&out));
+    let r = first_record(&f);
+    assert_eq!(r["outcome"], "committed", "{r}");
+    assert_eq!(r["result"]["bytes"], 3_000_005, "{r}");
+    assert_eq!(r["result"]["exit_status"], 4, "{r}");
+    let id = r["invocation_id"].as_str().expect("id");
+    let stored = result(&f, id);
+    assert_eq!(stored["output_stored"], false, "{stored}");
+    assert_eq!(stored["stdout_base64"], "", "{stored}");
+    assert_eq!(stored["stderr_base64"], "", "{stored}");
+    assert_eq!(stored["exit_status"], 4, "{stored}");
+}
