@@ -179,12 +179,23 @@ pub struct Front {
 
 impl Front {
     pub fn start(extra: &str) -> Self {
+        Self::start_with(extra, |text| text, &[])
+    }
+
+    /// `start` with the whole config text edited by `edit` and extra daemon env.
+    pub fn start_with(
+        extra: &str,
+        edit: impl FnOnce(String) -> String,
+        envs: &[(&str, &str)],
+    ) -> Self {
         let sshd = Sshd::start();
         let home = Home::new();
         let known = sshd.known_hosts(home.dir.path(), "app1.internal");
-        let text = config_text(&sshd, &known, extra);
+        let text = edit(config_text(&sshd, &known, extra));
         let (user, private) = (sshd.user.clone(), sshd.client_key.private.clone());
-        Self::serve(home, &text, user, private, Some(sshd))
+        let out = secret_set(&home, "deploy-ssh-key", &private, Some(VAULT_KEY));
+        assert!(out.status.success(), "{}", stderr(&out));
+        Self::serve_with(home, &text, user, private, Some(sshd), envs)
     }
 
     /// A daemon with `text` as config, the vault holding `client_private`.

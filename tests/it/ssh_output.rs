@@ -4,9 +4,8 @@
 
 use serde_json::Value;
 
-use crate::ssh::{Front, TOKEN, VAULT_KEY, target_config};
-use crate::sshd::Sshd;
-use crate::support::{Home, secret_set, stderr, stdout};
+use crate::ssh::{Front, TOKEN};
+use crate::support::{stderr, stdout};
 
 fn result(f: &Front, id: &str) -> Value {
     let out = f.daemon.cli(&["result", id, "--json"], &[]);
@@ -66,19 +65,8 @@ fn a_key_line_printed_across_a_pause_is_still_redacted() {
 
 #[test]
 fn output_over_max_result_bytes_reaches_the_agent_and_is_stored_as_not_kept() {
-    let sshd = Sshd::start();
-    let home = Home::new();
-    let private = sshd.client_key.private.clone();
-    let out = secret_set(&home, "deploy-ssh-key", &private, Some(VAULT_KEY));
-    assert!(out.status.success(), "{}", stderr(&out));
-    let known = sshd.known_hosts(home.dir.path(), "app1.internal");
-    let text = target_config(&sshd.user, sshd.port, &known, "").replacen(
-        "[journal]\n",
-        "[journal]\nmax_result_bytes = \"1MiB\"\n",
-        1,
-    );
-    let user = sshd.user.clone();
-    let f = Front::serve(home, &text, user, private, Some(sshd));
+    let journal = "[journal]\nmax_result_bytes = \"1MiB\"\n";
+    let f = Front::start_with("", |text| text.replacen("[journal]\n", journal, 1), &[]);
     let out = f.ssh(
         TOKEN,
         &["--", "", "head -c 3000000 /dev/zero; echo done >&2; exit 4"],

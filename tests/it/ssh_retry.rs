@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::ssh::{Front, TOKEN, VAULT_KEY, envelope, target_config};
-use crate::sshd::{Sshd, keygen};
-use crate::support::{Home, get_json, secret_set, stderr};
+use crate::ssh::{Front, TOKEN, envelope, target_config};
+use crate::sshd::keygen;
+use crate::support::{Home, get_json, stderr};
 
 fn retry(f: &Front, args: &[&str]) -> Output {
     let mut all = vec!["retry"];
@@ -172,16 +172,8 @@ fn an_exec_refused_before_dispatch_is_retried_only_when_its_stdin_had_ended() {
 
 #[test]
 fn an_exec_cut_by_a_crash_after_dispatch_started_is_retried_once_vouched_for() {
-    let sshd = Sshd::start();
-    let home = Home::new();
-    let private = sshd.client_key.private.clone();
-    let out = secret_set(&home, "deploy-ssh-key", &private, Some(VAULT_KEY));
-    assert!(out.status.success(), "{}", stderr(&out));
-    let known = sshd.known_hosts(home.dir.path(), "app1.internal");
-    let text = target_config(&sshd.user, sshd.port, &known, "");
     let crash = [("POSTERN_CRASH_AFTER", "DISPATCH_STARTED")];
-    let user = sshd.user.clone();
-    let mut f = Front::serve_with(home, &text, user, private, Some(sshd), &crash);
+    let mut f = Front::start_with("", |text| text, &crash);
     let work = tempfile::tempdir().expect("tempdir");
     let runs = work.path().join("runs");
     let command = format!("echo run >> {}; echo done", runs.display());
