@@ -7,10 +7,13 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::oneshot;
 
+use super::flushed::FlushWatch;
+
 /// How delivery to the agent ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryEnd {
-    /// The last byte was handed to the agent's connection.
+    /// The last byte was handed to the connection (toward the agent: and flushed, when
+    /// the body knows the agent's connection).
     Delivered,
     /// The agent's connection went away first.
     Dropped,
@@ -22,10 +25,20 @@ pub struct DeliveryBody {
     data: Option<Bytes>,
     len: u64,
     done: Option<oneshot::Sender<DeliveryEnd>>,
+    /// The agent's connection: its end counts once that connection flushed it.
+    watch: Option<FlushWatch>,
 }
 
 impl DeliveryBody {
     pub fn new(data: Bytes) -> (Self, oneshot::Receiver<DeliveryEnd>) {
+        Self::to_agent(data, None)
+    }
+
+    /// A body toward the agent whose connection `watch` sees (`None`: not known).
+    pub fn to_agent(
+        data: Bytes,
+        watch: Option<FlushWatch>,
+    ) -> (Self, oneshot::Receiver<DeliveryEnd>) {
         let (tx, rx) = oneshot::channel();
         let len = data.len() as u64;
         (
@@ -33,9 +46,20 @@ impl DeliveryBody {
                 data: Some(data).filter(|d| !d.is_empty()),
                 len,
                 done: Some(tx),
+                watch,
             },
             rx,
         )
+    }
+}
+
+/// The body's end was handed over: delivered now, or once the agent's connection flushed it.
+fn handed_over(done: oneshot::Sender<DeliveryEnd>, watch: Option<&FlushWatch>) {
+    match watch {
+        Some(w) => w.deliver_when_flushed(done),
+        None => {
+            let _ = done.send(DeliveryEnd::Delivered);
+        }
     }
 }
 
@@ -60,7 +84,7 @@ impl Body for DeliveryBody {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
         if let Some(done) = self.done.take() {
-            let _ = done.send(DeliveryEnd::Delivered);
+            handed_over(done, self.watch.as_ref());
         }
         Poll::Ready(None)
     }
@@ -80,12 +104,11 @@ impl Drop for DeliveryBody {
     /// polling for its end: a body whose data was all taken counts as delivered.
     fn drop(&mut self) {
         if let Some(done) = self.done.take() {
-            let end = if self.data.is_none() {
-                DeliveryEnd::Delivered
+            if self.data.is_none() {
+                handed_over(done, self.watch.as_ref());
             } else {
-                DeliveryEnd::Dropped
-            };
-            let _ = done.send(end);
+                let _ = done.send(DeliveryEnd::Dropped);
+            }
         }
     }
 }
@@ -109,16 +132,22 @@ pub struct ChannelBody {
     rx: tokio::sync::mpsc::Receiver<Chunk>,
     finished: bool,
     done: Option<oneshot::Sender<DeliveryEnd>>,
+    /// The agent's connection: the end counts once that connection flushed it.
+    watch: Option<FlushWatch>,
 }
 
 impl ChannelBody {
-    pub fn new(rx: tokio::sync::mpsc::Receiver<Chunk>) -> (Self, oneshot::Receiver<DeliveryEnd>) {
+    pub fn new(
+        rx: tokio::sync::mpsc::Receiver<Chunk>,
+        watch: Option<FlushWatch>,
+    ) -> (Self, oneshot::Receiver<DeliveryEnd>) {
         let (tx, done) = oneshot::channel();
         (
             Self {
                 rx,
                 finished: false,
                 done: Some(tx),
+                watch,
             },
             done,
         )
@@ -127,7 +156,7 @@ impl ChannelBody {
     fn finish(&mut self) {
         self.finished = true;
         if let Some(done) = self.done.take() {
-            let _ = done.send(DeliveryEnd::Delivered);
+            handed_over(done, self.watch.as_ref());
         }
     }
 }

@@ -10,6 +10,7 @@ use hyper::body::Incoming;
 
 use super::Proxy;
 use super::budget::Reservation;
+use super::flushed::FlushWatch;
 use super::inject::Injection;
 use super::respond::{self, ProxyBody};
 use crate::config::Scheme;
@@ -47,6 +48,9 @@ pub(super) struct Exchange {
     /// An idempotency key postern put on the request (generated, or the one a leased
     /// invocation recorded): sent upstream and shown to the agent on the response.
     pub(super) added_key: Option<(HeaderName, HeaderValue)>,
+    /// The agent's connection, whose flush makes a response delivered (`None`: not known,
+    /// e.g. a retry the admin API runs: handed over counts as delivered).
+    pub(super) flush: Option<FlushWatch>,
 }
 
 impl Exchange {
@@ -80,6 +84,7 @@ impl Exchange {
         );
         ex.framing_conflict = inbound.framing_conflict;
         ex.agent_trailers |= request.version() == http::Version::HTTP_2;
+        ex.flush = request.extensions().get::<FlushWatch>().cloned();
         ex
     }
 
@@ -108,6 +113,7 @@ impl Exchange {
             delivered_bytes: 0,
             held: Reservation::default(),
             added_key: None,
+            flush: None,
         }
     }
 

@@ -13,6 +13,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use super::Proxy;
 use super::drive;
 use super::exchange::Inbound;
+use super::flushed::Flushed;
 use super::internal;
 use super::respond::{self, ProxyBody};
 use super::sniff::FramingSniffer;
@@ -39,8 +40,10 @@ pub async fn serve(mut listener: Guarded, proxy: Arc<Proxy>) {
         tokio::spawn(async move {
             let stream = FramingSniffer::new(stream);
             let conflict = stream.conflict.clone();
+            let (stream, watch) = Flushed::new(stream, false);
             let header_timeout = proxy.config.proxy.header_read_timeout;
-            let service = hyper::service::service_fn(move |req| {
+            let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                req.extensions_mut().insert(watch.clone());
                 let (proxy, slot) = (proxy.clone(), slot.clone());
                 let framing_conflict = conflict.load(Ordering::SeqCst);
                 async move {
@@ -300,7 +303,9 @@ async fn intercept(
     let proxy_header_timeout = proxy.config.proxy.header_read_timeout;
     let tls = FramingSniffer::new(tls);
     let conflict = tls.conflict.clone();
-    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+    let (tls, watch) = Flushed::new(tls, h2);
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(watch.clone());
         let proxy = proxy.clone();
         let agent = agent.clone();
         let host = host.clone();

@@ -6,7 +6,8 @@
 //! `approval` → `upstream` connection setup or a `pool`ed connection → `dispatch`:
 //! `DISPATCH_STARTED` durable, request written (`tap`/`body` observe it) → `receive`:
 //! head classified, body to its framing end (or `stream`ed), `guard`ed, `RESULT_COMMITTED`
-//! with the result → delivery (`RESULT_DELIVERED`). Invariant: no request byte reaches the
+//! with the result → delivery (`RESULT_DELIVERED` once the agent's connection `flushed` the
+//! response's end). Invariant: no request byte reaches the
 //! origin before `DISPATCH_STARTED` is durable.
 mod approval;
 mod body;
@@ -15,6 +16,7 @@ mod decode;
 mod dispatch;
 mod drive;
 mod exchange;
+mod flushed;
 mod front;
 mod headers;
 mod inject;

@@ -172,7 +172,7 @@ impl Exchange {
             None,
         );
         self.delivered_bytes = delivered.len() as u64;
-        let (delivery, done) = DeliveryBody::new(delivered);
+        let (delivery, done) = DeliveryBody::to_agent(delivered, self.flush.clone());
         parts.version = http::Version::HTTP_11;
         let mut out = Response::from_parts(parts, delivery.boxed());
         out.extensions_mut().insert(Relayed);

@@ -149,7 +149,7 @@ impl Exchange {
                 .await);
         }
         let (tx, rx) = mpsc::channel(32);
-        let (body, done) = ChannelBody::new(rx);
+        let (body, done) = ChannelBody::new(rx, self.flush.clone());
         let mut resp = Response::from_parts(parts, body.boxed());
         resp.extensions_mut().insert(Relayed);
         let plan = StreamPlan {

@@ -97,14 +97,54 @@ pub const fn failed_before_dispatch(code: &'static str, phase: &'static str) -> 
     }
 }
 
-/// Approves the one held request once postern lists it.
-pub fn approve_held(daemon: &Daemon) {
+/// The operator denied the held request before the crash: it stays denied (APPROVAL_DENIED
+/// goes in one write with its FAILED, so recovery has nothing to settle).
+pub const fn denied() -> Expect {
+    Expect {
+        retry: "never",
+        verdict: "STOP_FOR_CORRECTION",
+        ..failed_before_dispatch("APPROVAL_DENIED", "credential_injection")
+    }
+}
+
+/// An operator-attested resolution of an `unknown` (`postern reconcile`) recorded before the
+/// crash: it stands, with `code` (the failure it resolved) and the retry of its outcome;
+/// no result is stored, so the record itself is the answer.
+pub const fn reconciled(code: &'static str, committed: bool, effects: usize) -> Expect {
+    Expect {
+        code: Some(code),
+        phase: "remote_execution",
+        outcome: if committed { "committed" } else { "rejected" },
+        retry: if committed {
+            "never"
+        } else {
+            "after_correction"
+        },
+        verdict: "RETURN_RECORDED_OUTCOME",
+        effects,
+        recovered: false,
+    }
+}
+
+/// The operator's answer to a held request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Answer {
+    Approves,
+    Denies,
+}
+
+/// Answers the one held request once postern lists it.
+pub fn answer_held(daemon: &Daemon, answer: Answer) {
+    let verb = match answer {
+        Answer::Approves => "approve",
+        Answer::Denies => "deny",
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         let (_, list) = get_json(&daemon.url("/v1/approvals"), &[]);
         if let Some(id) = list["approvals"][0]["invocation_id"].as_str() {
             // The daemon dies while answering: the reply does not matter.
-            let _ = daemon.cli(&["approve", id], &[]);
+            let _ = daemon.cli(&[verb, id], &[]);
             return;
         }
         std::thread::sleep(Duration::from_millis(25));
@@ -112,13 +152,47 @@ pub fn approve_held(daemon: &Daemon) {
     panic!("the request was never held for approval");
 }
 
-/// Checks the one invocation of a restarted daemon against `e`: record, envelope, `decide`,
-/// events, and the rule that `fetch_result` (and a committed outcome) needs a stored
-/// result, which exists only after `RESULT_COMMITTED`. Returns the record and the result.
+/// What an operator writes when reconciling in the crash cells.
+pub const RECONCILE_NOTE: &str = "checked the remote's own ledger";
+
+/// `postern reconcile` of the newest invocation (the daemon may die answering).
+pub fn reconcile_newest(daemon: &Daemon, committed: bool) {
+    let (_, list) = get_json(&daemon.url("/v1/invocations?limit=1"), &[]);
+    let id = list["invocations"][0]["invocation_id"]
+        .as_str()
+        .expect("an invocation to reconcile")
+        .to_owned();
+    let outcome = if committed { "committed" } else { "rejected" };
+    let args = [
+        "reconcile",
+        &id,
+        "--outcome",
+        outcome,
+        "--note",
+        RECONCILE_NOTE,
+    ];
+    let _ = daemon.cli(&args, &[]);
+}
+
+/// Checks the one invocation of a restarted daemon against `e` (see `check_newest`).
 pub fn check_recovered(daemon: &Daemon, e: &Expect, ctx: &str) -> (Value, Option<Value>) {
+    check_newest(daemon, 1, e, ctx)
+}
+
+/// Checks the newest of the `count` invocations of a restarted daemon against `e`: record,
+/// envelope, `decide`, events, and the rule that `fetch_result` (and a committed outcome
+/// not attested by an operator) needs a stored result, which exists only after
+/// `RESULT_COMMITTED`. A reconciliation must be the last event, from `operator_attested`.
+/// Returns the record and the result.
+pub fn check_newest(
+    daemon: &Daemon,
+    count: usize,
+    e: &Expect,
+    ctx: &str,
+) -> (Value, Option<Value>) {
     let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);
     let all = list["invocations"].as_array().cloned().unwrap_or_default();
-    assert_eq!(all.len(), 1, "{ctx}: one invocation: {list}");
+    assert_eq!(all.len(), count, "{ctx}: {count} invocation(s): {list}");
     let id = all[0]["invocation_id"].as_str().unwrap().to_owned();
     let (status, r) = get_json(&daemon.url(&format!("/v1/invocations/{id}")), &[]);
     let (_, events) = get_json(&daemon.url(&format!("/v1/invocations/{id}/events")), &[]);
@@ -160,6 +234,20 @@ pub fn check_recovered(daemon: &Daemon, e: &Expect, ctx: &str) -> (Value, Option
     let last = events.last().cloned().unwrap_or_default();
     let by_recovery = last["kind"] == "FAILED" && last["source"] == "recovery";
     assert_eq!(by_recovery, e.recovered, "{ctx}");
+    let reconciled = kinds.contains(&"RECONCILED");
+    if reconciled {
+        assert_eq!(
+            (last["kind"].as_str(), last["source"].as_str()),
+            (Some("RECONCILED"), Some("operator_attested")),
+            "{ctx}"
+        );
+        let note = &r["evidence"]["reconciled"];
+        assert_eq!(
+            (note["note"].as_str(), note["source"].as_str()),
+            (Some(RECONCILE_NOTE), Some("operator_attested")),
+            "{ctx}"
+        );
+    }
     let out = daemon.cli(&["result", &id, "--json"], &[]);
     let result = out
         .status
@@ -171,7 +259,7 @@ pub fn check_recovered(daemon: &Daemon, e: &Expect, ctx: &str) -> (Value, Option
         committed,
         "{ctx}: stored result {result:?}"
     );
-    assert_eq!(committed, e.outcome == "committed", "{ctx}");
+    assert_eq!(committed, e.outcome == "committed" && !reconciled, "{ctx}");
     if e.retry == "fetch_result" {
         assert!(
             result.is_some(),

@@ -1,9 +1,17 @@
 //! HTTPS through `CONNECT` with TLS interception, driven by real curl.
 
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use base64::Engine;
 use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::support::{Daemon, Home, curl, get_json};
-use crate::tls_origin::{TlsOrigin, echo_origin};
+use crate::tls_origin::{self, TlsOrigin, echo_origin};
 
 fn config(origin: &TlsOrigin, trust: bool) -> String {
     let ca = if trust {
@@ -549,4 +557,178 @@ fn an_intercept_false_route_is_refused_rather_than_intercepted() {
     assert_eq!(status, 400, "{head}\n{body}");
     let env: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
     assert_eq!(env["error"]["code"], "UNSUPPORTED_ACTION", "{body}");
+}
+
+/// SPEC §2: `RESULT_DELIVERED` once the last byte is flushed to the agent (h2: END_STREAM
+/// sent), not once hyper took the body. Over h2 the frames wait in the connection's queue
+/// while the agent reads nothing; a crash then must not find a record of a delivery.
+#[test]
+fn over_h2_result_delivered_waits_until_the_end_stream_left_postern() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    // More than the socket buffers hold for a reader that reads nothing.
+    const SIZE: usize = 8 << 20;
+    let body = Bytes::from(vec![b'x'; SIZE]);
+    let origin = tls_origin::counting(false, Duration::ZERO, 200, body);
+    let home = Home::new();
+    let text = config(&origin.tls, true) + "delivery = \"buffer\"\n";
+    let daemon = Daemon::start(&home, Some(&text));
+    let port = origin.tls.addr.port();
+    let proxy = daemon.proxy.trim_start_matches("http://").to_owned();
+    let ca = home.root().join("certs/ca.pem");
+    let gate = Gate::default();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let g = gate.clone();
+    let (mut send, req) = rt.block_on(async move {
+        let mut tcp = tokio::net::TcpStream::connect(&proxy).await.unwrap();
+        let auth = base64::engine::general_purpose::STANDARD.encode("ci:tok");
+        let connect = format!(
+            "CONNECT origin.test:{port} HTTP/1.1\r\nHost: origin.test:{port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
+        );
+        tcp.write_all(connect.as_bytes()).await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(tcp.read_u8().await.unwrap());
+        }
+        assert!(head.starts_with(b"HTTP/1.1 200"), "{head:?}");
+        let mut roots = rustls::RootCertStore::empty();
+        use rustls::pki_types::pem::PemObject;
+        for cert in rustls::pki_types::CertificateDer::pem_file_iter(&ca).unwrap() {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        tls.alpn_protocols = vec![b"h2".to_vec()];
+        let name = rustls::pki_types::ServerName::try_from("origin.test").unwrap();
+        let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let io = Gated { inner: stream, gate: g };
+        let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(16 << 20)
+            .initial_connection_window_size(16 << 20)
+            .handshake(TokioIo::new(io))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::get(format!("https://origin.test:{port}/big"))
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        (send, req)
+    });
+    // Sent now; answered only once the agent reads.
+    let answer = rt.spawn(async move { send.send_request(req).await });
+    // The agent reads nothing: postern commits, and has the response queued for it.
+    let id = (0..500)
+        .find_map(|_| {
+            let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);
+            let first = &list["invocations"][0];
+            if first["outcome"] == "committed" {
+                return first["invocation_id"].as_str().map(str::to_owned);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            None
+        })
+        .expect("the exchange committed");
+    let kinds = || -> Vec<String> {
+        let (_, ev) = get_json(&daemon.url(&format!("/v1/invocations/{id}/events")), &[]);
+        ev["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| e["kind"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let before = kinds();
+    assert!(
+        !before.iter().any(|k| k == "RESULT_DELIVERED"),
+        "delivered while the agent had read nothing: {before:?}"
+    );
+    gate.open();
+    let got = rt.block_on(async {
+        let resp = answer.await.unwrap().unwrap();
+        resp.into_body().collect().await.unwrap().to_bytes().len()
+    });
+    assert_eq!(got, SIZE);
+    let mut after = kinds();
+    for _ in 0..250 {
+        if after.last().map(String::as_str) == Some("RESULT_DELIVERED") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        after = kinds();
+    }
+    assert_eq!(
+        after.last().map(String::as_str),
+        Some("RESULT_DELIVERED"),
+        "{after:?}"
+    );
+}
+
+/// Shared by a `Gated` reader and the test that opens it.
+#[derive(Clone, Default)]
+struct Gate(Arc<(AtomicBool, Mutex<Option<Waker>>)>);
+
+impl Gate {
+    fn open(&self) {
+        self.0.0.store(true, Ordering::SeqCst);
+        if let Some(w) = self.0.1.lock().unwrap().take() {
+            w.wake();
+        }
+    }
+}
+
+/// A connection whose reads wait until its gate opens (an agent that reads nothing yet);
+/// writes go through.
+struct Gated<T> {
+    inner: T,
+    gate: Gate,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Gated<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.gate.0.0.load(Ordering::SeqCst) {
+            *self.gate.0.1.lock().unwrap() = Some(cx.waker().clone());
+            if !self.gate.0.0.load(Ordering::SeqCst) {
+                return Poll::Pending;
+            }
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Gated<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }

@@ -11,6 +11,19 @@ pub struct Origin {
     pub addr: SocketAddr,
     pub hits: Arc<AtomicUsize>,
     pub requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// Connections accepted (a pooled request adds none).
+    pub connections: Arc<AtomicUsize>,
+}
+
+/// What the origin reads before its script runs.
+#[derive(Clone, Copy)]
+enum Reads {
+    /// One request per connection.
+    OneRequest,
+    /// Nothing: the script reads.
+    Nothing,
+    /// Every request of a kept-alive connection, the script answering each.
+    EachRequest,
 }
 
 impl Origin {
@@ -20,6 +33,10 @@ impl Origin {
 
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 
     pub fn last_request(&self) -> String {
@@ -35,37 +52,49 @@ impl Origin {
     }
 
     pub fn script(f: impl Fn(&mut TcpStream, &[u8]) + Send + Sync + 'static) -> Self {
-        Self::serve(true, f)
+        Self::serve(Reads::OneRequest, f)
     }
 
     /// Like `script`, but the script reads the request itself.
     pub fn raw(f: impl Fn(&mut TcpStream, &[u8]) + Send + Sync + 'static) -> Self {
-        Self::serve(false, f)
+        Self::serve(Reads::Nothing, f)
     }
 
-    fn serve(read_first: bool, f: impl Fn(&mut TcpStream, &[u8]) + Send + Sync + 'static) -> Self {
+    /// Like `script`, but a connection stays open for further requests (each counted in
+    /// `hits`) as long as the script leaves it so: a kept connection postern may pool.
+    pub fn keeps_alive(f: impl Fn(&mut TcpStream, &[u8]) + Send + Sync + 'static) -> Self {
+        Self::serve(Reads::EachRequest, f)
+    }
+
+    fn serve(reads: Reads, f: impl Fn(&mut TcpStream, &[u8]) + Send + Sync + 'static) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let hits = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let (h, r) = (hits.clone(), requests.clone());
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (h, r, c) = (hits.clone(), requests.clone(), connections.clone());
         let f = Arc::new(f);
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { continue };
+                c.fetch_add(1, Ordering::SeqCst);
                 let (h, r, f) = (h.clone(), r.clone(), f.clone());
                 std::thread::spawn(move || {
-                    let req = if read_first {
-                        read_request(&mut stream)
-                    } else {
-                        b"(raw)".to_vec()
-                    };
-                    if req.is_empty() {
-                        return;
+                    loop {
+                        let req = match reads {
+                            Reads::Nothing => b"(raw)".to_vec(),
+                            Reads::OneRequest | Reads::EachRequest => read_request(&mut stream),
+                        };
+                        if req.is_empty() {
+                            return;
+                        }
+                        h.fetch_add(1, Ordering::SeqCst);
+                        r.lock().unwrap().push(req.clone());
+                        f(&mut stream, &req);
+                        if !matches!(reads, Reads::EachRequest) {
+                            return;
+                        }
                     }
-                    h.fetch_add(1, Ordering::SeqCst);
-                    r.lock().unwrap().push(req.clone());
-                    f(&mut stream, &req);
                 });
             }
         });
@@ -73,6 +102,7 @@ impl Origin {
             addr,
             hits,
             requests,
+            connections,
         }
     }
 }

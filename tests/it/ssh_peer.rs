@@ -7,8 +7,9 @@
 //! escaped (a `\u` escape cut across messages on stdout, `%XX` and `\xXX` on stderr);
 //! `print` prints the scripted text in
 //! 7-byte pieces; `ask` prints `ready: ` and the password's first three characters, then
-//! waits for a line on stdin and prints `got <line>`; anything else prints `ran <command>`.
-//! Every exec exits 0.
+//! waits for a line on stdin and prints `got <line>`; `refuse` is refused (channel failure,
+//! nothing runs); anything else prints `ran <command>`. Every exec it runs exits 0; `execs`
+//! and `ran` count the exec requests it received and the commands it ran.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,7 +38,15 @@ pub struct Peer {
     /// Lists the peer's host key for `app1.internal` and the names given.
     pub known_hosts: PathBuf,
     connections: Arc<AtomicUsize>,
+    tally: Arc<Tally>,
     _runtime: tokio::runtime::Runtime,
+}
+
+/// Exec requests received, and commands run (a refused exec runs nothing).
+#[derive(Default)]
+struct Tally {
+    execs: AtomicUsize,
+    ran: AtomicUsize,
 }
 
 impl Peer {
@@ -79,6 +88,16 @@ impl Peer {
         self.connections.load(Ordering::SeqCst)
     }
 
+    /// Exec requests received so far.
+    pub fn execs(&self) -> usize {
+        self.tally.execs.load(Ordering::SeqCst)
+    }
+
+    /// Commands run so far: the side effects.
+    pub fn ran(&self) -> usize {
+        self.tally.ran.load(Ordering::SeqCst)
+    }
+
     fn start(script: Script, dir: &Path, hosts: &[&str]) -> Self {
         let host_key = PrivateKey::random(&mut rand::rng(), Algorithm::Ed25519).unwrap();
         let public = host_key.public_key().to_openssh().unwrap();
@@ -103,16 +122,19 @@ impl Peer {
         std::fs::write(&known_hosts, format!("{} {public}\n", names.join(","))).unwrap();
         let connections = Arc::new(AtomicUsize::new(0));
         let counted = connections.clone();
+        let tally = Arc::new(Tally::default());
+        let t = tally.clone();
         runtime.spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 counted.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(serve(tcp, config.clone(), script.clone()));
+                tokio::spawn(serve(tcp, config.clone(), script.clone(), t.clone()));
             }
         });
         Self {
             port,
             known_hosts,
             connections,
+            tally,
             _runtime: runtime,
         }
     }
@@ -120,7 +142,12 @@ impl Peer {
 
 /// One connection: the session talks over a pipe so that `kill` can drop the TCP socket
 /// under its feet.
-async fn serve(mut tcp: tokio::net::TcpStream, config: Arc<russh::server::Config>, script: Script) {
+async fn serve(
+    mut tcp: tokio::net::TcpStream,
+    config: Arc<russh::server::Config>,
+    script: Script,
+    tally: Arc<Tally>,
+) {
     let kill = Arc::new(Notify::new());
     let (ours, mut theirs) = tokio::io::duplex(1 << 16);
     let k = kill.clone();
@@ -132,6 +159,7 @@ async fn serve(mut tcp: tokio::net::TcpStream, config: Arc<russh::server::Config
     });
     let handler = Scripted {
         script,
+        tally,
         kill,
         channels: 0,
         login_password: String::new(),
@@ -144,6 +172,7 @@ async fn serve(mut tcp: tokio::net::TcpStream, config: Arc<russh::server::Config
 
 struct Scripted {
     script: Script,
+    tally: Arc<Tally>,
     kill: Arc<Notify>,
     channels: usize,
     /// The password this connection logged in with.
@@ -198,6 +227,11 @@ impl russh::server::Handler for Scripted {
         command: &[u8],
         session: &mut Session,
     ) -> Result<(), Self::Error> {
+        self.tally.execs.fetch_add(1, Ordering::SeqCst);
+        if command == b"refuse" {
+            return session.channel_failure(id);
+        }
+        self.tally.ran.fetch_add(1, Ordering::SeqCst);
         session.channel_success(id)?;
         match command {
             b"ask" => {

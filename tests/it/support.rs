@@ -353,12 +353,18 @@ fn copy_tree(from: &Path, to: &Path) {
 
 /// Runs `check` on every cell, `width` at a time, and fails once at the end naming every
 /// cell that failed (a table-driven test reports its whole table, not its first miss).
+/// `POSTERN_IT_CELL=<text>` runs only the cells whose name contains it (to reproduce one).
 pub fn run_cells<T: Sync>(
     cells: &[T],
     width: usize,
     name: impl Fn(&T) -> String + Sync,
     check: impl Fn(&T) + Sync,
 ) {
+    let only = std::env::var("POSTERN_IT_CELL").ok();
+    let cells: Vec<&T> = cells
+        .iter()
+        .filter(|c| only.as_deref().is_none_or(|o| name(c).contains(o)))
+        .collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let failed = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|s| {

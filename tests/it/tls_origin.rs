@@ -1,10 +1,14 @@
-//! A loopback HTTPS origin (h1 and h2 by ALPN) with its own CA.
+//! Loopback HTTPS origins (h1 and h2 by ALPN) with their own CA: one that echoes what it
+//! saw, one that counts what it received.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -12,6 +16,8 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+
+use crate::origins::Origin;
 
 pub struct TlsOrigin {
     pub addr: SocketAddr,
@@ -54,6 +60,83 @@ pub fn mint(name: &str) -> Minted {
 
 /// The echo origin under another name.
 pub fn echo_origin_for(name: &str) -> TlsOrigin {
+    let service: Handler = Arc::new(|req: Request<Incoming>| {
+        Box::pin(async move {
+            if req.uri().path() == "/broken-stream" {
+                return broken_stream();
+            }
+            echo(req).await
+        })
+    });
+    serve_tls(name, &[b"h2", b"http/1.1"], Arc::default(), service)
+}
+
+/// An origin that counts what it received (its side-effect counter) and answers every
+/// request with `status` and `body` after `pause`, keeping connections open for more.
+/// `origin.hits` counts requests received whole, `origin.connections` TLS handshakes, and
+/// `origin.requests` holds each request as HTTP/1-style text (head and body), whatever
+/// its version. `h2`: ALPN offers only `h2`, else only `http/1.1`.
+pub struct Counting {
+    pub origin: Origin,
+    pub tls: TlsOrigin,
+}
+
+pub fn counting(h2: bool, pause: Duration, status: u16, body: Bytes) -> Counting {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let connections = Arc::new(AtomicUsize::new(0));
+    let (h, r) = (hits.clone(), requests.clone());
+    let service: Handler = Arc::new(move |req: Request<Incoming>| {
+        let (h, r, body) = (h.clone(), r.clone(), body.clone());
+        Box::pin(async move {
+            let (parts, incoming) = req.into_parts();
+            let Ok(got) = incoming.collect().await else {
+                // Not received whole: not counted.
+                return Response::new(full(Bytes::new()));
+            };
+            let mut text = format!("{} {} {:?}\r\n", parts.method, parts.uri, parts.version);
+            for (name, value) in &parts.headers {
+                let value = String::from_utf8_lossy(value.as_bytes());
+                text.push_str(&format!("{name}: {value}\r\n"));
+            }
+            let mut seen = text.into_bytes();
+            seen.extend_from_slice(b"\r\n");
+            seen.extend_from_slice(&got.to_bytes());
+            h.fetch_add(1, Ordering::SeqCst);
+            r.lock().unwrap().push(seen);
+            tokio::time::sleep(pause).await;
+            let mut resp = Response::new(full(body));
+            *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+            resp.headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            resp
+        })
+    });
+    let alpn: &[&[u8]] = if h2 { &[b"h2"] } else { &[b"http/1.1"] };
+    let tls = serve_tls("origin.test", alpn, connections.clone(), service);
+    let origin = Origin {
+        addr: tls.addr,
+        hits,
+        requests,
+        connections,
+    };
+    Counting { origin, tls }
+}
+
+type Handler = Arc<
+    dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Response<TestBody>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Serves `service` over TLS as `name` (a leaf of a fresh CA) with these ALPN protocols,
+/// counting connections in `connections`.
+fn serve_tls(
+    name: &str,
+    alpn: &[&[u8]],
+    connections: Arc<AtomicUsize>,
+    service: Handler,
+) -> TlsOrigin {
     let dir = tempfile::tempdir().unwrap();
     let Minted {
         ca_pem,
@@ -73,7 +156,7 @@ pub fn echo_origin_for(name: &str) -> TlsOrigin {
     .with_no_client_auth()
     .with_single_cert(certs, key)
     .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     std_listener.set_nonblocking(true).unwrap();
@@ -90,20 +173,16 @@ pub fn echo_origin_for(name: &str) -> TlsOrigin {
                 let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
-                let acceptor = acceptor.clone();
+                let (acceptor, service) = (acceptor.clone(), service.clone());
+                let connections = connections.clone();
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
-                    let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
-                        if req.uri().path() == "/broken-stream" {
-                            return Ok::<_, Infallible>(broken_stream());
-                        }
-                        Ok::<_, Infallible>(
-                            echo(req)
-                                .await
-                                .map(|b| b.map_err(|never| match never {}).boxed()),
-                        )
+                    connections.fetch_add(1, Ordering::SeqCst);
+                    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let answer = service(req);
+                        async move { Ok::<_, Infallible>(answer.await) }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tls), service)
@@ -119,7 +198,7 @@ pub fn echo_origin_for(name: &str) -> TlsOrigin {
     }
 }
 
-async fn echo(req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn echo(req: Request<Incoming>) -> Response<TestBody> {
     let (parts, body) = req.into_parts();
     let body = body
         .collect()
@@ -147,7 +226,7 @@ async fn echo(req: Request<Incoming>) -> Response<Full<Bytes>> {
     // HEAD: the length GET would have, no body (hyper's h2 server would send one).
     let head = parts.method == hyper::Method::HEAD;
     let length = text.len();
-    let mut resp = Response::new(Full::new(if head {
+    let mut resp = Response::new(full(if head {
         Bytes::new()
     } else {
         Bytes::from(text)
@@ -171,6 +250,12 @@ async fn echo(req: Request<Incoming>) -> Response<Full<Bytes>> {
 }
 
 type TestBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+fn full(bytes: Bytes) -> TestBody {
+    Full::new(bytes)
+        .map_err(|never: Infallible| -> std::io::Error { match never {} })
+        .boxed()
+}
 
 /// An event stream that sends one event, then fails: hyper aborts the stream.
 fn broken_stream() -> Response<TestBody> {
