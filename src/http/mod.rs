@@ -6,8 +6,9 @@
 //! `approval` → `upstream` connection setup or a `pool`ed connection → `dispatch`:
 //! `DISPATCH_STARTED` durable, request written (`tap`/`body` observe it) → `receive`:
 //! head classified, body to its framing end (or `stream`ed), `guard`ed, `RESULT_COMMITTED`
-//! with the result → delivery (`RESULT_DELIVERED`). Invariant: no request byte reaches the
-//! origin before `DISPATCH_STARTED` is durable.
+//! with the result → delivery (`RESULT_DELIVERED`). A `CONNECT` on an `intercept = false`
+//! route is a `tunnel` instead: one invocation whose bytes are relayed unread. Invariant: no
+//! request byte reaches the origin before `DISPATCH_STARTED` is durable.
 mod approval;
 mod body;
 pub mod budget;
@@ -29,6 +30,7 @@ pub mod retry;
 mod sniff;
 mod stream;
 mod tap;
+mod tunnel;
 pub mod upstream;
 
 use std::sync::Arc;

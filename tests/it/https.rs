@@ -531,22 +531,3 @@ fn curl_http1_0_is_served_through_connect() {
     let echo: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
     assert_eq!(echo["path"], "/old", "{body}");
 }
-
-#[test]
-fn an_intercept_false_route_is_refused_rather_than_intercepted() {
-    let origin = echo_origin();
-    let home = Home::new();
-    let daemon = Daemon::start(
-        &home,
-        Some(&format!("{}intercept = false\n", config(&origin, true))),
-    );
-    let s = Setup {
-        home,
-        daemon,
-        port: origin.addr.port(),
-    };
-    let (status, body, head) = s.curl(&[], "/tunnel");
-    assert_eq!(status, 400, "{head}\n{body}");
-    let env: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-    assert_eq!(env["error"]["code"], "UNSUPPORTED_ACTION", "{body}");
-}
