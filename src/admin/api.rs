@@ -335,6 +335,7 @@ fn result_body(state: &AdminState, id: &str, range: Option<&str>) -> Reply {
     let body = match &stored.payload {
         Payload::Http(h) => h.body_base64.as_deref().and_then(unb64),
         Payload::Ssh(s) => unb64(&s.stdout_base64),
+        Payload::Tunnel(_) => None,
     };
     let Some(body) = body else {
         return error(

@@ -9,7 +9,7 @@ fn s(v: &Value) -> &str {
     v.as_str().unwrap_or("-")
 }
 
-/// The stored result (SPEC §5.5 "Result"), HTTP or SSH.
+/// The stored result (SPEC §5.5 "Result"): HTTP, SSH or a tunnel's counts.
 pub fn result(r: &Value, saved: Option<&str>) -> Vec<String> {
     let complete = if r["complete"].as_bool() == Some(true) {
         "complete"
@@ -22,6 +22,8 @@ pub fn result(r: &Value, saved: Option<&str>) -> Vec<String> {
     ];
     if r.get("status").is_some() {
         http_result(r, saved, &mut out);
+    } else if r.get("tunnel").is_some() {
+        tunnel_result(r, &mut out);
     } else {
         ssh_result(r, saved, &mut out);
     }
@@ -42,6 +44,21 @@ fn http_result(r: &Value, saved: Option<&str>, out: &mut Vec<String>) {
             s(&r["digest"])
         )),
     }
+}
+
+/// A tunnel keeps counts, never bytes: postern could not read them.
+fn tunnel_result(r: &Value, out: &mut Vec<String>) {
+    let t = &r["tunnel"];
+    out.push(format!(
+        "tunnel      {} bytes up, {} bytes down, closed by {}",
+        t["bytes_up"],
+        t["bytes_down"],
+        s(&t["closed_by"])
+    ));
+    out.push(format!(
+        "body        (not stored: a tunnel's bytes are not read; digest {})",
+        s(&r["digest"])
+    ));
 }
 
 fn ssh_result(r: &Value, saved: Option<&str>, out: &mut Vec<String>) {
@@ -152,6 +169,25 @@ mod tests {
         assert_eq!(
             result(&binary, None).last().map(String::as_str),
             Some("body        (binary, 3 bytes; --output FILE to save)")
+        );
+    }
+
+    #[test]
+    fn a_tunnel_result_shows_its_counts_and_no_body() {
+        let r = json!({"invocation_id":"act_3","outcome":"committed","complete":true,
+            "tunnel":{"bytes_up":517,"bytes_down":4096,"closed_by":"agent"},
+            "digest":"sha256:ab","bytes":4096});
+        let lines = result(&r, None);
+        assert!(
+            lines
+                .contains(&"tunnel      517 bytes up, 4096 bytes down, closed by agent".to_owned()),
+            "{lines:?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("body        (not stored")),
+            "{lines:?}"
         );
     }
 

@@ -62,7 +62,8 @@ fn refused(reply: &Value, json: bool) -> Result<ExitCode, CliError> {
 /// One line: what the answer is, by its shape (record, or stored result).
 fn describe(id: &str, reply: &Value) -> String {
     let s = |v: &Value| v.as_str().unwrap_or("-").to_owned();
-    if reply.get("body_base64").is_some() || reply.get("stdout_base64").is_some() {
+    let result = ["body_base64", "stdout_base64", "tunnel"];
+    if result.iter().any(|k| reply.get(k).is_some()) {
         return format!(
             "{id}: a result is stored ({}); nothing was sent. `postern result {id}` prints it.",
             s(&reply["outcome"])

@@ -194,12 +194,6 @@ fn warn_unbuilt(config: &Config) {
                 r.id
             );
         }
-        if !r.intercept {
-            errln!(
-                "postern: route {}: `intercept = false` tunnels are not supported yet; its https requests are refused (UNSUPPORTED_ACTION)",
-                r.id
-            );
-        }
     }
 }
 

@@ -341,3 +341,51 @@ fn via_credential_is_a_known_key_that_needs_via_and_a_defined_credential() {
     );
     assert!(paths(&text).is_empty(), "{:?}", paths(&text));
 }
+
+#[test]
+fn a_tunnel_route_matches_host_and_port_and_carries_nothing_postern_adds() {
+    let cred =
+        "[[credentials]]\nid = \"gh\"\nsecret = \"s\"\ninject = { header = \"Authorization\" }\n";
+    let tunnel = |extra: &str, matcher: &str| {
+        format!(
+            "{cred}[[routes]]\nid = \"t\"\nintercept = false\nmatch = {{ host = \"x.test\", port = 8443{matcher} }}\n{extra}\n"
+        )
+    };
+    assert!(
+        paths(&tunnel("", "")).is_empty(),
+        "{:?}",
+        paths(&tunnel("", ""))
+    );
+    assert!(paths(&tunnel("", ", scheme = \"https\"")).is_empty());
+    let cells = [
+        ("", ", methods = [\"GET\"]", "routes[0].match.methods"),
+        ("", ", path_prefix = \"/\"", "routes[0].match.path_prefix"),
+        ("", ", scheme = \"http\"", "routes[0].match.scheme"),
+        ("credential = \"gh\"", "", "routes[0].credential"),
+        ("credentials = [\"gh\"]", "", "routes[0].credentials"),
+        (
+            "idempotency = { header = \"Idempotency-Key\", scope = \"s\", retention = \"1h\" }",
+            "",
+            "routes[0].idempotency",
+        ),
+        ("upstream_ca = \"ca.pem\"", "", "routes[0].upstream_ca"),
+    ];
+    for (extra, matcher, path) in cells {
+        let text = tunnel(extra, matcher);
+        let Err(e) = parse(&text, None, &env) else {
+            panic!("{path} was accepted on a tunnel");
+        };
+        let problem = e.0.iter().find(|p| p.path == path);
+        assert!(
+            problem.is_some_and(|p| p.message.contains("intercept = false")),
+            "{path}: {e}"
+        );
+        // The same keys are fine where postern intercepts.
+        let intercepted = text.replace("intercept = false\n", "");
+        assert!(
+            !paths(&intercepted).iter().any(|p| p == path) || path.ends_with("upstream_ca"),
+            "{path} refused on an intercepted route: {:?}",
+            paths(&intercepted)
+        );
+    }
+}

@@ -15,6 +15,7 @@ use crate::contract::Outcome;
 use crate::journal::Durability;
 
 mod ssh_target;
+mod tunnel;
 
 /// Looks up a process environment variable (passed in, never read deep in code).
 pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -514,6 +515,7 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
     let p = format!("routes[{i}]");
     let agents = r.agents.clone().unwrap_or_default();
     refs.check_agents(c, &p, &agents);
+    tunnel::validate(c, &p, r);
     let credentials = match (&r.credential, &r.credentials) {
         (Some(_), Some(_)) => {
             c.bad(

@@ -8,6 +8,7 @@ mod decide;
 mod envelope;
 mod resolve;
 mod status;
+mod tunnel;
 
 pub use codes::{Code, CodeRow, Outcome, OutcomeRule, Phase, PhaseRule, Retry, RetryRule};
 pub use decide::{OperationView, RecordFacts, Verdict, decide};
@@ -22,3 +23,4 @@ pub use resolve::{
 pub use status::{
     ResponseFacts, StatusOverrides, StatusResolution, classify_exit, classify_status,
 };
+pub use tunnel::{ClosedBy, TunnelEvidence, classify_tunnel};

@@ -11,7 +11,7 @@ use super::respond::{self, ProxyBody};
 use crate::config::Route;
 use crate::contract::CredentialEvidence;
 use crate::journal::{Draft, rfc3339};
-use crate::policy::approvals::{Held, preview};
+use crate::policy::approvals::{Approvals, Held, preview};
 
 impl Exchange {
     /// Holds the request (after `drafts`, the preflight) until it is approved and nothing
@@ -52,20 +52,30 @@ impl Exchange {
             std::mem::take(drafts),
             changed,
         );
-        tokio::pin!(wait);
-        let mut gone = false;
-        // The hold goes on (an approval still dispatches and stores the result), but the
-        // listing says the caller left, so an abandoned duplicate is not approved blindly.
-        let answered = loop {
-            tokio::select! {
-                answered = &mut wait => break answered,
-                () = reply.closed(), if !gone => {
-                    gone = true;
-                    approvals.caller_gone(&id);
-                }
-            }
-        };
+        let answered = watching_the_caller(&approvals, &id, wait, reply).await;
         answered.map_err(|env| respond::envelope(&env))
+    }
+}
+
+/// Waits for the approval `wait` while the caller waits on `reply`. The hold goes on when
+/// the caller leaves (an approval still dispatches and stores the result), but the listing
+/// says it left, so an abandoned duplicate is not approved blindly.
+pub(super) async fn watching_the_caller<T>(
+    approvals: &Approvals,
+    id: &str,
+    wait: impl Future<Output = T>,
+    reply: &mut oneshot::Sender<Response<ProxyBody>>,
+) -> T {
+    tokio::pin!(wait);
+    let mut gone = false;
+    loop {
+        tokio::select! {
+            answered = &mut wait => return answered,
+            () = reply.closed(), if !gone => {
+                gone = true;
+                approvals.caller_gone(id);
+            }
+        }
     }
 }
 

@@ -17,13 +17,14 @@ use super::flushed::Flushed;
 use super::internal;
 use super::respond::{self, ProxyBody};
 use super::sniff::FramingSniffer;
-use crate::config::Scheme;
+use super::tunnel;
+use crate::config::{Route, Scheme};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Accepted, Body, Draft, Failure, Protocol, new_invocation_id};
 use crate::lifecycle::refusals::{UNAUTHENTICATED, capped_target};
 use crate::listen::{Guarded, Slot};
 use crate::policy::{
-    AgentAuth, Target, TargetError, authenticate, connect_denial_field, route_exists_for_connect,
+    AgentAuth, Target, TargetError, authenticate, connect_denial_field, match_connect,
 };
 
 /// Accepts agent connections, at most `[proxy] max_connections` at once. A connection's
@@ -234,7 +235,8 @@ async fn front_request(
     }
 }
 
-/// `CONNECT host:port`: refused unless some route could match, then intercepted.
+/// `CONNECT host:port`: refused unless some route could match; then relayed as a tunnel
+/// when the route deciding it says `intercept = false`, else intercepted.
 async fn connect(
     proxy: Arc<Proxy>,
     agent: String,
@@ -268,9 +270,13 @@ async fn connect(
             .insert("hint".into(), internal::HINT.into());
         return journal_refusal(&proxy, &agent, url, "CONNECT", failure).await;
     }
-    if !route_exists_for_connect(&proxy.config, &agent, &host, port) {
+    let Some(route) = match_connect(&proxy.config, &agent, &host, port) else {
         let field = connect_denial_field(&proxy.config, &agent, &host, port);
         return refuse_early(&proxy, &agent, url, "CONNECT", Code::RouteDenied, field).await;
+    };
+    if !route.intercept {
+        let route = route.clone();
+        return connect_tunnel(proxy, agent, route, (&host, port), req, slot).await;
     }
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
@@ -279,6 +285,45 @@ async fn connect(
         intercept(proxy, agent, host, port, TokioIo::new(upgraded)).await;
     });
     plain(StatusCode::OK)
+}
+
+/// A `CONNECT` on a tunnel route (`intercept = false`): its target checked as any request's,
+/// then relayed unread (`tunnel`).
+async fn connect_tunnel(
+    proxy: Arc<Proxy>,
+    agent: String,
+    route: Route,
+    (host, port): (&str, u16),
+    req: Request<Incoming>,
+    slot: Arc<Slot>,
+) -> Response<ProxyBody> {
+    let target = match Target::new(Scheme::Https, host, Some(port), "/") {
+        Ok(t) => t,
+        Err(e) => {
+            let url = format!("https://{host}:{port}");
+            return refuse_early(&proxy, &agent, url, "CONNECT", Code::InvalidTarget, e.field)
+                .await;
+        }
+    };
+    if route.via.is_some() {
+        // `via` hops are not built: refused rather than sent straight out, past the hop.
+        let url = target.connect_url();
+        return refuse_early(
+            &proxy,
+            &agent,
+            url,
+            "CONNECT",
+            Code::UnsupportedAction,
+            "route",
+        )
+        .await;
+    }
+    let opening = tunnel::Opening {
+        agent,
+        route,
+        target,
+    };
+    tunnel::open(proxy, opening, req, slot).await
 }
 
 /// Terminates the agent's TLS with a minted leaf and serves the requests inside.

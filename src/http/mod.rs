@@ -7,8 +7,9 @@
 //! `DISPATCH_STARTED` durable, request written (`tap`/`body` observe it) → `receive`:
 //! head classified, body to its framing end (or `stream`ed), `guard`ed, `RESULT_COMMITTED`
 //! with the result → delivery (`RESULT_DELIVERED` once the agent's connection `flushed` the
-//! response's end). Invariant: no request byte reaches the
-//! origin before `DISPATCH_STARTED` is durable.
+//! response's end). A `CONNECT` on an `intercept = false` route is a `tunnel` instead: one
+//! invocation whose bytes are relayed unread. Invariant: no request byte reaches the origin
+//! before `DISPATCH_STARTED` is durable.
 mod approval;
 mod body;
 pub mod budget;
@@ -31,6 +32,7 @@ pub mod retry;
 mod sniff;
 mod stream;
 mod tap;
+mod tunnel;
 pub mod upstream;
 
 use std::sync::Arc;

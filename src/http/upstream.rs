@@ -142,6 +142,31 @@ impl Attempts {
     }
 }
 
+/// A TCP connection to the origin that passed the SSRF guard (`dns` → `tcp_connect`).
+pub struct Connected {
+    pub stream: TcpStream,
+    pub address: SocketAddr,
+    pub attempts: Vec<ConnectAttempt>,
+}
+
+/// The `dns` and `tcp_connect` stages alone: what a tunnel (`intercept = false`) needs,
+/// since the agent's own TLS runs inside it.
+pub async fn connect_tcp(
+    route: &Route,
+    target: &Target,
+    dns: &Dns,
+) -> Result<Connected, DialFailure> {
+    let mut at = Attempts { list: Vec::new() };
+    match tcp_stages(route, target, dns, &mut at).await {
+        Ok((stream, address)) => Ok(Connected {
+            stream,
+            address,
+            attempts: at.list,
+        }),
+        Err(code) => Err(at.fail(code)),
+    }
+}
+
 /// Sets up a connection for `target` under `route`.
 pub async fn dial(
     route: &Route,
@@ -149,74 +174,12 @@ pub async fn dial(
     tls: &TlsClients,
     dns: &Dns,
 ) -> Result<Dialed, DialFailure> {
-    let mut at = Attempts { list: Vec::new() };
-    let addresses = match resolve(route, target, dns).await {
-        Ok(a) => {
-            if route.resolve.is_none() {
-                at.ok(Stage::Dns, a.first().copied());
-            }
-            a
-        }
-        Err(diag) => {
-            at.failed(Stage::Dns, Code::DnsError, None, diag);
-            return Err(at.fail(Code::DnsError));
-        }
-    };
-    let pinned = route.resolve.is_some() || route.allow_private;
-    let mut last = Code::ConnectionRefused;
-    let mut connected = None;
-    for addr in addresses.into_iter().take(MAX_TCP_ATTEMPTS) {
-        if !pinned && is_prohibited(addr.ip()) {
-            at.failed(
-                Stage::TcpConnect,
-                Code::DestinationProhibited,
-                Some(addr),
-                "address is in a prohibited range".into(),
-            );
-            last = Code::DestinationProhibited;
-            continue;
-        }
-        match tokio::time::timeout(route.connect_timeout, TcpStream::connect(addr)).await {
-            Ok(Ok(stream)) => {
-                // The guard is applied to the address actually connected.
-                let peer = stream.peer_addr().unwrap_or(addr);
-                if !pinned && is_prohibited(peer.ip()) {
-                    at.failed(
-                        Stage::TcpConnect,
-                        Code::DestinationProhibited,
-                        Some(peer),
-                        "connected address is prohibited".into(),
-                    );
-                    return Err(at.fail(Code::DestinationProhibited));
-                }
-                at.ok(Stage::TcpConnect, Some(peer));
-                connected = Some((stream, peer));
-                break;
-            }
-            Ok(Err(e)) => {
-                at.failed(
-                    Stage::TcpConnect,
-                    Code::ConnectionRefused,
-                    Some(addr),
-                    e.to_string(),
-                );
-                last = Code::ConnectionRefused;
-            }
-            Err(_) => {
-                at.failed(
-                    Stage::TcpConnect,
-                    Code::ConnectTimeout,
-                    Some(addr),
-                    format!("no connection within {:?}", route.connect_timeout),
-                );
-                last = Code::ConnectTimeout;
-            }
-        }
-    }
-    let Some((tcp, address)) = connected else {
-        return Err(at.fail(last));
-    };
-    let _ = tcp.set_nodelay(true);
+    let Connected {
+        stream: tcp,
+        address,
+        attempts,
+    } = connect_tcp(route, target, dns).await?;
+    let mut at = Attempts { list: attempts };
     if target.scheme == Scheme::Http {
         return Ok(Dialed {
             tls: None,
@@ -286,6 +249,84 @@ pub async fn dial(
             Err(at.fail(Code::ConnectTimeout))
         }
     }
+}
+
+/// `dns` then `tcp_connect` to each address in turn (at most `MAX_TCP_ATTEMPTS`), the SSRF
+/// guard applied to each address and again to the one connected.
+async fn tcp_stages(
+    route: &Route,
+    target: &Target,
+    dns: &Dns,
+    at: &mut Attempts,
+) -> Result<(TcpStream, SocketAddr), Code> {
+    let addresses = match resolve(route, target, dns).await {
+        Ok(a) => {
+            if route.resolve.is_none() {
+                at.ok(Stage::Dns, a.first().copied());
+            }
+            a
+        }
+        Err(diag) => {
+            at.failed(Stage::Dns, Code::DnsError, None, diag);
+            return Err(Code::DnsError);
+        }
+    };
+    let pinned = route.resolve.is_some() || route.allow_private;
+    let mut last = Code::ConnectionRefused;
+    let mut connected = None;
+    for addr in addresses.into_iter().take(MAX_TCP_ATTEMPTS) {
+        if !pinned && is_prohibited(addr.ip()) {
+            at.failed(
+                Stage::TcpConnect,
+                Code::DestinationProhibited,
+                Some(addr),
+                "address is in a prohibited range".into(),
+            );
+            last = Code::DestinationProhibited;
+            continue;
+        }
+        match tokio::time::timeout(route.connect_timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => {
+                // The guard is applied to the address actually connected.
+                let peer = stream.peer_addr().unwrap_or(addr);
+                if !pinned && is_prohibited(peer.ip()) {
+                    at.failed(
+                        Stage::TcpConnect,
+                        Code::DestinationProhibited,
+                        Some(peer),
+                        "connected address is prohibited".into(),
+                    );
+                    return Err(Code::DestinationProhibited);
+                }
+                at.ok(Stage::TcpConnect, Some(peer));
+                connected = Some((stream, peer));
+                break;
+            }
+            Ok(Err(e)) => {
+                at.failed(
+                    Stage::TcpConnect,
+                    Code::ConnectionRefused,
+                    Some(addr),
+                    e.to_string(),
+                );
+                last = Code::ConnectionRefused;
+            }
+            Err(_) => {
+                at.failed(
+                    Stage::TcpConnect,
+                    Code::ConnectTimeout,
+                    Some(addr),
+                    format!("no connection within {:?}", route.connect_timeout),
+                );
+                last = Code::ConnectTimeout;
+            }
+        }
+    }
+    let Some((tcp, address)) = connected else {
+        return Err(last);
+    };
+    let _ = tcp.set_nodelay(true);
+    Ok((tcp, address))
 }
 
 fn tls_code(e: &std::io::Error) -> Code {

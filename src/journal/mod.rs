@@ -41,7 +41,7 @@ pub use keys::{KeyClaim, KeyEntry, KeySlot, KeyWrite};
 pub use metrics::JournalMetrics;
 pub use projection::{Progress, Record, Refusal, ResultSummary, State, apply, apply_body, replay};
 pub use request::StoredRequest;
-pub use result::{HttpResult, Payload, SshResult, StoredResult, as_text, b64, unb64};
+pub use result::{HttpResult, Payload, SshResult, StoredResult, TunnelResult, as_text, b64, unb64};
 pub use space::SpaceGuard;
 pub use store::{EventStore, RawEvent, StoreError, WriteSet};
 pub use writer::{Appended, LiveStates, needs_sync_rule, rfc3339};

@@ -3,7 +3,7 @@
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
-use crate::contract::Outcome;
+use crate::contract::{Outcome, TunnelEvidence};
 
 /// A stored result, HTTP or SSH (SPEC §5.5 "Result").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,6 +23,7 @@ pub struct StoredResult {
 pub enum Payload {
     Http(HttpResult),
     Ssh(SshResult),
+    Tunnel(TunnelResult),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,6 +50,15 @@ pub struct SshResult {
     /// (both empty) and only the digest and byte count stand for it, as HTTP's `body_stored`.
     #[serde(default = "stored")]
     pub output_stored: bool,
+}
+
+/// A plain CONNECT tunnel's result (SPEC §3.6): counts only; postern cannot read the bytes,
+/// so none are kept (`bytes` is `tunnel.bytes_down`, `digest` is over those bytes as relayed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunnelResult {
+    pub tunnel: TunnelEvidence,
+    pub digest: String,
+    pub bytes: u64,
 }
 
 fn stored() -> bool {

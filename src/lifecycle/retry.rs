@@ -172,7 +172,7 @@ fn retry_after(journal: &Journal, id: &str) -> Option<String> {
             .into_iter()
             .find(|(k, _)| k.eq_ignore_ascii_case("retry-after"))
             .map(|(_, v)| v),
-        Payload::Ssh(_) => None,
+        Payload::Ssh(_) | Payload::Tunnel(_) => None,
     }
 }
 
@@ -214,7 +214,7 @@ async fn resend_generation(
             };
         }
         Ok(_) => {
-            let message = "The request of this invocation was not kept whole (it carried the agent's own Authorization header, which postern never stores; its body was larger than max_result_bytes; it expired; or it came from an older postern): send it again as a new request.";
+            let message = "The request of this invocation was not kept whole (it carried the agent's own Authorization header, which postern never stores; its body was larger than max_result_bytes; it expired; it was a tunnel, whose bytes postern never reads; or it came from an older postern): send it again as a new request.";
             return RetryAnswer::Refused {
                 verdict: None,
                 code: "REQUEST_NOT_KEPT",

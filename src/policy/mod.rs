@@ -11,6 +11,6 @@ mod routes;
 pub use agents::{AgentAuth, authenticate, authenticate_pair};
 pub use fingerprint::{covered_headers, fingerprint};
 pub use routes::{
-    Specificity, Target, TargetError, connect_denial_field, denial_field, match_route,
-    route_exists_for_connect, route_is_built, route_problems, specificity,
+    Specificity, Target, TargetError, connect_denial_field, denial_field, match_connect,
+    match_route, route_is_built, route_problems, specificity,
 };

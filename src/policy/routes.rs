@@ -81,13 +81,23 @@ impl Target {
         self.path_and_query.split('?').next().unwrap_or("/")
     }
 
-    /// `host` or `host:port` when the port is not the scheme's default; IPv6 in brackets.
-    pub fn authority(&self) -> String {
-        let host = if self.host.contains(':') {
+    /// The host as a URL writes it: IPv6 in brackets.
+    fn url_host(&self) -> String {
+        if self.host.contains(':') {
             format!("[{}]", self.host)
         } else {
             self.host.clone()
-        };
+        }
+    }
+
+    /// A tunnel's target (SPEC §3.6): `https://host:port`, the port always named.
+    pub fn connect_url(&self) -> String {
+        format!("https://{}:{}", self.url_host(), self.port)
+    }
+
+    /// `host` or `host:port` when the port is not the scheme's default; IPv6 in brackets.
+    pub fn authority(&self) -> String {
+        let host = self.url_host();
         let default = match self.scheme {
             Scheme::Https => 443,
             Scheme::Http => 80,
@@ -265,11 +275,8 @@ pub fn route_problems(config: &Config) -> Vec<Problem> {
                 message: "never matches: postern refuses such paths (INVALID_TARGET)".into(),
             }),
         }
-        if let Some((j, other)) = config.routes[..i]
-            .iter()
-            .enumerate()
-            .find(|(_, o)| ambiguous(o, r))
-        {
+        let earlier = config.routes[..i].iter().enumerate();
+        if let Some((j, other)) = earlier.clone().find(|(_, o)| ambiguous(o, r)) {
             problems.push(Problem {
                 path: format!("routes[{i}]"),
                 message: format!(
@@ -279,9 +286,35 @@ pub fn route_problems(config: &Config) -> Vec<Problem> {
                     other.id
                 ),
             });
+        } else if let Some((j, other)) = earlier.clone().find(|(_, o)| tunnel_or_not(o, r)) {
+            problems.push(Problem {
+                path: format!("routes[{i}].intercept"),
+                message: format!(
+                    "routes[{j}] (`{}`) matches the same CONNECT (host, port, agents) but the other \
+                     `intercept`: postern cannot both relay and read one tunnel; make one more \
+                     specific by host or agents",
+                    other.id
+                ),
+            });
         }
     }
     problems
+}
+
+/// One is a tunnel, the other intercepted, and the same `CONNECT` matches both equally:
+/// postern could not tell whether to relay its bytes or read them.
+fn tunnel_or_not(a: &Route, b: &Route) -> bool {
+    let (ma, mb) = (&a.matcher, &b.matcher);
+    let shared = |x: &[String], y: &[String]| {
+        x.is_empty() || y.is_empty() || x.iter().any(|v| y.contains(v))
+    };
+    a.intercept != b.intercept
+        && ma.scheme == Scheme::Https
+        && ma.scheme == mb.scheme
+        && ma.port == mb.port
+        && ma.host == mb.host
+        && connect_specificity(a) == connect_specificity(b)
+        && shared(&a.agents, &b.agents)
 }
 
 /// Both routes can match one request and neither is more specific.
@@ -299,18 +332,36 @@ fn ambiguous(a: &Route, b: &Route) -> bool {
         && shared(&a.agents, &b.agents)
 }
 
-/// Whether any https route could allow requests inside a `CONNECT` tunnel.
-pub fn route_exists_for_connect(config: &Config, agent: &str, host: &str, port: u16) -> bool {
-    config.routes.iter().any(|r| {
-        r.matcher.scheme == Scheme::Https
-            && r.matcher.port == port
-            && host_matches(&r.matcher.host, host)
-            && agent_allowed(r, agent)
-    })
+/// The route that decides how a `CONNECT` is served (a tunnel, or interception), or `None`
+/// when no https route could allow anything inside it. A `CONNECT` names no path or method,
+/// so the most specific by host, then by explicit agents, decides.
+pub fn match_connect<'a>(
+    config: &'a Config,
+    agent: &str,
+    host: &str,
+    port: u16,
+) -> Option<&'a Route> {
+    config
+        .routes
+        .iter()
+        .filter(|r| {
+            r.matcher.scheme == Scheme::Https
+                && r.matcher.port == port
+                && host_matches(&r.matcher.host, host)
+                && agent_allowed(r, agent)
+        })
+        .max_by_key(|r| connect_specificity(r))
 }
 
-/// `via` hops and `intercept = false` tunnels are not built yet: refusing such a route's
-/// requests beats sending them straight out (past the hop) or intercepting them anyway.
+/// `specificity` without path and methods, which a `CONNECT` does not carry.
+fn connect_specificity(r: &Route) -> (bool, usize, bool) {
+    let s = specificity(r);
+    (s.exact_host, s.host_len, s.explicit_agents)
+}
+
+/// `via` hops are not built yet: refusing such a route's requests beats sending them
+/// straight out, past the hop. A tunnel route (`intercept = false`) serves whole `CONNECT`s
+/// (`http::tunnel`), never a request postern reads.
 pub fn route_is_built(route: &Route, scheme: Scheme) -> bool {
     route.via.is_none() && (route.intercept || scheme == Scheme::Http)
 }
@@ -432,6 +483,11 @@ match = { host = "*.example.test", scheme = "http", port = 8080 }
         );
         let v6 = t(Scheme::Https, "[::1]", Some(8443), "");
         assert_eq!(v6.url(), "https://[::1]:8443/");
+        assert_eq!(v6.connect_url(), "https://[::1]:8443");
+        assert_eq!(
+            t(Scheme::Https, "h.test", None, "/").connect_url(),
+            "https://h.test:443"
+        );
         assert_eq!(
             t(Scheme::Http, "h.test", Some(80), "/p").url(),
             "http://h.test/p"
@@ -441,14 +497,41 @@ match = { host = "*.example.test", scheme = "http", port = 8080 }
     #[test]
     fn connect_is_allowed_only_where_a_route_could_match() {
         let c = config();
-        assert!(route_exists_for_connect(&c, "ci", "api.github.com", 443));
-        assert!(!route_exists_for_connect(
-            &c,
-            "other",
-            "api.github.com",
-            443
-        ));
-        assert!(!route_exists_for_connect(&c, "ci", "api.github.com", 444));
+        let id = |agent: &str, port| {
+            match_connect(&c, agent, "api.github.com", port).map(|r| r.id.as_str())
+        };
+        assert_eq!(id("ci", 443), Some("gh-read"));
+        assert_eq!(id("other", 443), None);
+        assert_eq!(id("ci", 444), None);
+    }
+
+    #[test]
+    fn the_most_specific_host_decides_between_tunnel_and_interception() {
+        let wild =
+            "[[routes]]\nid = \"wild\"\nintercept = false\nmatch = { host = \"*.h.test\" }\n";
+        let exact = "[[routes]]\nid = \"exact\"\nmatch = { host = \"api.h.test\", path_prefix = \"/v1\" }\n";
+        for text in [format!("{wild}{exact}"), format!("{exact}{wild}")] {
+            let c = parse(&text);
+            assert!(route_problems(&c).is_empty(), "{:?}", route_problems(&c));
+            let id = |host: &str| match_connect(&c, "a", host, 443).map(|r| r.id.as_str());
+            assert_eq!(id("api.h.test"), Some("exact"));
+            assert_eq!(id("pinned.h.test"), Some("wild"));
+        }
+    }
+
+    #[test]
+    fn a_tunnel_and_an_intercepted_route_for_the_same_connect_are_a_config_error() {
+        let tunnel = "[[routes]]\nid = \"t\"\nintercept = false\nmatch = { host = \"h.test\" }\n";
+        let read =
+            "[[routes]]\nid = \"r\"\nmatch = { host = \"h.test\", path_prefix = \"/api\" }\n";
+        let problems = route_problems(&parse(&format!("{tunnel}{read}")));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].message.contains("routes[0] (`t`)"),
+            "{problems:?}"
+        );
+        let elsewhere = read.replace("h.test", "other.test");
+        assert!(route_problems(&parse(&format!("{tunnel}{elsewhere}"))).is_empty());
     }
 
     fn parse(text: &str) -> Config {

@@ -540,25 +540,6 @@ fn curl_http1_0_is_served_through_connect() {
     assert_eq!(echo["path"], "/old", "{body}");
 }
 
-#[test]
-fn an_intercept_false_route_is_refused_rather_than_intercepted() {
-    let origin = echo_origin();
-    let home = Home::new();
-    let daemon = Daemon::start(
-        &home,
-        Some(&format!("{}intercept = false\n", config(&origin, true))),
-    );
-    let s = Setup {
-        home,
-        daemon,
-        port: origin.addr.port(),
-    };
-    let (status, body, head) = s.curl(&[], "/tunnel");
-    assert_eq!(status, 400, "{head}\n{body}");
-    let env: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-    assert_eq!(env["error"]["code"], "UNSUPPORTED_ACTION", "{body}");
-}
-
 /// SPEC §2: `RESULT_DELIVERED` once the last byte is flushed to the agent (h2: END_STREAM
 /// sent), not once hyper took the body. Over h2 the frames wait in the connection's queue
 /// while the agent reads nothing; a crash then must not find a record of a delivery.

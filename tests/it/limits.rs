@@ -2,15 +2,15 @@
 //! budget and leaf minting only for the CONNECT host. Scripted peers are raw loopback
 //! sockets; assertions are "closed within a generous bound", never timing targets.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::origins::{self, Origin};
-use crate::support::{Daemon, Home, curl, get_json};
+use crate::support::{Daemon, Home, closed_within, curl, get_json, read_head};
 use crate::tls_origin::{TlsOrigin, echo_origin};
 
 fn base(proxy: &str) -> String {
@@ -45,53 +45,6 @@ fn proxy_addr(daemon: &Daemon) -> String {
 
 fn open(daemon: &Daemon) -> TcpStream {
     TcpStream::connect(proxy_addr(daemon)).unwrap()
-}
-
-/// Reads until postern closes the connection (EOF or reset); how long that took, or
-/// `None` if it stayed open for `bound`. Whatever was sent first is returned too.
-fn closed_within(stream: &mut TcpStream, bound: Duration) -> (Option<Duration>, String) {
-    let start = Instant::now();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while start.elapsed() < bound {
-        stream
-            .set_read_timeout(Some(
-                bound
-                    .saturating_sub(start.elapsed())
-                    .max(Duration::from_millis(1)),
-            ))
-            .unwrap();
-        match stream.read(&mut buf) {
-            Ok(0) => return (Some(start.elapsed()), String::from_utf8_lossy(&got).into()),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                break;
-            }
-            Err(_) => return (Some(start.elapsed()), String::from_utf8_lossy(&got).into()),
-        }
-    }
-    (None, String::from_utf8_lossy(&got).into())
-}
-
-/// Reads a response head byte by byte (so no byte after it is consumed).
-fn read_head(stream: &mut TcpStream) -> String {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") && head.len() < 16_384 {
-        match stream.read(&mut b) {
-            Ok(1) => head.push(b[0]),
-            _ => break,
-        }
-    }
-    String::from_utf8_lossy(&head).into_owned()
 }
 
 /// The envelope's `error` members named by `keys` ("" when absent).

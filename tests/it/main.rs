@@ -33,3 +33,4 @@ mod sshd;
 mod streaming;
 mod support;
 mod tls_origin;
+mod tunnel;

@@ -1,10 +1,11 @@
 //! Fixtures: a daemon in a temp home, the CLI, and curl.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -398,4 +399,51 @@ pub fn run_cells<T: Sync>(
         cells.len(),
         failed.join("\n")
     );
+}
+
+/// Reads until postern closes the connection (EOF or reset); how long that took, or
+/// `None` if it stayed open for `bound`. Whatever was sent first is returned too.
+pub fn closed_within(stream: &mut TcpStream, bound: Duration) -> (Option<Duration>, String) {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < bound {
+        stream
+            .set_read_timeout(Some(
+                bound
+                    .saturating_sub(start.elapsed())
+                    .max(Duration::from_millis(1)),
+            ))
+            .unwrap();
+        match stream.read(&mut buf) {
+            Ok(0) => return (Some(start.elapsed()), String::from_utf8_lossy(&got).into()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break;
+            }
+            Err(_) => return (Some(start.elapsed()), String::from_utf8_lossy(&got).into()),
+        }
+    }
+    (None, String::from_utf8_lossy(&got).into())
+}
+
+/// Reads a response head byte by byte (so no byte after it is consumed).
+pub fn read_head(stream: &mut TcpStream) -> String {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 16_384 {
+        match stream.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
 }

@@ -1,0 +1,89 @@
+//! A plain CONNECT tunnel (`intercept = false`, SPEC §3.6): postern sees only how many
+//! bytes went each way and who closed it, so that is all that can resolve it.
+
+use serde::{Deserialize, Serialize};
+
+use super::codes::{Code, Outcome, Retry};
+use super::status::StatusResolution;
+
+/// Who ended the tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClosedBy {
+    /// The agent's side ended first (EOF, reset, or it stopped taking bytes).
+    Agent,
+    /// The origin's side ended first.
+    Origin,
+    /// postern closed it: the route's `idle_timeout` passed without a byte either way.
+    Postern,
+}
+
+impl ClosedBy {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Agent => "agent",
+            Self::Origin => "origin",
+            Self::Postern => "postern",
+        }
+    }
+}
+
+/// The evidence `tunnel` of a record, and the observation `classify_tunnel` decides on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunnelEvidence {
+    /// Bytes relayed from the agent to the origin.
+    pub bytes_up: u64,
+    /// Bytes the origin sent toward the agent.
+    pub bytes_down: u64,
+    pub closed_by: ClosedBy,
+}
+
+/// SPEC §3.6: once both directions ended, a byte from the origin means it answered, so the
+/// tunnel is `committed` (what it answered stays unreadable to postern); without one,
+/// nothing says whether the agent's bytes did anything: `REMOTE_OUTCOME_UNKNOWN`.
+pub fn classify_tunnel(tunnel: &TunnelEvidence) -> Result<StatusResolution, Code> {
+    if tunnel.bytes_down == 0 {
+        return Err(Code::RemoteOutcomeUnknown);
+    }
+    Ok(StatusResolution {
+        outcome: Outcome::Committed,
+        retry: Retry::Never,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tunnel(bytes_up: u64, bytes_down: u64, closed_by: ClosedBy) -> TunnelEvidence {
+        TunnelEvidence {
+            bytes_up,
+            bytes_down,
+            closed_by,
+        }
+    }
+
+    #[test]
+    fn a_byte_from_the_origin_commits_whoever_closed() {
+        for by in [ClosedBy::Agent, ClosedBy::Origin, ClosedBy::Postern] {
+            let r = classify_tunnel(&tunnel(0, 1, by));
+            assert_eq!(
+                r.map(|r| (r.outcome, r.retry)),
+                Ok((Outcome::Committed, Retry::Never)),
+                "{}",
+                by.as_str()
+            );
+            let r = classify_tunnel(&tunnel(517, 0, by));
+            assert_eq!(r, Err(Code::RemoteOutcomeUnknown), "{}", by.as_str());
+        }
+    }
+
+    #[test]
+    fn the_evidence_has_the_pinned_shape() {
+        let json = serde_json::to_value(tunnel(3, 4, ClosedBy::Postern)).unwrap_or_default();
+        assert_eq!(
+            json,
+            serde_json::json!({"bytes_up": 3, "bytes_down": 4, "closed_by": "postern"})
+        );
+    }
+}

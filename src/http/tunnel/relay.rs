@@ -1,0 +1,310 @@
+//! Bytes both ways through a tunnel, unread: each direction runs on its own (a slow reader
+//! on one side never stalls the other), an end of input is passed on as a half-close, and
+//! the tunnel ends when both directions have ended, one breaks, or `idle_timeout` passes
+//! without a byte either way. What it reports is observation only: counts, who ended it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+use crate::contract::{ClosedBy, TunnelEvidence};
+
+const CHUNK: usize = 16 * 1024;
+
+/// What the relay saw.
+pub struct Relayed {
+    pub tunnel: TunnelEvidence,
+    /// Every byte read from the origin was written to the agent.
+    pub delivered: bool,
+    /// Both directions ended with an end of input: no reset, no failed write, no timeout.
+    pub clean: bool,
+    /// `sha256:` over the origin's bytes as relayed.
+    pub digest: String,
+}
+
+impl Relayed {
+    /// Nothing relayed: the agent was gone before the tunnel could start.
+    pub fn agent_gone() -> Self {
+        Self {
+            tunnel: TunnelEvidence {
+                bytes_up: 0,
+                bytes_down: 0,
+                closed_by: ClosedBy::Agent,
+            },
+            delivered: true,
+            clean: false,
+            digest: crate::journal::sha256_tagged(b""),
+        }
+    }
+}
+
+/// One direction's tally; it outlives the pump, so a pump cut off by the idle timeout
+/// still leaves its counts.
+#[derive(Default)]
+struct Tally {
+    read: u64,
+    written: u64,
+    hash: Option<Sha256>,
+}
+
+/// How one direction ended, and which side ended it.
+struct Ended {
+    by: ClosedBy,
+    clean: bool,
+}
+
+/// The time of the last byte either way, for the idle timeout.
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn touch(&self) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn last(&self) -> Instant {
+        self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
+
+    /// Returns once `limit` has passed since the last byte.
+    async fn idle_for(&self, limit: Duration) {
+        loop {
+            let quiet_until = self.last() + limit;
+            if Instant::now() >= quiet_until {
+                return;
+            }
+            tokio::time::sleep_until(quiet_until).await;
+        }
+    }
+}
+
+/// Copies `from` into `to` until `from` ends (then `to` is shut down for writing: the
+/// half-close travels on) or either side fails.
+async fn pump<R, W>(
+    mut from: R,
+    mut to: W,
+    sides: (ClosedBy, ClosedBy),
+    tally: &mut Tally,
+    activity: &Activity,
+) -> Ended
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let (from_side, to_side) = sides;
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) => {
+                let _ = to.shutdown().await;
+                return Ended {
+                    by: from_side,
+                    clean: true,
+                };
+            }
+            Ok(n) => n,
+            Err(_) => {
+                return Ended {
+                    by: from_side,
+                    clean: false,
+                };
+            }
+        };
+        let chunk = buf.get(..n).unwrap_or_default();
+        tally.read += n as u64;
+        if let Some(h) = tally.hash.as_mut() {
+            h.update(chunk);
+        }
+        activity.touch();
+        if to.write_all(chunk).await.is_err() {
+            return Ended {
+                by: to_side,
+                clean: false,
+            };
+        }
+        tally.written += n as u64;
+        activity.touch();
+    }
+}
+
+/// Relays between `agent` and `origin` until the tunnel ends; see the module note.
+pub async fn relay<A, O>(agent: A, origin: O, idle_timeout: Duration) -> Relayed
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    O: AsyncRead + AsyncWrite + Unpin,
+{
+    let (agent_r, agent_w) = tokio::io::split(agent);
+    let (origin_r, origin_w) = tokio::io::split(origin);
+    let activity = Activity {
+        start: Instant::now(),
+        last_ms: AtomicU64::new(0),
+    };
+    let mut up = Tally::default();
+    let mut down = Tally {
+        hash: Some(Sha256::new()),
+        ..Tally::default()
+    };
+    let (first, clean) = {
+        let up_pump = pump(
+            agent_r,
+            origin_w,
+            (ClosedBy::Agent, ClosedBy::Origin),
+            &mut up,
+            &activity,
+        );
+        let down_pump = pump(
+            origin_r,
+            agent_w,
+            (ClosedBy::Origin, ClosedBy::Agent),
+            &mut down,
+            &activity,
+        );
+        until_both_end(up_pump, down_pump, activity.idle_for(idle_timeout)).await
+    };
+    let digest = down
+        .hash
+        .take()
+        .map(|h| crate::journal::sha256_tagged_digest(&h.finalize()))
+        .unwrap_or_default();
+    Relayed {
+        tunnel: TunnelEvidence {
+            bytes_up: up.read,
+            bytes_down: down.read,
+            closed_by: first,
+        },
+        delivered: down.written == down.read,
+        clean,
+        digest,
+    }
+}
+
+/// Runs both directions until both ended cleanly, one broke, or the tunnel went idle
+/// (then postern is the one that closed it). Dropping the pumps closes both connections.
+async fn until_both_end(
+    up: impl Future<Output = Ended>,
+    down: impl Future<Output = Ended>,
+    idle: impl Future<Output = ()>,
+) -> (ClosedBy, bool) {
+    tokio::pin!(up, down, idle);
+    let (mut up_done, mut down_done) = (false, false);
+    let mut first = None;
+    while !(up_done && down_done) {
+        let ended = tokio::select! {
+            e = &mut up, if !up_done => { up_done = true; e }
+            e = &mut down, if !down_done => { down_done = true; e }
+            () = &mut idle => return (ClosedBy::Postern, false),
+        };
+        let by = *first.get_or_insert(ended.by);
+        if !ended.clean {
+            return (by, false);
+        }
+    }
+    (first.unwrap_or(ClosedBy::Postern), true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::duplex;
+
+    /// An agent and an origin wired through `relay`; the test holds their far ends.
+    fn wired(
+        idle: Duration,
+    ) -> (
+        tokio::io::DuplexStream,
+        tokio::io::DuplexStream,
+        tokio::task::JoinHandle<Relayed>,
+    ) {
+        let (agent, agent_near) = duplex(64);
+        let (origin, origin_near) = duplex(64);
+        let run = tokio::spawn(relay(agent_near, origin_near, idle));
+        (agent, origin, run)
+    }
+
+    #[tokio::test]
+    async fn half_closes_travel_and_both_directions_are_counted() {
+        let (mut agent, mut origin, run) = wired(Duration::from_secs(30));
+        agent.write_all(b"hello").await.unwrap();
+        agent.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        origin.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"hello", "the agent's end of input reached the origin");
+        // The origin still answers after the agent's half-close (more than the pipes
+        // hold, so the agent reads while the origin writes).
+        let answer = async {
+            origin.write_all(&[7u8; 1000]).await.unwrap();
+            origin.shutdown().await.unwrap();
+        };
+        let mut back = Vec::new();
+        let (_, read) = tokio::join!(answer, agent.read_to_end(&mut back));
+        assert_eq!(read.unwrap(), 1000);
+        let r = run.await.unwrap();
+        assert_eq!(
+            r.tunnel,
+            TunnelEvidence {
+                bytes_up: 5,
+                bytes_down: 1000,
+                closed_by: ClosedBy::Agent
+            }
+        );
+        assert!(r.delivered && r.clean);
+        assert_eq!(r.digest, crate::journal::sha256_tagged(&[7u8; 1000]));
+    }
+
+    #[tokio::test]
+    async fn the_side_that_ends_first_closed_it() {
+        let (mut agent, mut origin, run) = wired(Duration::from_secs(30));
+        origin.write_all(b"bye").await.unwrap();
+        origin.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        agent.read_to_end(&mut back).await.unwrap();
+        agent.shutdown().await.unwrap();
+        let r = run.await.unwrap();
+        assert_eq!(r.tunnel.closed_by, ClosedBy::Origin);
+        assert_eq!((r.tunnel.bytes_up, r.tunnel.bytes_down), (0, 3));
+    }
+
+    #[tokio::test]
+    async fn an_idle_tunnel_is_closed_by_postern_after_the_idle_timeout() {
+        // Real time (tokio's test-util is not enabled): margins of 400 ms either way.
+        let (idle, pause) = (Duration::from_secs(1), Duration::from_millis(600));
+        let (mut agent, mut origin, run) = wired(idle);
+        agent.write_all(b"ping").await.unwrap();
+        let mut four = [0u8; 4];
+        origin.read_exact(&mut four).await.unwrap();
+        tokio::time::sleep(pause).await;
+        origin.write_all(b"pong").await.unwrap();
+        agent.read_exact(&mut four).await.unwrap();
+        // 1.2 s after the ping, but only 0.6 s after the pong: a byte re-arms the timeout.
+        tokio::time::sleep(pause).await;
+        assert!(!run.is_finished(), "a byte did not re-arm the idle timeout");
+        let r = run.await.unwrap();
+        assert_eq!(r.tunnel.closed_by, ClosedBy::Postern);
+        assert_eq!((r.tunnel.bytes_up, r.tunnel.bytes_down), (4, 4));
+        assert!(!r.clean);
+        let mut rest = Vec::new();
+        assert_eq!(
+            agent.read_to_end(&mut rest).await.unwrap(),
+            0,
+            "agent side closed"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_stops_reading_is_a_failed_delivery() {
+        let (agent, mut origin, run) = wired(Duration::from_secs(30));
+        drop(agent);
+        // The write to the gone agent fails; the origin's bytes were not delivered.
+        let _ = origin.write_all(b"late answer").await;
+        let r = run.await.unwrap();
+        assert_eq!(r.tunnel.closed_by, ClosedBy::Agent);
+        assert_eq!(r.tunnel.bytes_down, 11);
+        assert!(!r.clean && !r.delivered);
+    }
+}
