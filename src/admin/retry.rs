@@ -13,7 +13,7 @@ pub async fn answer(state: &AdminState, id: &str, body: &Value) -> Reply {
         Ok(a) => a,
         Err(why) => return error(StatusCode::BAD_REQUEST, "BAD_REQUEST_BODY", why),
     };
-    let (verdict, reply) = match retry(&state.journal, state.resend.as_ref(), id, ask).await {
+    let (verdict, reply) = match retry(&state.journal, &state.resend, id, ask).await {
         RetryAnswer::Retried(record) => ("RETRIED", json_reply(StatusCode::OK, &json!(record))),
         RetryAnswer::Fetched(v, result) => (v.as_str(), json_reply(StatusCode::OK, &json!(result))),
         RetryAnswer::Settled(v, record) => (v.as_str(), json_reply(StatusCode::OK, &json!(record))),

@@ -15,11 +15,12 @@ use super::exchange::Exchange;
 use super::inject::Injection;
 use super::intake::AgentBody;
 use crate::config::Scheme;
+use crate::contract::Code;
 use crate::journal::{Record, StoredRequest, b64, unb64};
 use crate::lifecycle::Invocation;
 use crate::lifecycle::lease::LeaseTerms;
-use crate::lifecycle::retry::{Resend, SnapshotChanged};
-use crate::policy::{Target, match_route};
+use crate::lifecycle::retry::{Resend, SnapshotChanged, credential_holds};
+use crate::policy::{Target, acts_now, match_route};
 
 impl Exchange {
     /// Keeps the request for `postern retry`, without the agent's own proxy credential.
@@ -75,21 +76,19 @@ impl Resend for HttpResend {
         let Some(target) = target_of(&request.target) else {
             return changed("the kept target does not parse");
         };
-        let route = match_route(config, &record.agent, &target, &request.method);
-        if route.map(|r| &r.id) != record.route.as_ref() {
-            return changed("the request no longer matches the route it bound");
+        if !acts_now(config, &record.agent) {
+            return changed("the agent is no longer configured");
         }
+        let route = match_route(config, &record.agent, &target, &request.method);
+        let Some(route) = route.filter(|r| Some(&r.id) == record.route.as_ref()) else {
+            return changed("the request no longer matches the route it bound");
+        };
         let Some(bound) = &record.evidence.credential else {
             return Ok(());
         };
-        match Injection::resolve(config, &self.0.vault, &bound.id) {
-            Ok(now) if now.evidence().version == bound.version => Ok(()),
-            Ok(_) => changed("the credential was rotated"),
-            Err(code) => changed(&format!(
-                "the credential cannot be had now: {}",
-                code.as_str()
-            )),
-        }
+        credential_holds(bound, &route.credentials, || {
+            Injection::resolve(config, &self.0.vault, &bound.id).map(|i| i.evidence().version)
+        })
     }
 
     fn terms(&self, record: &Record, note: Option<String>) -> Option<LeaseTerms> {
@@ -108,7 +107,11 @@ impl Resend for HttpResend {
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         let proxy = self.0.clone();
         Box::pin(async move {
+            let mut inv = inv;
             let Some((target, parts, body)) = rebuild(&request) else {
+                // The lease is written: the generation ends with a recorded outcome.
+                let diagnostic = "the kept request cannot be rebuilt".to_owned();
+                inv.fail_with(Code::MalformedRequest, diagnostic).await;
                 return;
             };
             let (tx, rx) = oneshot::channel();

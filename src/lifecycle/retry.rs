@@ -7,7 +7,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::contract::{Envelope, OperationView, RecordFacts, Verdict, decide};
+use crate::contract::{
+    Code, CredentialEvidence, Envelope, OperationView, RecordFacts, Verdict, decide,
+};
 use crate::journal::{Journal, Payload, Protocol, Record, StoredRequest, StoredResult};
 
 use super::Invocation;
@@ -106,7 +108,12 @@ pub enum RetryAnswer {
 }
 
 /// Acts on the verdict for `id`.
-pub async fn retry(journal: &Journal, resend: &dyn Resend, id: &str, ask: RetryAsk) -> RetryAnswer {
+pub async fn retry(
+    journal: &Journal,
+    resend: &Arc<dyn Resend>,
+    id: &str,
+    ask: RetryAsk,
+) -> RetryAnswer {
     let state = match journal.state(id) {
         Ok(Some(s)) => s,
         Ok(None) => return RetryAnswer::NotFound,
@@ -132,7 +139,7 @@ pub async fn retry(journal: &Journal, resend: &dyn Resend, id: &str, ask: RetryA
         }
         Verdict::StopForCorrection => refuse(verdict, "RETRY_REFUSED", STOP.into(), record),
         Verdict::Reconcile if !ask.operator_attested_safe => {
-            refuse(verdict, "RETRY_REFUSED", RECONCILE.into(), record)
+            refuse(verdict, "RETRY_REFUSED", reconcile_first(id), record)
         }
         Verdict::Reconcile | Verdict::RetryNewAttempt | Verdict::RetrySameKey => {
             let vouched = verdict == Verdict::Reconcile;
@@ -142,7 +149,11 @@ pub async fn retry(journal: &Journal, resend: &dyn Resend, id: &str, ask: RetryA
 }
 
 const STOP: &str = "The verdict is STOP_FOR_CORRECTION: this invocation is not repeated. Correct the request, route or credential and send a new request.";
-const RECONCILE: &str = "The verdict is RECONCILE: the action may have happened. Find out at the remote, then record it with `postern reconcile ID --outcome committed|rejected --note …`; if you established that it did not happen, `postern retry ID --i-have-reconciled --note …` repeats it (journaled as operator-attested).";
+fn reconcile_first(id: &str) -> String {
+    format!(
+        "The verdict is RECONCILE: the action may have happened; nothing was sent. Find out at the remote, then record it with `postern reconcile {id} --outcome committed|rejected --note …`; if you established that it did not happen, `postern retry {id} --i-have-reconciled --note …` repeats it (journaled as operator-attested)."
+    )
+}
 
 fn verdict_of(record: &Record, result_stored: bool, now_ms: i64) -> Verdict {
     let key = record.evidence.idempotency.as_ref();
@@ -196,7 +207,7 @@ fn refuse(verdict: Verdict, code: &'static str, message: String, record: Record)
 
 async fn resend_generation(
     journal: &Journal,
-    resend: &dyn Resend,
+    resend: &Arc<dyn Resend>,
     record: Record,
     vouched: bool,
     note: Option<String>,
@@ -243,6 +254,29 @@ async fn resend_generation(
         };
     };
     terms.unsafe_override = vouched;
+    // The generation runs to its end even when the operator's CLI or API client leaves: a
+    // lease written or a request sent must reach an outcome in the journal.
+    let generation = tokio::spawn(run_generation(
+        journal.clone(),
+        resend.clone(),
+        record,
+        request,
+        terms,
+    ));
+    match generation.await {
+        Ok(answer) => answer,
+        Err(_) => RetryAnswer::Unavailable,
+    }
+}
+
+async fn run_generation(
+    journal: Journal,
+    resend: Arc<dyn Resend>,
+    record: Record,
+    request: StoredRequest,
+    terms: LeaseTerms,
+) -> RetryAnswer {
+    let id = record.invocation_id.clone();
     let inv = match Invocation::lease(journal.clone(), &id, terms).await {
         Ok(inv) => inv,
         Err(LeaseError::Refused(env)) => return RetryAnswer::Failed(env),
@@ -256,5 +290,58 @@ async fn resend_generation(
         Ok(Some(r)) => RetryAnswer::Retried(Box::new(r)),
         Ok(None) => RetryAnswer::NotFound,
         Err(_) => RetryAnswer::Unavailable,
+    }
+}
+
+/// Whether the credential the invocation bound is still `offered` by its route or target,
+/// at the version it had. `now` is the version the vault holds for it now.
+pub fn credential_holds(
+    bound: &CredentialEvidence,
+    offered: &[String],
+    now: impl FnOnce() -> Result<u64, Code>,
+) -> Result<(), SnapshotChanged> {
+    let changed = |why: String| Err(SnapshotChanged(why));
+    if !offered.contains(&bound.id) {
+        return changed(format!(
+            "credential `{}` was bound; it is no longer the one configured there",
+            bound.id
+        ));
+    }
+    match now() {
+        Ok(version) if version == bound.version => Ok(()),
+        Ok(version) => changed(format!(
+            "credential `{}` was rotated (version {} then, {version} now)",
+            bound.id, bound.version
+        )),
+        Err(code) => changed(format!(
+            "credential `{}` cannot be had now: {}",
+            bound.id,
+            code.as_str()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bound() -> CredentialEvidence {
+        CredentialEvidence {
+            id: "stripe".into(),
+            version: 2,
+            mode: "bearer".into(),
+        }
+    }
+
+    #[test]
+    fn a_credential_holds_only_as_it_was_bound() {
+        let offered = ["stripe".to_owned()];
+        assert_eq!(credential_holds(&bound(), &offered, || Ok(2)), Ok(()));
+        let rotated = credential_holds(&bound(), &offered, || Ok(3));
+        assert!(matches!(rotated, Err(SnapshotChanged(w)) if w.contains("rotated")));
+        let swapped = credential_holds(&bound(), &["other".to_owned()], || Ok(2));
+        assert!(matches!(swapped, Err(SnapshotChanged(w)) if w.contains("no longer")));
+        let gone = credential_holds(&bound(), &offered, || Err(Code::CredentialMissing));
+        assert!(matches!(gone, Err(SnapshotChanged(w)) if w.contains("cannot be had")));
     }
 }

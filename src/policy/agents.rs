@@ -58,6 +58,15 @@ pub fn authenticate_pair(config: &Config, id: &str, token: &str) -> AgentAuth {
     }
 }
 
+/// Whether `id` is an agent postern acts for under `config` now: a configured agent, or
+/// `anonymous` while none are configured. A retry binds the agent of its invocation.
+pub fn acts_now(config: &Config, id: &str) -> bool {
+    match config.agents.is_empty() {
+        true => id == "anonymous",
+        false => config.agents.iter().any(|a| a.id == id),
+    }
+}
+
 fn parse_basic(raw: &[u8]) -> Option<(String, String)> {
     let text = std::str::from_utf8(raw).ok()?.trim();
     let (scheme, b64) = text.split_once(' ')?;

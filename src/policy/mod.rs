@@ -8,7 +8,7 @@ mod fingerprint;
 mod path;
 mod routes;
 
-pub use agents::{AgentAuth, authenticate, authenticate_pair};
+pub use agents::{AgentAuth, acts_now, authenticate, authenticate_pair};
 pub use fingerprint::{covered_headers, fingerprint};
 pub use routes::{
     Specificity, Target, TargetError, connect_denial_field, denial_field, match_connect,

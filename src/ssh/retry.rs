@@ -17,7 +17,8 @@ use crate::contract::Code;
 use crate::journal::{Record, StoredRequest, unb64};
 use crate::lifecycle::Invocation;
 use crate::lifecycle::lease::LeaseTerms;
-use crate::lifecycle::retry::{Resend, SnapshotChanged};
+use crate::lifecycle::retry::{Resend, SnapshotChanged, credential_holds};
+use crate::policy::acts_now;
 
 /// Runs kept SSH execs again for `postern retry`.
 pub struct SshResend(pub Arc<Exec>);
@@ -38,7 +39,9 @@ impl Resend for SshResend {
         let Some(target) = self.target(record) else {
             return changed("the target it bound no longer exists");
         };
-        if !(target.agents.is_empty() || target.agents.contains(&record.agent)) {
+        if !acts_now(&self.0.config, &record.agent)
+            || !(target.agents.is_empty() || target.agents.contains(&record.agent))
+        {
             return changed("the agent is no longer allowed on the target");
         }
         if !target.permits_command(record.command.as_deref().unwrap_or_default()) {
@@ -47,14 +50,10 @@ impl Resend for SshResend {
         let Some(bound) = &record.evidence.credential else {
             return Ok(());
         };
-        match upstream::login(&self.0.config, target, &self.0.vault) {
-            Ok(now) if now.evidence.version == bound.version => Ok(()),
-            Ok(_) => changed("the credential was rotated"),
-            Err(code) => changed(&format!(
-                "the credential cannot be had now: {}",
-                code.as_str()
-            )),
-        }
+        let offered = std::slice::from_ref(&target.credential);
+        credential_holds(bound, offered, || {
+            upstream::login(&self.0.config, target, &self.0.vault).map(|l| l.evidence.version)
+        })
     }
 
     fn terms(&self, record: &Record, note: Option<String>) -> Option<LeaseTerms> {

@@ -38,6 +38,7 @@ struct Setup {
     home: Home,
     daemon: Daemon,
     port: u16,
+    config: String,
 }
 
 fn setup(port: u16, extra: &str, vault: bool) -> Setup {
@@ -56,7 +57,12 @@ fn setup(port: u16, extra: &str, vault: bool) -> Setup {
         envs.push(("POSTERN_VAULT_KEY", VAULT_KEY));
     }
     let daemon = Daemon::start_with(&home, Some(&config), &envs);
-    Setup { home, daemon, port }
+    Setup {
+        home,
+        daemon,
+        port,
+        config,
+    }
 }
 
 impl Setup {
@@ -215,6 +221,25 @@ fn a_rotated_credential_means_the_snapshot_no_longer_holds_and_nothing_is_sent()
     assert_eq!(status, 409, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["error"]["code"], "FINGERPRINT_CHANGED");
+    assert_eq!(origin.hits(), 1, "nothing sent");
+    assert_eq!(s.record(&id)["generation"], 1, "no generation was opened");
+}
+
+#[test]
+fn a_retry_binds_the_agent_and_is_not_sent_once_it_no_longer_acts() {
+    let origin = fails_then_answers(1);
+    let mut s = setup(origin.port(), "", false);
+    let (status, _, head) = s.send(&[], "/balance");
+    assert_eq!(status, 502);
+    let id = invocation(&head);
+    // The invocation was the loopback `anonymous` agent's; now agents are configured.
+    s.daemon.kill();
+    let config = format!("{}[[agents]]\nid = \"ci\"\ntoken = \"tok\"\n", s.config);
+    s.daemon = Daemon::start(&s.home, Some(&config));
+    let out = s.retry(&[&id]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let said = stdout(&out) + &stderr(&out);
+    assert!(said.contains("FINGERPRINT_CHANGED"), "{said}");
     assert_eq!(origin.hits(), 1, "nothing sent");
     assert_eq!(s.record(&id)["generation"], 1, "no generation was opened");
 }

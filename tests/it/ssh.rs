@@ -271,6 +271,12 @@ impl Front {
 
     /// `restart` with the vault unlocked: enough to dispatch again.
     pub fn restart_unlocked(&mut self) {
+        self.restart_edited(|text| text);
+    }
+
+    /// `restart_unlocked` with the config edited by `edit` (after the old daemon ended).
+    pub fn restart_edited(&mut self, edit: impl FnOnce(String) -> String) {
+        self.text = edit(std::mem::take(&mut self.text));
         let env = [("POSTERN_VAULT_KEY", VAULT_KEY)];
         self.daemon = Daemon::start_with(&self._home, Some(&self.text), &env);
         self.ssh_addr = ssh_front(&self.daemon);

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::path::Path;
 use std::process::{Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -213,4 +213,102 @@ fn an_exec_cut_by_a_crash_after_dispatch_started_is_retried_once_vouched_for() {
     let result = f.daemon.cli(&["result", &id, "--json"], &[]);
     let result: Value = serde_json::from_slice(&result.stdout).expect("result json");
     assert_eq!(result["stdout_base64"], "ZG9uZQo=", "{result}");
+}
+
+/// An exec with `-n` whose first run outlives `response_timeout = "3s"` and whose later
+/// runs finish after `later` seconds; every run appends to `runs`. Returns its id.
+fn timed_out_exec(f: &Front, w: &Path, later: u32) -> String {
+    let w = w.display();
+    let command = format!(
+        "echo run >> {w}/runs; if [ -f {w}/done ]; then sleep {later}; echo finished; exit 0; fi; \
+         touch {w}/done; sleep 10"
+    );
+    let out = f.ssh(TOKEN, &["-n", "--", "", &command]);
+    let env = envelope(&stderr(&out));
+    assert_eq!(env["error"]["code"], "REMOTE_TIMEOUT", "{}", stderr(&out));
+    env["invocation_id"].as_str().expect("id").to_owned()
+}
+
+const VOUCH: [&str; 3] = ["--i-have-reconciled", "--note", "the host shows no deploy"];
+
+#[test]
+fn a_retry_whose_cli_was_killed_still_runs_to_a_recorded_result() {
+    let f = Front::start("response_timeout = \"3s\"\n");
+    let work = tempfile::tempdir().expect("tempdir");
+    let id = timed_out_exec(&f, work.path(), 1);
+    let mut args = vec!["retry", id.as_str()];
+    args.extend_from_slice(&VOUCH);
+    let mut cli = f.daemon.cli_command(&args).spawn().expect("postern retry");
+    // Kill the operator's CLI once the remote runs the second time.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while read(&work.path().join("runs")) != "run\nrun\n" && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(read(&work.path().join("runs")), "run\nrun\n");
+    cli.kill().expect("kill the CLI");
+    let _ = cli.wait();
+    let settled = (0..200).find_map(|_| {
+        let r = record(&f, &id);
+        if r["outcome"] == "committed" {
+            return Some(r);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        None
+    });
+    let r = settled.unwrap_or_else(|| record(&f, &id));
+    assert_eq!(r["outcome"], "committed", "the generation ran on: {r}");
+    assert_eq!(r["generation"], 2, "{r}");
+    let result = f.daemon.cli(&["result", &id, "--json"], &[]);
+    let result: Value = serde_json::from_slice(&result.stdout).expect("result json");
+    assert_eq!(result["stdout_base64"], "ZmluaXNoZWQK", "{result}");
+}
+
+#[test]
+fn a_retry_is_not_sent_for_an_agent_no_longer_configured() {
+    // No `agents` list on the target: any configured agent may use it.
+    let mut f = Front::start_with(
+        "response_timeout = \"3s\"\n",
+        |text| text.replace("agents = [\"ci\"]\n", ""),
+        &[],
+    );
+    let work = tempfile::tempdir().expect("tempdir");
+    let id = timed_out_exec(&f, work.path(), 0);
+    f.daemon.kill();
+    f.restart_edited(|text| text.replace("id = \"ci\"", "id = \"other\""));
+    let mut args = vec![id.as_str()];
+    args.extend_from_slice(&VOUCH);
+    let refused = retry(&f, &args);
+    let said = String::from_utf8_lossy(&refused.stdout).into_owned() + &stderr(&refused);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(said.contains("FINGERPRINT_CHANGED"), "{said}");
+    assert_eq!(
+        read(&work.path().join("runs")),
+        "run\n",
+        "nothing ran again"
+    );
+    assert_eq!(record(&f, &id)["generation"], 1);
+}
+
+#[test]
+fn an_exec_that_timed_out_with_its_stdin_still_open_is_not_replayed() {
+    let f = Front::start("response_timeout = \"2s\"\n");
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path().display();
+    // The remote read all the agent sent so far; the agent never said it was done.
+    let command = format!("head -c 8 >> {w}/stdin.log; echo run >> {w}/runs; sleep 6");
+    let out = ssh_with_stdin(&f, &command, b"payload\n", false);
+    let env = envelope(&stderr(&out));
+    assert_eq!(env["error"]["code"], "REMOTE_TIMEOUT", "{}", stderr(&out));
+    let id = env["invocation_id"].as_str().expect("id").to_owned();
+    let mut args = vec![id.as_str()];
+    args.extend_from_slice(&VOUCH);
+    let refused = retry(&f, &args);
+    let said = String::from_utf8_lossy(&refused.stdout).into_owned() + &stderr(&refused);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(said.contains("REQUEST_NOT_KEPT"), "{said}");
+    assert_eq!(
+        read(&work.path().join("runs")),
+        "run\n",
+        "nothing ran again"
+    );
 }

@@ -218,16 +218,22 @@ impl Daemon {
 
     /// Runs the CLI against this daemon.
     pub fn cli(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
+        let mut cmd = self.cli_command(args);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run postern")
+    }
+
+    /// The CLI against this daemon, not yet started.
+    pub fn cli_command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.args(args)
             .env("POSTERN_HOME", &self.home)
             .env("POSTERN_ADMIN", &self.admin)
             .env_remove("POSTERN_CONFIG")
             .env_remove("POSTERN_ADMIN_TOKEN");
-        for (k, v) in envs {
-            cmd.env(k, v);
-        }
-        cmd.output().expect("run postern")
+        cmd
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -247,6 +253,12 @@ impl Daemon {
     }
 
     /// Sends SIGTERM and waits for the exit code.
+    /// Kills the daemon and waits for it (a restart on the same home follows).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn terminate(mut self) -> Option<i32> {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();

@@ -1,8 +1,8 @@
 //! An exec's request kept for `postern retry`: the command is in the record; what the
 //! journal must also prove is the stdin the remote got. It is kept only when known whole:
 //! the agent's stdin had ended when the preflight was written (`ssh -n`, or input sent and
-//! closed at once: kept with the preflight, so it survives a restart), or the exec ended
-//! and everything it relayed (up to `max_result_bytes`) is the stdin. Otherwise nothing is
+//! closed at once: kept with the preflight, so it survives a restart), or it ended before
+//! the exec did and all of it (up to `max_result_bytes`) was relayed. Otherwise nothing is
 //! kept and a retry answers `REQUEST_NOT_KEPT`.
 
 use std::time::Duration;
@@ -28,7 +28,7 @@ pub(super) struct Stdin {
     ended: bool,
     /// Taken before the relay, still owed to the remote.
     early: Vec<InputEvent>,
-    /// The relay ran: what it passed on is the whole stdin the remote got.
+    /// The relay ran: nothing taken later reached the remote.
     relayed: bool,
     /// The request is already kept as it stands.
     kept: bool,
@@ -89,7 +89,9 @@ impl Run {
         if self.stdin.kept {
             return;
         }
-        let ended = self.stdin.ended || self.stdin.relayed || self.stdin_ended().await;
+        // After a relay the stdin still open is not whole: what the agent sends next never
+        // reached the remote, and a replay would end it where the first run did not.
+        let ended = self.stdin.ended || (!self.stdin.relayed && self.stdin_ended().await);
         let Some(stdin) = self.stdin.whole().filter(|_| ended) else {
             return;
         };
