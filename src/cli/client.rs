@@ -1,7 +1,7 @@
 //! A minimal admin API client (HTTP/1.1 over loopback).
 
 use bytes::Bytes;
-use http::{Method, Request, StatusCode, header};
+use http::{HeaderMap, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
@@ -15,6 +15,16 @@ pub fn call(
     path: &str,
     body: Option<&Value>,
 ) -> Result<(StatusCode, Value), CliError> {
+    call_headed(target, method, path, body).map(|(status, _, json)| (status, json))
+}
+
+/// `call`, with the response's headers.
+pub fn call_headed(
+    target: &AdminTarget,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<(StatusCode, HeaderMap, Value), CliError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -27,7 +37,7 @@ async fn send(
     method: Method,
     path: &str,
     body: Option<&Value>,
-) -> Result<(StatusCode, Value), CliError> {
+) -> Result<(StatusCode, HeaderMap, Value), CliError> {
     let unreachable = |detail: String| CliError::Unreachable {
         url: target.url.clone(),
         detail,
@@ -72,6 +82,7 @@ async fn send(
         .await
         .map_err(|e| unreachable(e.to_string()))?;
     let status = resp.status();
+    let headers = resp.headers().clone();
     let bytes = resp
         .into_body()
         .collect()
@@ -79,7 +90,7 @@ async fn send(
         .map_err(|e| unreachable(e.to_string()))?
         .to_bytes();
     let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Ok((status, json))
+    Ok((status, headers, json))
 }
 
 /// Turns an API error body into a CLI error.

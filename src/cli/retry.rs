@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use super::client::{api_error, call};
+use super::client::{api_error, call_headed};
 use super::{AdminTarget, CliError, percent_encode};
 
 pub struct Ask {
@@ -25,7 +25,19 @@ pub fn run(target: &AdminTarget, id: &str, ask: &Ask) -> Result<ExitCode, CliErr
         body["note"] = json!(note);
     }
     let path = format!("/v1/invocations/{}/retry", percent_encode(id));
-    let (status, reply) = call(target, Method::POST, &path, Some(&body))?;
+    let (status, headers, reply) = match call_headed(target, Method::POST, &path, Some(&body)) {
+        Err(CliError::Unreachable { url, detail }) => {
+            // The daemon may have taken the retry before the connection broke; it runs on.
+            let detail = format!(
+                "{detail}; if the daemon took the retry, it runs to its end: `postern show {id}` tells"
+            );
+            return Err(CliError::Unreachable { url, detail });
+        }
+        answer => answer?,
+    };
+    let retried = headers
+        .get("postern-verdict")
+        .is_some_and(|v| v.as_bytes() == b"RETRIED");
     if ask.json {
         outln!(
             "{}",
@@ -41,7 +53,7 @@ pub fn run(target: &AdminTarget, id: &str, ask: &Ask) -> Result<ExitCode, CliErr
     if ask.json {
         return Ok(settled(&reply));
     }
-    outln!("{}", describe(id, &reply));
+    outln!("{}", describe(id, &reply, retried));
     Ok(settled(&reply))
 }
 
@@ -60,7 +72,7 @@ fn refused(reply: &Value, json: bool) -> Result<ExitCode, CliError> {
 }
 
 /// One line: what the answer is, by its shape (record, or stored result).
-fn describe(id: &str, reply: &Value) -> String {
+fn describe(id: &str, reply: &Value, retried: bool) -> String {
     let s = |v: &Value| v.as_str().unwrap_or("-").to_owned();
     let result = ["body_base64", "stdout_base64", "tunnel"];
     if result.iter().any(|k| reply.get(k).is_some()) {
@@ -74,8 +86,12 @@ fn describe(id: &str, reply: &Value) -> String {
         .as_str()
         .map(|c| format!(" {c}"))
         .unwrap_or_default();
+    let sent = match retried {
+        true => "",
+        false => "; nothing was sent, the recorded outcome stands",
+    };
     format!(
-        "{id} generation {generation}: {} {}{code} (retry {})",
+        "{id} generation {generation}: {} {}{code} (retry {}){sent}",
         s(&reply["phase"]),
         s(&reply["outcome"]),
         s(&reply["retry"])

@@ -337,13 +337,19 @@ impl Journal {
         Ok(out)
     }
 
+    /// The stored result, until its retention ends (the sweep removes it later).
     pub fn result(&self, invocation_id: &str) -> Result<Option<StoredResult>, StoreError> {
-        self.store.result(invocation_id)
+        let now = unix_ms(self.now());
+        let result = self.store.result(invocation_id)?;
+        Ok(result.filter(|r| r.expires_at_ms > now))
     }
 
-    /// The request an invocation bound at preflight, if it was kept.
+    /// The request an invocation bound at preflight, if it was kept and its retention has
+    /// not ended.
     pub fn request(&self, invocation_id: &str) -> Result<Option<StoredRequest>, StoreError> {
-        self.store.request(invocation_id)
+        let now = unix_ms(self.now());
+        let request = self.store.request(invocation_id)?;
+        Ok(request.filter(|r| r.expires_at_ms > now))
     }
 
     /// Keeps a request for `postern retry`. No ack: it is queued before the invocation's
@@ -395,7 +401,7 @@ impl Journal {
                 dispatched: state.progress.dispatched_this_generation,
                 result_committed,
                 // Checked in the store itself: its retention may have run out meanwhile.
-                result_retrievable: result_committed && self.store.result(&id)?.is_some(),
+                result_retrievable: result_committed && self.result(&id)?.is_some(),
             };
             let code = recovery_code(facts);
             let draft = Draft::observed(Body::Failed(Failure::of(code))).source(Source::Recovery);

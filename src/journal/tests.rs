@@ -236,6 +236,29 @@ fn expired_results_are_removed_and_the_record_stays() {
     assert!(journal.record(&id).ok().flatten().is_some());
 }
 
+#[test]
+fn a_result_past_its_retention_is_not_served_before_the_sweep() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let journal = open(dir.path());
+    let (gone, kept) = (new_invocation_id(), new_invocation_id());
+    let rt = rt();
+    let far = unix_ms(journal.now()) + 3_600_000;
+    for (id, expires) in [(&gone, 1), (&kept, far)] {
+        let (draft, result) = committed(id, expires);
+        let stored = rt.block_on(async {
+            journal
+                .append(id, vec![accepted("POST"), preflight(false), dispatch()])
+                .await?;
+            journal.commit_result(id, vec![draft], result).await
+        });
+        assert!(stored.is_ok());
+    }
+    assert_eq!(journal.result(&gone).ok().flatten(), None);
+    assert!(journal.result(&kept).ok().flatten().is_some());
+}
+
 /// Enough results to rotate memtables and compact tables many times over (2 MiB
 /// memtables, 4 MiB tables, one background worker): nothing may go missing.
 #[test]
