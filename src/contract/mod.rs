@@ -23,4 +23,4 @@ pub use resolve::{
 pub use status::{
     ResponseFacts, StatusOverrides, StatusResolution, classify_exit, classify_status,
 };
-pub use tunnel::{ClosedBy, TunnelEvidence, classify_tunnel};
+pub use tunnel::{ClosedBy, TunnelEvidence, UpgradeEvidence, classify_tunnel, classify_upgrade};

@@ -38,6 +38,32 @@ pub struct TunnelEvidence {
     pub closed_by: ClosedBy,
 }
 
+/// What the relay after a protocol switch (SPEC §3.6, WebSocket) carried: counts, who
+/// closed it, and how many echoes of the secret the guard masked. `RESULT_DELIVERED`
+/// carries it; the record shows it as evidence `upgrade`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpgradeEvidence {
+    pub protocol: String,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub closed_by: ClosedBy,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub redactions: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// SPEC §3.6: the origin's `101` switched protocols. The handshake is the operation, and
+/// the origin accepted it: `committed`, whatever the relay after it carries.
+pub fn classify_upgrade() -> StatusResolution {
+    StatusResolution {
+        outcome: Outcome::Committed,
+        retry: Retry::Never,
+    }
+}
+
 /// SPEC §3.6: once both directions ended, a byte from the origin means it answered, so the
 /// tunnel is `committed` (what it answered stays unreadable to postern); without one,
 /// nothing says whether the agent's bytes did anything: `REMOTE_OUTCOME_UNKNOWN`.

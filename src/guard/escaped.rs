@@ -15,7 +15,7 @@ use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use bytes::Bytes;
 
 use super::unescape::{Decoded, has_escape};
-use super::{Needles, REDACTED};
+use super::{Mask, Needles};
 
 /// How much of a whole body is decoded at once.
 const PIECE: usize = 16 << 10;
@@ -68,16 +68,17 @@ impl Escaped {
     /// without a hit the body is returned as it is, not copied.
     pub fn whole(&self, bytes: Bytes) -> (Bytes, usize) {
         let mut carry = EscapedCarry::default();
+        let mask = Mask::Marker;
         if bytes.len() <= PIECE || !has_escape(&bytes) {
-            return self.pass(&mut carry, bytes, true);
+            return self.pass(&mut carry, bytes, true, mask);
         }
         let (mut parts, mut hits) = (Vec::new(), 0);
         for piece in bytes.chunks(PIECE) {
-            let (part, n) = self.pass(&mut carry, bytes.slice_ref(piece), false);
+            let (part, n) = self.pass(&mut carry, bytes.slice_ref(piece), false, mask);
             parts.push(part);
             hits += n;
         }
-        let (part, n) = self.pass(&mut carry, Bytes::new(), true);
+        let (part, n) = self.pass(&mut carry, Bytes::new(), true, mask);
         parts.push(part);
         match hits + n {
             0 => (bytes, 0),
@@ -87,7 +88,13 @@ impl Escaped {
 
     /// Redacts escaped forms in `input` after what `carry` kept back; keeps back what may
     /// still start one unless `at_end`. Returns the bytes that can go out and the hits.
-    pub fn pass(&self, carry: &mut EscapedCarry, input: Bytes, at_end: bool) -> (Bytes, usize) {
+    pub fn pass(
+        &self,
+        carry: &mut EscapedCarry,
+        input: Bytes,
+        at_end: bool,
+        mask: Mask,
+    ) -> (Bytes, usize) {
         let data = if carry.held.is_empty() {
             input
         } else {
@@ -106,13 +113,19 @@ impl Escaped {
             let hold = d.raw_start(self.hold(&d.text, 0, at_end, None));
             return (keep_back(&mut carry.held, &data, hold), 0);
         }
-        let (out, count) = self.redact_hits(carry, &data, at_end);
+        let (out, count) = self.redact_hits(carry, &data, at_end, mask);
         (Bytes::from(out), count)
     }
 
     /// Replaces the hits, leftmost-longest, up to one that a hit not yet whole may still
     /// displace; keeps back the rest.
-    fn redact_hits(&self, carry: &mut EscapedCarry, data: &[u8], at_end: bool) -> (Vec<u8>, usize) {
+    fn redact_hits(
+        &self,
+        carry: &mut EscapedCarry,
+        data: &[u8],
+        at_end: bool,
+        mask: Mask,
+    ) -> (Vec<u8>, usize) {
         let d = &carry.decoded;
         let decided = self.needles.decided(d.text.len());
         let mut out = Vec::with_capacity(data.len());
@@ -131,7 +144,7 @@ impl Escaped {
             }
             let (from, to) = (d.raw_start(start).max(emitted), d.raw_end(stop));
             out.extend_from_slice(&data[emitted..from]);
-            out.extend_from_slice(REDACTED);
+            mask.put(&mut out, to.saturating_sub(from));
             (end, emitted, count) = (stop, to.max(emitted), count + 1);
         }
         let hold = d

@@ -26,7 +26,10 @@ use bytes::Bytes;
 use escaped::{Escaped, EscapedCarry};
 
 mod escaped;
+mod paced;
 mod unescape;
+
+pub use paced::{PAUSE, Paced, RELEASE_AT_MOST};
 
 pub const REDACTED: &[u8] = b"[postern:redacted]";
 
@@ -78,17 +81,49 @@ pub struct ReflectionGuard {
     escaped: Option<Escaped>,
 }
 
+/// How a hit is replaced.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Mask {
+    /// With `[postern:redacted]`.
+    #[default]
+    Marker,
+    /// Each byte with `*`: the stream keeps its length (WebSocket frames stay valid).
+    SameLength,
+}
+
+impl Mask {
+    fn put(self, out: &mut Vec<u8>, hit_len: usize) {
+        match self {
+            Self::Marker => out.extend_from_slice(REDACTED),
+            Self::SameLength => out.resize(out.len() + hit_len, b'*'),
+        }
+    }
+}
+
 /// What a stream keeps back between chunks, for both passes.
 #[derive(Default)]
 pub struct Carry {
     plain: Vec<u8>,
     escaped: EscapedCarry,
+    mask: Mask,
 }
 
 impl Carry {
+    /// A stream whose hits are replaced as `mask` says.
+    pub fn masked(mask: Mask) -> Self {
+        Self {
+            mask,
+            ..Self::default()
+        }
+    }
+
     /// Nothing is kept back.
     pub fn is_empty(&self) -> bool {
         self.plain.is_empty() && self.escaped.held.is_empty()
+    }
+
+    pub fn mask(&self) -> Mask {
+        self.mask
     }
 
     /// The bytes kept back, in stream order (the second pass holds the older ones).
@@ -100,7 +135,7 @@ impl Carry {
 
     /// Drops what was kept back (the rest of the stream is not relayed).
     pub fn clear(&mut self) {
-        *self = Self::default();
+        *self = Self::masked(self.mask);
     }
 }
 
@@ -166,7 +201,7 @@ impl ReflectionGuard {
 
     /// Returns the redacted bytes and how many hits were replaced.
     pub fn redact(&self, bytes: &[u8]) -> (Bytes, usize) {
-        let (out, hits) = self.redact_uniform(bytes);
+        let (out, hits) = self.redact_uniform(bytes, Mask::Marker);
         let (out, more) = match &self.escaped {
             Some(escaped) => escaped.whole(out),
             None => (out, 0),
@@ -181,28 +216,35 @@ impl ReflectionGuard {
     /// event is not held back unless it ends in what may be the start of a secret.
     /// `finish` drains the carry.
     pub fn redact_stream(&self, carry: &mut Carry, chunk: &[u8]) -> (Bytes, usize) {
-        let (out, hits) = self.uniform_stream(&mut carry.plain, chunk);
-        let (out, more) = self.second_pass(&mut carry.escaped, out, false);
+        let mask = carry.mask;
+        let (out, hits) = self.uniform_stream(&mut carry.plain, chunk, mask);
+        let (out, more) = self.second_pass(&mut carry.escaped, out, false, mask);
         (out, hits + more)
     }
 
     /// The end of a stream: whatever was held back is decided now.
     pub fn finish(&self, carry: &mut Carry) -> (Bytes, usize) {
         let tail = std::mem::take(&mut carry.plain);
-        let (out, hits) = self.redact_uniform(&tail);
-        let (out, more) = self.second_pass(&mut carry.escaped, out, true);
+        let (out, hits) = self.redact_uniform(&tail, carry.mask);
+        let (out, more) = self.second_pass(&mut carry.escaped, out, true, carry.mask);
         (out, hits + more)
     }
 
-    fn second_pass(&self, carry: &mut EscapedCarry, bytes: Bytes, at_end: bool) -> (Bytes, usize) {
+    fn second_pass(
+        &self,
+        carry: &mut EscapedCarry,
+        bytes: Bytes,
+        at_end: bool,
+        mask: Mask,
+    ) -> (Bytes, usize) {
         match &self.escaped {
-            Some(escaped) => escaped.pass(carry, bytes, at_end),
+            Some(escaped) => escaped.pass(carry, bytes, at_end, mask),
             None => (bytes, 0),
         }
     }
 
     /// The first pass over a whole body.
-    fn redact_uniform(&self, bytes: &[u8]) -> (Bytes, usize) {
+    fn redact_uniform(&self, bytes: &[u8], mask: Mask) -> (Bytes, usize) {
         let Some(ac) = &self.automaton else {
             return (Bytes::copy_from_slice(bytes), 0);
         };
@@ -210,7 +252,7 @@ impl ReflectionGuard {
         let (mut end, mut hits) = (0, 0);
         for m in ac.find_iter(bytes) {
             out.extend_from_slice(&bytes[end..m.start()]);
-            out.extend_from_slice(REDACTED);
+            mask.put(&mut out, m.len());
             end = m.end();
             hits += 1;
         }
@@ -220,7 +262,7 @@ impl ReflectionGuard {
 
     /// The first pass over a streamed chunk: bytes that could still start a match stay
     /// in `carry`.
-    fn uniform_stream(&self, carry: &mut Vec<u8>, chunk: &[u8]) -> (Bytes, usize) {
+    fn uniform_stream(&self, carry: &mut Vec<u8>, chunk: &[u8], mask: Mask) -> (Bytes, usize) {
         let Some(ac) = &self.automaton else {
             return (Bytes::copy_from_slice(chunk), 0);
         };
@@ -247,7 +289,7 @@ impl ReflectionGuard {
                 break;
             }
             out.extend_from_slice(&data[end..m.start()]);
-            out.extend_from_slice(REDACTED);
+            mask.put(&mut out, m.len());
             end = m.end();
             hits += 1;
         }

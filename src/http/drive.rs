@@ -17,6 +17,7 @@ use super::intake::AgentBody;
 use super::pool::Pool;
 use super::respond::{self, POSTERN_CREDENTIAL, ProxyBody};
 use super::stream::{StreamEnd, StreamPlan};
+use super::upgrade::{Switch, take_websocket};
 use super::upstream::dial;
 use crate::config::{Approval, Config, Inject, Route};
 use crate::contract::{Code, unjournaled_refusal};
@@ -49,6 +50,13 @@ impl Exchange {
                 }
             }
             Outgoing::Gone => self.inv.delivery_failed().await,
+            Outgoing::Switch { resp, switch } => {
+                if reply.send(self.with_added_key(resp)).is_err() {
+                    self.inv.delivery_failed().await;
+                    return;
+                }
+                self.relay_switched(*switch).await;
+            }
             Outgoing::Stream { resp, done, plan } => {
                 let agent_gone = reply.send(self.with_added_key(resp)).is_err();
                 let end = self.pump(*plan, agent_gone).await;
@@ -173,6 +181,12 @@ impl Exchange {
                 .await
         {
             return Outgoing::Respond(resp);
+        }
+        if let Some(agent) = self.agent_upgrade.take() {
+            if !drafts.is_empty() && self.inv.record(drafts).await.is_err() {
+                return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
+            }
+            return self.websocket(route, &parts, agent, reply).await;
         }
         let key = Pool::key(route, &self.target);
         let pooled = self.proxy.pool.take_ready(&key).await;
@@ -325,7 +339,8 @@ pub async fn handle_leased(
 async fn run_spawned(mut ex: Exchange, inbound: Inbound) -> Response<ProxyBody> {
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
-        let (parts, body) = inbound.request.into_parts();
+        let (mut parts, body) = inbound.request.into_parts();
+        ex.agent_upgrade = take_websocket(&mut parts);
         ex.run(parts, AgentBody::Incoming(body), tx).await;
     });
     match rx.await {
@@ -399,6 +414,11 @@ pub(super) enum Outgoing {
     Deliver {
         resp: Response<ProxyBody>,
         done: oneshot::Receiver<DeliveryEnd>,
+    },
+    /// A committed `101`: the head goes out, then the relay runs.
+    Switch {
+        resp: Response<ProxyBody>,
+        switch: Box<Switch>,
     },
     /// The agent left; the result is committed and fetchable.
     Gone,

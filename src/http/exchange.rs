@@ -51,6 +51,8 @@ pub(super) struct Exchange {
     /// The agent's connection, whose flush makes a response delivered (`None`: not known,
     /// e.g. a retry the admin API runs: handed over counts as delivered).
     pub(super) flush: Option<FlushWatch>,
+    /// The agent asked for a WebSocket: its side of the switch, once the origin agrees.
+    pub(super) agent_upgrade: Option<hyper::upgrade::OnUpgrade>,
 }
 
 impl Exchange {
@@ -114,6 +116,7 @@ impl Exchange {
             held: Reservation::default(),
             added_key: None,
             flush: None,
+            agent_upgrade: None,
         }
     }
 

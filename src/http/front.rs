@@ -400,7 +400,8 @@ async fn intercept(
     } else {
         builder.http1_only()
     };
-    let _ = builder.serve_connection(TokioIo::new(tls), service).await;
+    let io = TokioIo::new(tls);
+    let _ = builder.serve_connection_with_upgrades(io, service).await;
 }
 
 /// The agent's TLS handshake, bounded by `[proxy] tls_handshake_timeout`.

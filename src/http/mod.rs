@@ -27,12 +27,14 @@ mod keyed;
 pub mod mitm;
 mod pool;
 mod receive;
+mod relay;
 pub mod respond;
 pub mod retry;
 mod sniff;
 mod stream;
 mod tap;
 mod tunnel;
+mod upgrade;
 pub mod upstream;
 
 use std::sync::Arc;

@@ -42,6 +42,15 @@ impl Sender {
         }
     }
 
+    /// An HTTP/1.1 connection that may switch protocols (it never returns to the pool).
+    pub async fn handshake_upgradable(io: Tap) -> Result<Self, String> {
+        let (s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn.with_upgrades());
+        Ok(Self::H1(s))
+    }
+
     pub fn is_h2(&self) -> bool {
         matches!(self, Self::H2(_))
     }

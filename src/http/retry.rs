@@ -32,7 +32,9 @@ impl Exchange {
         let journal = self.inv.journal();
         let limit = self.proxy.config.journal.max_result_bytes;
         let mut headers = Vec::with_capacity(parts.headers.len());
-        let mut incomplete = false;
+        // A WebSocket handshake is not resent: without the agent there is no one to
+        // relay the switched connection to.
+        let mut incomplete = self.agent_upgrade.is_some();
         for (name, value) in &parts.headers {
             if name == header::PROXY_AUTHORIZATION {
                 continue;

@@ -11,8 +11,6 @@
 //! no reflection guard. `DISPATCH_STARTED` is durable before the `200`, and so before the
 //! first agent byte can reach the origin.
 
-mod relay;
-
 use std::sync::Arc;
 
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -23,6 +21,7 @@ use tokio::sync::oneshot;
 
 use super::Proxy;
 use super::approval::watching_the_caller;
+use super::relay::{self, Relayed, Unread};
 use super::respond::{self, POSTERN_INVOCATION, ProxyBody};
 use super::upstream::{Connected, connect_tcp};
 use crate::config::{Approval, Route};
@@ -36,7 +35,6 @@ use crate::listen::Slot;
 use crate::policy::Target;
 use crate::policy::approvals::{Held, preview};
 use crate::policy::fingerprint;
-use relay::Relayed;
 
 /// The method a tunnel's record names.
 const CONNECT: &str = "CONNECT";
@@ -110,7 +108,7 @@ impl Tunnel {
             match upgrade.await {
                 Ok(agent) => {
                     let idle = self.opening.route.idle_timeout;
-                    relay::relay(TokioIo::new(agent), origin.stream, idle).await
+                    relay::relay(TokioIo::new(agent), origin.stream, idle, &mut Unread).await
                 }
                 Err(_) => Relayed::agent_gone(),
             }

@@ -41,20 +41,25 @@ pub struct DialFailure {
 
 const MAX_TCP_ATTEMPTS: usize = 3;
 
-/// Upstream TLS configs, one per route (roots: system + the route's `upstream_ca`).
+/// What the origin is offered by ALPN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Offer {
+    /// HTTP/2 or HTTP/1.1, the origin's choice.
+    Any,
+    /// HTTP/1.1 only: an `Upgrade` exists only there.
+    Http1,
+}
+
+/// Upstream TLS configs, one per route and offer (roots: system + the route's `upstream_ca`).
 #[derive(Default)]
 pub struct TlsClients {
-    configs: Mutex<HashMap<String, Arc<rustls::ClientConfig>>>,
+    configs: Mutex<HashMap<(String, Offer), Arc<rustls::ClientConfig>>>,
 }
 
 impl TlsClients {
-    fn config(&self, route: &Route) -> Result<Arc<rustls::ClientConfig>, String> {
-        if let Some(c) = self
-            .configs
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&route.id).cloned())
-        {
+    fn config(&self, route: &Route, offer: Offer) -> Result<Arc<rustls::ClientConfig>, String> {
+        let key = (route.id.clone(), offer);
+        if let Some(c) = self.configs.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(c);
         }
         let mut roots = rustls::RootCertStore::empty();
@@ -79,10 +84,13 @@ impl TlsClients {
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots)
         .with_no_client_auth();
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config.alpn_protocols = match offer {
+            Offer::Any => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            Offer::Http1 => vec![b"http/1.1".to_vec()],
+        };
         let config = Arc::new(config);
         if let Ok(mut m) = self.configs.lock() {
-            m.insert(route.id.clone(), config.clone());
+            m.insert(key, config.clone());
         }
         Ok(config)
     }
@@ -174,6 +182,17 @@ pub async fn dial(
     tls: &TlsClients,
     dns: &Dns,
 ) -> Result<Dialed, DialFailure> {
+    dial_offering(route, target, tls, dns, Offer::Any).await
+}
+
+/// `dial`, offering the origin only what `offer` names.
+pub async fn dial_offering(
+    route: &Route,
+    target: &Target,
+    tls: &TlsClients,
+    dns: &Dns,
+    offer: Offer,
+) -> Result<Dialed, DialFailure> {
     let Connected {
         stream: tcp,
         address,
@@ -189,7 +208,7 @@ pub async fn dial(
             attempts: at.list,
         });
     }
-    let config = match tls.config(route) {
+    let config = match tls.config(route, offer) {
         Ok(c) => c,
         Err(diag) => {
             at.failed(

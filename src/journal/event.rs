@@ -5,6 +5,7 @@ use sha2::{Digest, Sha256};
 
 use crate::contract::{
     Code, Completion, CredentialEvidence, IdempotencyEvidence, Outcome, Retry, Stage,
+    UpgradeEvidence,
 };
 
 /// The hash before the first event.
@@ -286,6 +287,10 @@ pub struct ResultCommitted {
 pub struct Delivered {
     #[serde(default)]
     pub bytes: u64,
+    /// After a protocol switch: what the relay carried (flattened: `protocol`,
+    /// `bytes_up`, `bytes_down`, `closed_by`).
+    #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeEvidence>,
 }
 
 /// A failure as observed; the projection computes its phase, outcome and retry.

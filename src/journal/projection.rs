@@ -371,12 +371,16 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             });
             p.result_stored = true;
         }
-        Body::ResultDelivered(_) => {
+        Body::ResultDelivered(d) => {
             if !p.result_stored {
                 return Err(Refusal::NoResult(kind));
             }
             if p.closed {
                 return Err(Refusal::Closed(kind));
+            }
+            if let Some(u) = d.upgrade {
+                let upgrade = serde_json::to_value(u).unwrap_or_default();
+                r.evidence.extra.insert("upgrade".into(), upgrade);
             }
             p.delivered = true;
             p.closed = true;

@@ -24,7 +24,8 @@ pub mod retry;
 pub use lease::LeaseTerms;
 
 use crate::contract::{
-    Code, Envelope, Evidence, FailureContext, OperationFacts, Outcome, Phase, resolve_failure,
+    Code, Envelope, Evidence, FailureContext, OperationFacts, Outcome, Phase, UpgradeEvidence,
+    resolve_failure,
 };
 use crate::journal::{
     Accepted, Appended, Body, ConnectAttempt, Delivered, Dispatch, Draft, Failure, Journal,
@@ -297,6 +298,16 @@ impl Invocation {
         let _ = self.record_failure(Code::ResultDeliveryFailed).await;
     }
 
+    /// The relay after a protocol switch ended before every origin byte was handed on.
+    pub async fn delivery_failed_upgrade(&mut self, upgrade: UpgradeEvidence) {
+        let mut failure = Failure::of(Code::ResultDeliveryFailed);
+        let upgrade = serde_json::to_value(upgrade).unwrap_or_default();
+        failure.evidence.insert("upgrade".into(), upgrade);
+        let _ = self
+            .record(vec![Draft::observed(Body::Failed(failure))])
+            .await;
+    }
+
     async fn record_failure(&mut self, code: Code) -> Result<Appended, JournalError> {
         self.record(vec![Draft::observed(Body::Failed(Failure::of(code)))])
             .await
@@ -304,7 +315,19 @@ impl Invocation {
 
     /// Nothing acts on `RESULT_DELIVERED`: it rides the next write without an ack.
     pub async fn delivered(&mut self, bytes: u64) {
-        let done = Body::ResultDelivered(Delivered { bytes });
+        let done = Body::ResultDelivered(Delivered {
+            bytes,
+            upgrade: None,
+        });
+        self.observe(vec![Draft::observed(done)]).await;
+    }
+
+    /// The relay after a protocol switch ended with every origin byte handed on.
+    pub async fn delivered_upgrade(&mut self, upgrade: UpgradeEvidence) {
+        let done = Body::ResultDelivered(Delivered {
+            bytes: upgrade.bytes_down,
+            upgrade: Some(upgrade),
+        });
         self.observe(vec![Draft::observed(done)]).await;
     }
 }

@@ -171,10 +171,6 @@ struct Run {
     stdin: Stdin,
 }
 
-/// How long output the guard holds back (it may start the secret) waits for more. A
-/// command waiting for the agent's answer (git's protocol) must get the bytes it sent.
-const HELD_AT_MOST: std::time::Duration = std::time::Duration::from_millis(50);
-
 /// One write to the agent's channel.
 enum ToAgent {
     Accept,
@@ -325,7 +321,7 @@ impl Run {
                     idle.as_mut().reset(quiet_until);
                     continue;
                 }
-                () = tokio::time::sleep(HELD_AT_MOST), if self.screen.releasable() => {
+                () = tokio::time::sleep(crate::guard::PAUSE), if self.screen.releasable() => {
                     let (stdout, stderr) = self.screen.release();
                     self.relay_output(&mut out, stdout, stderr).await;
                 }

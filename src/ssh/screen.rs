@@ -4,60 +4,21 @@
 //! or an escape cut off by the message's end), and both are screened before a byte
 //! reaches the agent or the stored result. The count of hits is evidence, never the value.
 //!
-//! Latency and completeness: after a pause the caller may release a held tail so a command
-//! waiting for the agent's answer is not stalled — but only a tail of at most
-//! `RELEASE_AT_MOST` bytes (too short to give a secret away), and matching goes on across
-//! it: the rest of a secret split at the pause is still redacted. A longer held tail waits
-//! for more output or the end of the stream.
+//! A pause may release a short held tail (`guard::Paced`), so a command waiting for the
+//! agent's answer is not stalled.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::guard::{Carry, ReflectionGuard};
-
-/// The longest held tail a pause releases.
-const RELEASE_AT_MOST: usize = 3;
+use crate::guard::{Paced, ReflectionGuard};
 
 #[derive(Default)]
 pub struct Screen {
     guard: Arc<ReflectionGuard>,
-    stdout: Stream,
-    stderr: Stream,
+    stdout: Paced,
+    stderr: Paced,
     hits: usize,
-}
-
-/// One output stream: what the guard holds back, and how much of it already went out
-/// on a pause (it stays held, so a match can still start in it).
-#[derive(Default)]
-struct Stream {
-    carry: Carry,
-    sent: Vec<u8>,
-}
-
-impl Stream {
-    /// `out` without what already went out on a pause.
-    fn unsent(&mut self, out: Bytes) -> Bytes {
-        let common = out
-            .iter()
-            .zip(self.sent.iter())
-            .take_while(|(a, b)| a == b)
-            .count();
-        if common == out.len() && common < self.sent.len() {
-            self.sent.drain(..common);
-            return Bytes::new();
-        }
-        // Diverged: a redaction now covers bytes that went out (they cannot be recalled).
-        self.sent.clear();
-        out.slice(common..)
-    }
-
-    /// A short held tail not yet sent, to send after a pause.
-    fn releasable(&self) -> Option<Vec<u8>> {
-        let held = self.carry.held();
-        let fresh = held.len() > self.sent.len() && held.len() <= RELEASE_AT_MOST;
-        fresh.then_some(held)
-    }
 }
 
 impl Screen {
@@ -68,7 +29,7 @@ impl Screen {
         }
     }
 
-    fn stream(&mut self, stderr: bool) -> &mut Stream {
+    fn stream(&mut self, stderr: bool) -> &mut Paced {
         if stderr {
             &mut self.stderr
         } else {
@@ -79,38 +40,28 @@ impl Screen {
     /// What of `data` can go out now, redacted; a possible start of the secret waits.
     pub fn pass(&mut self, data: &[u8], stderr: bool) -> Bytes {
         let guard = self.guard.clone();
-        let s = self.stream(stderr);
-        let (out, hits) = guard.redact_stream(&mut s.carry, data);
-        let out = s.unsent(out);
+        let (out, hits) = self.stream(stderr).pass(&guard, data);
         self.hits += hits;
         out
     }
 
     /// A short held tail waits for a pause to go out.
     pub fn releasable(&self) -> bool {
-        self.stdout.releasable().is_some() || self.stderr.releasable().is_some()
+        self.stdout.releasable() || self.stderr.releasable()
     }
 
     /// After a pause: the short held tails of stdout and stderr go out (and stay held for
     /// matching).
     pub fn release(&mut self) -> (Bytes, Bytes) {
-        let release = |s: &mut Stream| match s.releasable() {
-            Some(held) => {
-                let fresh = Bytes::copy_from_slice(&held[s.sent.len()..]);
-                s.sent = held;
-                fresh
-            }
-            None => Bytes::new(),
-        };
-        (release(&mut self.stdout), release(&mut self.stderr))
+        (self.stdout.release(), self.stderr.release())
     }
 
     /// The held-back tails of stdout and stderr, decided now (at the end of the output).
     pub fn finish(&mut self) -> (Bytes, Bytes) {
-        let (stdout, a) = self.guard.finish(&mut self.stdout.carry);
-        let (stderr, b) = self.guard.finish(&mut self.stderr.carry);
+        let (stdout, a) = self.stdout.finish(&self.guard);
+        let (stderr, b) = self.stderr.finish(&self.guard);
         self.hits += a + b;
-        (self.stdout.unsent(stdout), self.stderr.unsent(stderr))
+        (stdout, stderr)
     }
 
     /// `redactions` for the record, when there were any.
@@ -126,6 +77,7 @@ impl Screen {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guard::RELEASE_AT_MOST;
 
     #[test]
     fn a_password_split_across_chunks_and_streams_is_redacted_and_counted() {

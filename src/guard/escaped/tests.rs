@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use bytes::Bytes;
 
 use super::super::unescape::Decoded;
-use super::super::{Carry, ReflectionGuard};
+use super::super::{Carry, Mask, ReflectionGuard};
 use super::{EscapedCarry, PIECE};
 
 const SECRET: &str = "s3cr/t+val~Z9?q";
@@ -186,7 +186,7 @@ fn a_large_body_is_decoded_in_pieces_with_the_result_of_one_pass() {
     let bytes = Bytes::from(body);
     let escaped = g.escaped.as_ref().unwrap();
     let (whole, hits) = escaped.whole(bytes.clone());
-    let (one, n) = escaped.pass(&mut EscapedCarry::default(), bytes, true);
+    let (one, n) = escaped.pass(&mut EscapedCarry::default(), bytes, true, Mask::Marker);
     assert_eq!((whole, hits), (one, n));
     assert_eq!(hits, 3);
 }

@@ -1,8 +1,11 @@
-//! Bytes both ways through a tunnel, unread: each direction runs on its own (a slow reader
-//! on one side never stalls the other), an end of input is passed on as a half-close, and
-//! the tunnel ends when both directions have ended, one breaks, or `idle_timeout` passes
-//! without a byte either way. What it reports is observation only: counts, who ended it.
+//! Bytes both ways through a tunnel or an upgraded connection, without parsing them: each
+//! direction runs on its own (a slow reader on one side never stalls the other), an end of
+//! input is passed on as a half-close, and the relay ends when both directions have ended,
+//! one breaks, or `idle_timeout` passes without a byte either way. The origin's bytes pass
+//! a `Downstream` on their way (a plain tunnel's is `Unread`; a WebSocket's is the
+//! reflection guard). What it reports is observation only: counts, who ended it.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -13,6 +16,34 @@ use tokio::time::Instant;
 use crate::contract::{ClosedBy, TunnelEvidence};
 
 const CHUNK: usize = 16 * 1024;
+
+/// What a direction's bytes pass through before they are written on.
+pub trait Downstream: Send {
+    /// What of `chunk` goes out now (a part may be held back for later).
+    fn pass<'a>(&mut self, chunk: &'a [u8]) -> Cow<'a, [u8]>;
+    /// At the end of input: whatever was held back.
+    fn finish(&mut self) -> Vec<u8>;
+    /// A held-back tail that may go out once the stream has paused, if any.
+    fn release(&mut self) -> Option<Vec<u8>> {
+        None
+    }
+    fn holds_releasable(&self) -> bool {
+        false
+    }
+}
+
+/// Bytes passed on as they came.
+pub struct Unread;
+
+impl Downstream for Unread {
+    fn pass<'a>(&mut self, chunk: &'a [u8]) -> Cow<'a, [u8]> {
+        Cow::Borrowed(chunk)
+    }
+
+    fn finish(&mut self) -> Vec<u8> {
+        Vec::new()
+    }
+}
 
 /// What the relay saw.
 pub struct Relayed {
@@ -84,24 +115,42 @@ impl Activity {
     }
 }
 
-/// Copies `from` into `to` until `from` ends (then `to` is shut down for writing: the
-/// half-close travels on) or either side fails.
+/// Copies `from` into `to`, through `filter`, until `from` ends (then `to` is shut down for
+/// writing: the half-close travels on) or either side fails.
 async fn pump<R, W>(
     mut from: R,
     mut to: W,
     sides: (ClosedBy, ClosedBy),
     tally: &mut Tally,
     activity: &Activity,
+    filter: &mut dyn Downstream,
 ) -> Ended
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let (from_side, to_side) = sides;
+    let failed = |by| Ended { by, clean: false };
     let mut buf = vec![0u8; CHUNK];
     loop {
-        let n = match from.read(&mut buf).await {
+        let read = tokio::select! {
+            r = from.read(&mut buf) => r,
+            () = tokio::time::sleep(crate::guard::PAUSE), if filter.holds_releasable() => {
+                let tail = filter.release().unwrap_or_default();
+                if to.write_all(&tail).await.is_err() {
+                    return failed(to_side);
+                }
+                tally.written += tail.len() as u64;
+                continue;
+            }
+        };
+        let n = match read {
             Ok(0) => {
+                let tail = filter.finish();
+                if to.write_all(&tail).await.is_err() {
+                    return failed(to_side);
+                }
+                tally.written += tail.len() as u64;
                 let _ = to.shutdown().await;
                 return Ended {
                     by: from_side,
@@ -109,12 +158,7 @@ where
                 };
             }
             Ok(n) => n,
-            Err(_) => {
-                return Ended {
-                    by: from_side,
-                    clean: false,
-                };
-            }
+            Err(_) => return failed(from_side),
         };
         let chunk = buf.get(..n).unwrap_or_default();
         tally.read += n as u64;
@@ -122,19 +166,23 @@ where
             h.update(chunk);
         }
         activity.touch();
-        if to.write_all(chunk).await.is_err() {
-            return Ended {
-                by: to_side,
-                clean: false,
-            };
+        let out = filter.pass(chunk);
+        if to.write_all(&out).await.is_err() {
+            return failed(to_side);
         }
-        tally.written += n as u64;
+        tally.written += out.len() as u64;
         activity.touch();
     }
 }
 
-/// Relays between `agent` and `origin` until the tunnel ends; see the module note.
-pub async fn relay<A, O>(agent: A, origin: O, idle_timeout: Duration) -> Relayed
+/// Relays between `agent` and `origin` until the tunnel ends, the origin's bytes through
+/// `down`; see the module note.
+pub async fn relay<A, O>(
+    agent: A,
+    origin: O,
+    idle_timeout: Duration,
+    down: &mut dyn Downstream,
+) -> Relayed
 where
     A: AsyncRead + AsyncWrite + Unpin,
     O: AsyncRead + AsyncWrite + Unpin,
@@ -146,10 +194,11 @@ where
         last_ms: AtomicU64::new(0),
     };
     let mut up = Tally::default();
-    let mut down = Tally {
+    let mut down_tally = Tally {
         hash: Some(Sha256::new()),
         ..Tally::default()
     };
+    let mut unread = Unread;
     let (first, clean) = {
         let up_pump = pump(
             agent_r,
@@ -157,17 +206,19 @@ where
             (ClosedBy::Agent, ClosedBy::Origin),
             &mut up,
             &activity,
+            &mut unread,
         );
         let down_pump = pump(
             origin_r,
             agent_w,
             (ClosedBy::Origin, ClosedBy::Agent),
-            &mut down,
+            &mut down_tally,
             &activity,
+            down,
         );
         until_both_end(up_pump, down_pump, activity.idle_for(idle_timeout)).await
     };
-    let digest = down
+    let digest = down_tally
         .hash
         .take()
         .map(|h| crate::journal::sha256_tagged_digest(&h.finalize()))
@@ -175,10 +226,10 @@ where
     Relayed {
         tunnel: TunnelEvidence {
             bytes_up: up.read,
-            bytes_down: down.read,
+            bytes_down: down_tally.read,
             closed_by: first,
         },
-        delivered: down.written == down.read,
+        delivered: down_tally.written == down_tally.read,
         clean,
         digest,
     }
@@ -223,7 +274,8 @@ mod tests {
     ) {
         let (agent, agent_near) = duplex(64);
         let (origin, origin_near) = duplex(64);
-        let run = tokio::spawn(relay(agent_near, origin_near, idle));
+        let run =
+            tokio::spawn(async move { relay(agent_near, origin_near, idle, &mut Unread).await });
         (agent, origin, run)
     }
 

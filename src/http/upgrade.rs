@@ -1,0 +1,307 @@
+//! WebSocket (SPEC §3.6): an HTTP/1.1 `Upgrade: websocket` on a route postern reads. The
+//! handshake is the invocation — matched, credential-injected and journaled like any `GET`
+//! — sent on a fresh HTTP/1.1 connection (it never returns to the pool) without
+//! `Sec-WebSocket-Extensions`, so no compression hides a payload from the guard. The
+//! origin's `101` commits it (`classify_upgrade`); any other answer is an ordinary response.
+//! After the `101` the bytes go both ways unparsed; the origin's pass the reflection guard
+//! with same-length masks (frame lengths stay valid), and when the relay ends
+//! `RESULT_DELIVERED` carries what it saw (evidence `upgrade`).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+
+use super::dispatch::HeadError;
+use super::drive::Outgoing;
+use super::exchange::Exchange;
+use super::headers::{redact_headers, strip_hop_by_hop};
+use super::pool::Sender;
+use super::relay::{self, Downstream};
+use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed};
+use super::tap::Tap;
+use super::upstream::{Offer, dial_offering};
+use crate::config::Route;
+use crate::contract::{
+    Code, Completion, Phase, UpgradeEvidence, classify_upgrade, postern_outcome,
+};
+use crate::guard::{Mask, Paced, ReflectionGuard};
+use crate::journal::{
+    Body, Dispatch, Draft, Failure, ResponseStarted, ResultCommitted, Source, sha256_tagged_digest,
+};
+
+const WEBSOCKET: &str = "websocket";
+const EXTENSIONS: &str = "sec-websocket-extensions";
+
+/// The agent's side of a WebSocket handshake, taken from its request before the body is.
+pub(super) fn take_websocket(parts: &mut http::request::Parts) -> Option<OnUpgrade> {
+    let asks = parts.version == http::Version::HTTP_11
+        && parts.method == Method::GET
+        && lists(&parts.headers, header::UPGRADE, WEBSOCKET)
+        && lists(&parts.headers, header::CONNECTION, "upgrade");
+    asks.then(|| parts.extensions.remove::<OnUpgrade>())
+        .flatten()
+}
+
+/// Whether a comma-separated header lists `token`.
+fn lists(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// What runs once the agent has its `101`.
+pub(super) struct Switch {
+    agent: OnUpgrade,
+    origin: OnUpgrade,
+    guard: Arc<ReflectionGuard>,
+    idle: Duration,
+}
+
+impl Exchange {
+    /// Connects, dispatches the handshake, and commits a `101` (else receives as usual).
+    pub(super) async fn websocket(
+        &mut self,
+        route: &Route,
+        parts: &http::request::Parts,
+        agent: OnUpgrade,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
+    ) -> Outgoing {
+        let (tls, dns) = (&self.proxy.tls, &self.proxy.dns);
+        let dialed = match dial_offering(route, &self.target, tls, dns, Offer::Http1).await {
+            Ok(d) => d,
+            Err(f) => {
+                let drafts = self.inv.attempt_drafts(&f.attempts);
+                return Outgoing::Respond(self.fail(drafts, Failure::of(f.code)).await);
+            }
+        };
+        let Some(mut req) = self.upstream_request(parts, &Bytes::new(), false) else {
+            let failure = Failure::of(Code::InvalidTarget);
+            return Outgoing::Respond(self.fail(vec![], failure).await);
+        };
+        let headers = req.headers_mut();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static(WEBSOCKET));
+        headers.remove(EXTENSIONS);
+        let dispatch = Dispatch {
+            connection_id: None,
+            reused_connection: false,
+            address: Some(dialed.address.to_string()),
+            tls: dialed.tls.clone(),
+        };
+        let drafts = self.inv.attempt_drafts(&dialed.attempts);
+        if let Err(out) = self.dispatch_boundary(drafts, dispatch).await {
+            return out;
+        }
+        let (tap, written) = Tap::new(dialed.stream);
+        let mut sender = match Sender::handshake_upgradable(tap).await {
+            Ok(s) => s,
+            Err(diag) => {
+                let code = Code::RemoteOutcomeUnknown;
+                return Outgoing::Respond(self.remote_failure(code, diag).await);
+            }
+        };
+        let timeout = route.response_timeout;
+        let waited = self
+            .await_head(&mut sender, req, written, timeout, reply)
+            .await;
+        let (code, diag) = match waited {
+            Ok(resp) => return self.answered(route, resp, agent, reply).await,
+            Err(HeadError::Failed(code, diag)) => (code, diag),
+            // Unwritten, but DISPATCH_STARTED is durable: never `not_attempted` again.
+            Err(HeadError::Unwritten(_, diag)) => (Code::RemoteOutcomeUnknown, diag),
+        };
+        Outgoing::Respond(self.remote_failure(code, diag).await)
+    }
+
+    /// A `101` switches; any other answer is an ordinary response.
+    async fn answered(
+        &mut self,
+        route: &Route,
+        mut resp: Response<Incoming>,
+        agent: OnUpgrade,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
+    ) -> Outgoing {
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            return self.receive(route, resp, reply).await;
+        }
+        let origin = hyper::upgrade::on(&mut resp);
+        self.switched(resp, Switch::new(agent, origin, route), reply)
+            .await
+    }
+
+    /// The `101`: committed with its head, then handed to the agent with the relay to run.
+    async fn switched(
+        &mut self,
+        resp: Response<Incoming>,
+        mut switch: Switch,
+        reply: &mut oneshot::Sender<Response<ProxyBody>>,
+    ) -> Outgoing {
+        let Some(guard) = self.guard() else {
+            let diag = "the reflection guard could not be built".to_owned();
+            let code = Code::RemoteOutcomeUnknown;
+            return Outgoing::Respond(self.remote_failure(code, diag).await);
+        };
+        let (mut parts, _) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        // Not offered: a compressed payload would pass the guard unread.
+        parts.headers.remove(EXTENSIONS);
+        let header_hits = redact_headers(&guard, &mut parts.headers);
+        let status = StatusCode::SWITCHING_PROTOCOLS;
+        let resolution = classify_upgrade();
+        let digest = sha256_tagged_digest(&Sha256::digest(b""));
+        let stored = self.stored_result(
+            status.as_u16(),
+            &parts.headers,
+            &Bytes::new(),
+            &digest,
+            resolution.outcome,
+            true,
+        );
+        let mut evidence = serde_json::Map::new();
+        if header_hits > 0 {
+            evidence.insert("redactions".into(), header_hits.into());
+        }
+        let origin_said = |body| {
+            Draft::observed(body)
+                .source(Source::RemoteResponse)
+                .hop("origin")
+        };
+        let started = origin_said(Body::RemoteResponseStarted(ResponseStarted {
+            status: Some(status.as_u16()),
+        }));
+        let committed = origin_said(Body::ResultCommitted(ResultCommitted {
+            outcome: resolution.outcome,
+            retry: resolution.retry,
+            status: Some(status.as_u16()),
+            exit_status: None,
+            exit_signal: None,
+            digest,
+            bytes: 0,
+            complete: true,
+            completion: Some(Completion::None),
+            evidence,
+        }));
+        if self
+            .inv
+            .commit_result(vec![started, committed], stored)
+            .await
+            .is_err()
+        {
+            let env = self.inv.result_store_failed().await;
+            return Outgoing::Respond(respond::envelope(&env));
+        }
+        if reply.is_closed() {
+            return Outgoing::Gone;
+        }
+        let outcome = postern_outcome(
+            resolution.outcome,
+            Phase::RemoteExecution,
+            resolution.retry,
+            None,
+        );
+        let mut out = Response::new(respond::full(&b""[..]));
+        *out.status_mut() = status;
+        *out.headers_mut() = parts.headers;
+        let headers = out.headers_mut();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static(WEBSOCKET));
+        if let Ok(v) = HeaderValue::from_str(self.inv.id()) {
+            headers.insert(POSTERN_INVOCATION, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&outcome) {
+            headers.insert(POSTERN_OUTCOME, v);
+        }
+        out.extensions_mut().insert(Relayed);
+        switch.guard = guard;
+        Outgoing::Switch {
+            resp: out,
+            switch: Box::new(switch),
+        }
+    }
+
+    /// The guard for this exchange's credential (none: a guard that finds nothing).
+    fn guard(&self) -> Option<Arc<ReflectionGuard>> {
+        match &self.injection {
+            Some(injection) => injection.guard(&self.proxy.guards),
+            None => Some(Arc::new(ReflectionGuard::default())),
+        }
+    }
+
+    /// After the agent got its `101`: bytes both ways until the relay ends, then what it
+    /// carried is recorded with the delivery.
+    pub(super) async fn relay_switched(&mut self, switch: Switch) {
+        let (Ok(agent), Ok(origin)) = (switch.agent.await, switch.origin.await) else {
+            self.inv.delivery_failed().await;
+            return;
+        };
+        let mut down = Guarded {
+            guard: switch.guard,
+            paced: Paced::masked(Mask::SameLength),
+            hits: 0,
+        };
+        let (agent, origin) = (TokioIo::new(agent), TokioIo::new(origin));
+        let relayed = relay::relay(agent, origin, switch.idle, &mut down).await;
+        let upgrade = UpgradeEvidence {
+            protocol: WEBSOCKET.into(),
+            bytes_up: relayed.tunnel.bytes_up,
+            bytes_down: relayed.tunnel.bytes_down,
+            closed_by: relayed.tunnel.closed_by,
+            redactions: down.hits,
+        };
+        match relayed.delivered {
+            true => self.inv.delivered_upgrade(upgrade).await,
+            false => self.inv.delivery_failed_upgrade(upgrade).await,
+        }
+    }
+}
+
+impl Switch {
+    fn new(agent: OnUpgrade, origin: OnUpgrade, route: &Route) -> Self {
+        Self {
+            agent,
+            origin,
+            guard: Arc::new(ReflectionGuard::default()),
+            idle: route.idle_timeout,
+        }
+    }
+}
+
+/// The origin's bytes through the reflection guard, each hit masked byte for byte.
+struct Guarded {
+    guard: Arc<ReflectionGuard>,
+    paced: Paced,
+    hits: u64,
+}
+
+impl Downstream for Guarded {
+    fn pass<'a>(&mut self, chunk: &'a [u8]) -> Cow<'a, [u8]> {
+        let (out, hits) = self.paced.pass(&self.guard, chunk);
+        self.hits += hits as u64;
+        Cow::Owned(out.to_vec())
+    }
+
+    fn finish(&mut self) -> Vec<u8> {
+        let (out, hits) = self.paced.finish(&self.guard);
+        self.hits += hits as u64;
+        out.to_vec()
+    }
+
+    fn release(&mut self) -> Option<Vec<u8>> {
+        Some(self.paced.release().to_vec())
+    }
+
+    fn holds_releasable(&self) -> bool {
+        self.paced.releasable()
+    }
+}

@@ -1,0 +1,311 @@
+//! WebSocket through postern (SPEC §3.6), driven by a real client (Python's
+//! websocket-client over `CONNECT` + postern's CA) against a loopback TLS WebSocket origin
+//! (tungstenite) that records each handshake and can echo the credential it was sent.
+
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+
+use crate::support::{Daemon, Home, get_json, secret_set};
+use crate::tls_origin::{Minted, mint};
+
+/// Each handshake's request headers, lower-cased names.
+type Handshakes = Arc<Mutex<Vec<Vec<(String, String)>>>>;
+
+const VAULT_KEY: &str = "websocket-vault-key";
+const CANARY: &str = "ws-canary-3f9a1c7e5b2d";
+
+/// A TLS WebSocket origin: `/forbidden` refuses the handshake with 403; otherwise each
+/// text message is echoed, except `secret?`, answered with the `Authorization` it got.
+struct WsOrigin {
+    port: u16,
+    ca_file: std::path::PathBuf,
+    handshakes: Handshakes,
+    _dir: tempfile::TempDir,
+}
+
+fn ws_origin() -> WsOrigin {
+    let dir = tempfile::tempdir().unwrap();
+    let Minted {
+        ca_pem,
+        leaf,
+        leaf_key,
+    } = mint("origin.test");
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca_pem).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![leaf.der().clone()], key)
+    .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let handshakes = Arc::new(Mutex::new(Vec::new()));
+    let seen = handshakes.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, seen) = (acceptor.clone(), seen.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    serve_ws(tls, seen).await;
+                });
+            }
+        });
+    });
+    WsOrigin {
+        port,
+        ca_file,
+        handshakes,
+        _dir: dir,
+    }
+}
+
+async fn serve_ws(tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>, seen: Handshakes) {
+    let auth = Arc::new(Mutex::new(String::new()));
+    let a = auth.clone();
+    // tungstenite's callback signature returns its large error response as is.
+    #[allow(clippy::result_large_err)]
+    let callback = move |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
+        let headers = req
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+            .collect::<Vec<_>>();
+        seen.lock().unwrap().push(headers);
+        let value = req.headers().get("authorization");
+        *a.lock().unwrap() = value.and_then(|v| v.to_str().ok()).unwrap_or("").into();
+        if req.uri().path() == "/forbidden" {
+            // Framed by its length: a close-delimited body could be cut off unseen.
+            let mut no = ErrorResponse::new(None);
+            *no.status_mut() = http::StatusCode::FORBIDDEN;
+            let zero = http::HeaderValue::from_static("0");
+            no.headers_mut().insert(http::header::CONTENT_LENGTH, zero);
+            return Err(no);
+        }
+        Ok(resp)
+    };
+    let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(tls, callback).await else {
+        return;
+    };
+    while let Some(Ok(msg)) = ws.next().await {
+        let answer = match msg {
+            Message::Text(t) if t.as_str() == "secret?" => {
+                Message::text(auth.lock().unwrap().clone())
+            }
+            Message::Text(t) => Message::Text(t),
+            Message::Close(_) => break,
+            _ => continue,
+        };
+        if ws.send(answer).await.is_err() {
+            return;
+        }
+    }
+    let _ = ws.close(None).await;
+}
+
+struct Setup {
+    home: Home,
+    daemon: Daemon,
+    origin: WsOrigin,
+}
+
+fn setup() -> Setup {
+    let origin = ws_origin();
+    let port = origin.port;
+    let home = Home::new();
+    assert!(
+        secret_set(&home, "tok", CANARY, Some(VAULT_KEY))
+            .status
+            .success()
+    );
+    let config = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
+         [[agents]]\nid = \"ci\"\ntoken = \"agent-tok\"\n\
+         [[credentials]]\nid = \"api\"\nsecret = \"tok\"\ninject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\n\
+         [[routes]]\nid = \"chat\"\ncredential = \"api\"\nmatch = {{ host = \"origin.test\", port = {port} }}\n\
+         resolve = \"127.0.0.1:{port}\"\nupstream_ca = \"{}\"\n",
+        origin.ca_file.display()
+    );
+    let daemon = Daemon::start_with(&home, Some(&config), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
+    Setup {
+        home,
+        daemon,
+        origin,
+    }
+}
+
+/// The client script: connects through postern, sends each message, prints a JSON line
+/// per answer, then a line with what ended it.
+const CLIENT: &str = r#"
+import json, sys, websocket
+url, proxy_port, ca = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+try:
+    ws = websocket.create_connection(
+        url, http_proxy_host="127.0.0.1", http_proxy_port=proxy_port, proxy_type="http",
+        http_proxy_auth=("ci", "agent-tok"), sslopt={"ca_certs": ca},
+        header=["Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits"],
+        timeout=20)
+    for m in sys.argv[4:]:
+        ws.send(m)
+        print(json.dumps({"got": ws.recv()}), flush=True)
+    ws.close()
+    print(json.dumps({"end": "closed"}), flush=True)
+except websocket.WebSocketBadStatusException as e:
+    print(json.dumps({"end": "status", "status": e.status_code}), flush=True)
+"#;
+
+impl Setup {
+    fn client(&self, path: &str, messages: &[&str]) -> (Vec<Value>, String) {
+        let url = format!("wss://origin.test:{}{path}", self.origin.port);
+        let port = self
+            .daemon
+            .proxy
+            .rsplit(':')
+            .next()
+            .unwrap_or("0")
+            .to_owned();
+        let ca = self.home.root().join("certs/ca.pem");
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(CLIENT)
+            .args([&url, &port, ca.to_str().unwrap()])
+            .args(messages)
+            .output()
+            .expect("python3 with websocket-client (.ci/run installs python3-websocket)");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let lines = stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        (lines, format!("{stdout}{stderr}"))
+    }
+
+    fn newest(&self) -> Value {
+        let (_, list) = get_json(&self.daemon.url("/v1/invocations"), &[]);
+        list["invocations"][0].clone()
+    }
+
+    /// The record once `RESULT_DELIVERED` or a delivery failure settled it.
+    fn settled(&self, id: &str) -> (Value, Vec<Value>) {
+        for _ in 0..200 {
+            let url = self.daemon.url(&format!("/v1/invocations/{id}/events"));
+            let events = get_json(&url, &[]).1["events"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let ended = events.iter().any(|e| {
+                e["kind"] == "RESULT_DELIVERED" || e["data"]["code"] == "RESULT_DELIVERY_FAILED"
+            });
+            if ended {
+                let url = self.daemon.url(&format!("/v1/invocations/{id}"));
+                return (get_json(&url, &[]).1, events);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("the relay of {id} never settled");
+    }
+}
+
+#[test]
+fn a_websocket_is_one_committed_invocation_with_the_credential_injected_and_echoes_masked() {
+    let s = setup();
+    let (lines, said) = s.client("/chat", &["hello", "secret?", "bye"]);
+    assert_eq!(lines.len(), 4, "{said}");
+    assert_eq!(lines[0]["got"], "hello", "{said}");
+    // The origin echoed the injected value; the agent gets a mask of the same length.
+    let injected = format!("Bearer {CANARY}");
+    let masked = lines[1]["got"].as_str().unwrap_or_default();
+    assert_eq!(masked.len(), injected.len(), "{said}");
+    assert!(masked.contains(&"*".repeat(CANARY.len())), "{said}");
+    assert_eq!(lines[2]["got"], "bye", "{said}");
+    assert_eq!(lines[3]["end"], "closed", "{said}");
+
+    let handshakes = s.origin.handshakes.lock().unwrap().clone();
+    assert_eq!(handshakes.len(), 1);
+    let get = |name: &str| {
+        handshakes[0]
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(get("authorization").as_deref(), Some(injected.as_str()));
+    assert_eq!(get("sec-websocket-extensions"), None, "compression offered");
+    assert_eq!(get("proxy-authorization"), None);
+
+    let id = s.newest()["invocation_id"].as_str().unwrap().to_owned();
+    let (record, events) = s.settled(&id);
+    assert_eq!(record["outcome"], "committed", "{record}");
+    assert_eq!(record["method"], "GET", "{record}");
+    assert_eq!(record["result"]["status"], 101, "{record}");
+    let upgrade = &record["evidence"]["upgrade"];
+    assert_eq!(upgrade["protocol"], "websocket", "{record}");
+    assert!(upgrade["bytes_up"].as_u64().unwrap_or(0) > 0, "{record}");
+    assert!(upgrade["bytes_down"].as_u64().unwrap_or(0) > 0, "{record}");
+    assert!(upgrade["closed_by"].is_string(), "{record}");
+    assert_eq!(upgrade["redactions"], 1, "{record}");
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["kind"].as_str()).collect();
+    let at = |k: &str| kinds.iter().position(|x| *x == k);
+    assert!(at("DISPATCH_STARTED") < at("RESULT_COMMITTED"), "{kinds:?}");
+    assert!(at("RESULT_COMMITTED") < at("RESULT_DELIVERED"), "{kinds:?}");
+    let delivered = events.iter().find(|e| e["kind"] == "RESULT_DELIVERED");
+    let delivered = delivered.map(|e| e["data"].clone()).unwrap_or_default();
+    assert_eq!(
+        delivered["bytes_down"], upgrade["bytes_down"],
+        "{delivered}"
+    );
+
+    // The secret is nowhere but at the origin.
+    let journal = crate::support::journal_dir(&s.home.root());
+    let mut all = said.clone() + &s.daemon.stderr() + &record.to_string();
+    all += &serde_json::to_string(&events).unwrap_or_default();
+    for entry in walk(&journal) {
+        all += &String::from_utf8_lossy(&std::fs::read(entry).unwrap_or_default());
+    }
+    assert!(!all.contains(CANARY), "the secret leaked");
+}
+
+#[test]
+fn a_refused_handshake_is_an_ordinary_response_and_no_relay() {
+    let s = setup();
+    let (lines, said) = s.client("/forbidden", &["hello"]);
+    let record = s.newest();
+    let status = lines.first().map(|l| l["status"].clone());
+    assert_eq!(status, Some(403.into()), "{said}\n{record}");
+    assert_eq!(record["outcome"], "rejected", "{record}");
+    assert_eq!(record["result"]["status"], 403, "{record}");
+    assert!(record["evidence"]["upgrade"].is_null(), "{record}");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
