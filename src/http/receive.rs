@@ -158,19 +158,13 @@ impl Exchange {
         .source(Source::RemoteResponse)
         .hop("origin");
         let drafts = vec![started, complete, committed];
-        if self.inv.commit_result(drafts, stored).await.is_err() {
-            let env = self.inv.result_store_failed().await;
-            return Outgoing::Respond(respond::envelope(&env));
-        }
-        if reply.is_closed() {
-            return Outgoing::Gone;
-        }
-        let outcome = postern_outcome(
-            resolution.outcome,
-            Phase::RemoteExecution,
-            resolution.retry,
-            None,
-        );
+        let outcome = match self
+            .commit_for_agent(drafts, stored, resolution, reply)
+            .await
+        {
+            Ok(outcome) => outcome,
+            Err(out) => return out,
+        };
         self.delivered_bytes = delivered.len() as u64;
         let (delivery, done) = DeliveryBody::to_agent(delivered, self.flush.clone());
         parts.version = http::Version::HTTP_11;
@@ -186,6 +180,31 @@ impl Exchange {
             out.headers_mut().insert(POSTERN_OUTCOME, v);
         }
         Outgoing::Deliver { resp: out, done }
+    }
+
+    /// Commits the result with its drafts. `Ok`: the `Postern-Outcome` for the agent;
+    /// `Err`: what happens instead (the store failed, or the agent left).
+    pub(super) async fn commit_for_agent(
+        &mut self,
+        drafts: Vec<Draft>,
+        stored: StoredResult,
+        resolution: StatusResolution,
+        reply: &oneshot::Sender<Response<ProxyBody>>,
+    ) -> Result<String, Outgoing> {
+        if self.inv.commit_result(drafts, stored).await.is_err() {
+            let env = self.inv.result_store_failed().await;
+            return Err(Outgoing::Respond(respond::envelope(&env)));
+        }
+        if reply.is_closed() {
+            return Err(Outgoing::Gone);
+        }
+        let (outcome, retry) = (resolution.outcome, resolution.retry);
+        Ok(postern_outcome(
+            outcome,
+            Phase::RemoteExecution,
+            retry,
+            None,
+        ))
     }
 
     /// SPEC §3.6: an intermediary's error never resolves the invocation. `UPSTREAM_HOP_ERROR`

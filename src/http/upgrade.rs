@@ -29,9 +29,7 @@ use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relay
 use super::tap::Tap;
 use super::upstream::{Offer, dial_offering};
 use crate::config::Route;
-use crate::contract::{
-    Code, Completion, Phase, UpgradeEvidence, classify_upgrade, postern_outcome,
-};
+use crate::contract::{Code, Completion, UpgradeEvidence, classify_upgrade};
 use crate::guard::{Mask, Paced, ReflectionGuard};
 use crate::journal::{
     Body, Dispatch, Draft, Failure, ResponseStarted, ResultCommitted, Source, sha256_tagged_digest,
@@ -192,24 +190,14 @@ impl Exchange {
             completion: Some(Completion::None),
             evidence,
         }));
-        if self
-            .inv
-            .commit_result(vec![started, committed], stored)
+        let drafts = vec![started, committed];
+        let outcome = match self
+            .commit_for_agent(drafts, stored, resolution, reply)
             .await
-            .is_err()
         {
-            let env = self.inv.result_store_failed().await;
-            return Outgoing::Respond(respond::envelope(&env));
-        }
-        if reply.is_closed() {
-            return Outgoing::Gone;
-        }
-        let outcome = postern_outcome(
-            resolution.outcome,
-            Phase::RemoteExecution,
-            resolution.retry,
-            None,
-        );
+            Ok(outcome) => outcome,
+            Err(out) => return out,
+        };
         let mut out = Response::new(respond::full(&b""[..]));
         *out.status_mut() = status;
         *out.headers_mut() = parts.headers;

@@ -418,7 +418,7 @@ fn an_agents_own_authorization_header_is_never_kept_so_that_request_is_not_resen
     assert_eq!(origin.hits(), 1);
     let journal = crate::support::journal_dir(&s.home.root());
     let _ = s.daemon.cli(&["actions", "list"], &[]);
-    for entry in walk(&journal) {
+    for entry in crate::support::files_under(&journal) {
         let bytes = std::fs::read(&entry).unwrap_or_default();
         assert!(
             !String::from_utf8_lossy(&bytes).contains("agent-own-canary-7731"),
@@ -426,17 +426,4 @@ fn an_agents_own_authorization_header_is_never_kept_so_that_request_is_not_resen
             entry.display()
         );
     }
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }

@@ -459,3 +459,17 @@ pub fn read_head(stream: &mut TcpStream) -> String {
     }
     String::from_utf8_lossy(&head).into_owned()
 }
+
+/// Every file below `dir`.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(files_under(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}

@@ -279,7 +279,7 @@ fn a_websocket_is_one_committed_invocation_with_the_credential_injected_and_echo
     let journal = crate::support::journal_dir(&s.home.root());
     let mut all = said.clone() + &s.daemon.stderr() + &record.to_string();
     all += &serde_json::to_string(&events).unwrap_or_default();
-    for entry in walk(&journal) {
+    for entry in crate::support::files_under(&journal) {
         all += &String::from_utf8_lossy(&std::fs::read(entry).unwrap_or_default());
     }
     assert!(!all.contains(CANARY), "the secret leaked");
@@ -295,17 +295,4 @@ fn a_refused_handshake_is_an_ordinary_response_and_no_relay() {
     assert_eq!(record["outcome"], "rejected", "{record}");
     assert_eq!(record["result"]["status"], 403, "{record}");
     assert!(record["evidence"]["upgrade"].is_null(), "{record}");
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            files.extend(walk(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    files
 }
