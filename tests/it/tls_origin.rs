@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -129,6 +129,29 @@ type Handler = Arc<
         + Sync,
 >;
 
+/// A TLS acceptor for `name` (a leaf of a fresh CA, written to `dir/upstream-ca.pem`) with
+/// these ALPN protocols, and the CA file.
+pub fn acceptor(name: &str, alpn: &[&[u8]], dir: &Path) -> (tokio_rustls::TlsAcceptor, PathBuf) {
+    let Minted {
+        ca_pem,
+        leaf,
+        leaf_key,
+    } = mint(name);
+    let ca_file = dir.join("upstream-ca.pem");
+    std::fs::write(&ca_file, ca_pem).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![leaf.der().clone()], key)
+    .unwrap();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_file)
+}
+
 /// Serves `service` over TLS as `name` (a leaf of a fresh CA) with these ALPN protocols,
 /// counting connections in `connections`.
 fn serve_tls(
@@ -138,26 +161,7 @@ fn serve_tls(
     service: Handler,
 ) -> TlsOrigin {
     let dir = tempfile::tempdir().unwrap();
-    let Minted {
-        ca_pem,
-        leaf: leaf_cert,
-        leaf_key,
-    } = mint(name);
-    let ca_file = dir.path().join("upstream-ca.pem");
-    std::fs::write(&ca_file, ca_pem).unwrap();
-
-    let certs = vec![leaf_cert.der().clone()];
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .unwrap();
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let (acceptor, ca_file) = acceptor(name, alpn, dir.path());
     let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     std_listener.set_nonblocking(true).unwrap();
     let addr = std_listener.local_addr().unwrap();

@@ -11,7 +11,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 
 use crate::support::{Daemon, Home, get_json, secret_set};
-use crate::tls_origin::{Minted, mint};
+use crate::tls_origin::acceptor;
 
 /// Each handshake's request headers, lower-cased names.
 type Handshakes = Arc<Mutex<Vec<Vec<(String, String)>>>>;
@@ -30,24 +30,7 @@ struct WsOrigin {
 
 fn ws_origin() -> WsOrigin {
     let dir = tempfile::tempdir().unwrap();
-    let Minted {
-        ca_pem,
-        leaf,
-        leaf_key,
-    } = mint("origin.test");
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, ca_pem).unwrap();
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(vec![leaf.der().clone()], key)
-    .unwrap();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let (acceptor, ca_file) = acceptor("origin.test", &[b"http/1.1"], dir.path());
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
