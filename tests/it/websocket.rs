@@ -94,6 +94,11 @@ async fn serve_ws(tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>, s
             Message::Text(t) if t.as_str() == "secret?" => {
                 Message::text(auth.lock().unwrap().clone())
             }
+            Message::Text(t) if t.as_str() == "split?" => {
+                let value = auth.lock().unwrap().clone();
+                split_frame(ws.get_mut(), value.as_bytes()).await;
+                continue;
+            }
             Message::Text(t) => Message::Text(t),
             Message::Close(_) => break,
             _ => continue,
@@ -103,6 +108,23 @@ async fn serve_ws(tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>, s
         }
     }
     let _ = ws.close(None).await;
+}
+
+/// One text frame holding `payload`, written in two parts with a pause between, so the
+/// pause falls inside the secret.
+async fn split_frame(
+    tls: &mut tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    payload: &[u8],
+) {
+    use tokio::io::AsyncWriteExt;
+    let mut frame = vec![0x81, payload.len() as u8];
+    frame.extend_from_slice(payload);
+    let (first, second) = frame.split_at(2 + payload.len() / 2);
+    let _ = tls.write_all(first).await;
+    let _ = tls.flush().await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let _ = tls.write_all(second).await;
+    let _ = tls.flush().await;
 }
 
 struct Setup {
@@ -213,16 +235,20 @@ impl Setup {
 #[test]
 fn a_websocket_is_one_committed_invocation_with_the_credential_injected_and_echoes_masked() {
     let s = setup();
-    let (lines, said) = s.client("/chat", &["hello", "secret?", "bye"]);
-    assert_eq!(lines.len(), 4, "{said}");
+    let (lines, said) = s.client("/chat", &["hello", "secret?", "split?", "bye"]);
+    assert_eq!(lines.len(), 5, "{said}");
     assert_eq!(lines[0]["got"], "hello", "{said}");
     // The origin echoed the injected value; the agent gets a mask of the same length.
     let injected = format!("Bearer {CANARY}");
     let masked = lines[1]["got"].as_str().unwrap_or_default();
     assert_eq!(masked.len(), injected.len(), "{said}");
     assert!(masked.contains(&"*".repeat(CANARY.len())), "{said}");
-    assert_eq!(lines[2]["got"], "bye", "{said}");
-    assert_eq!(lines[3]["end"], "closed", "{said}");
+    // Paused inside the secret: at most a short prefix went out early, the rest masked.
+    let split = lines[2]["got"].as_str().unwrap_or_default();
+    assert_eq!(split.len(), injected.len(), "{said}");
+    assert!(split.ends_with(&"*".repeat(CANARY.len() - 3)), "{said}");
+    assert_eq!(lines[3]["got"], "bye", "{said}");
+    assert_eq!(lines[4]["end"], "closed", "{said}");
 
     let handshakes = s.origin.handshakes.lock().unwrap().clone();
     assert_eq!(handshakes.len(), 1);
@@ -246,7 +272,7 @@ fn a_websocket_is_one_committed_invocation_with_the_credential_injected_and_echo
     assert!(upgrade["bytes_up"].as_u64().unwrap_or(0) > 0, "{record}");
     assert!(upgrade["bytes_down"].as_u64().unwrap_or(0) > 0, "{record}");
     assert!(upgrade["closed_by"].is_string(), "{record}");
-    assert_eq!(upgrade["redactions"], 1, "{record}");
+    assert_eq!(upgrade["redactions"], 2, "{record}");
     let kinds: Vec<&str> = events.iter().filter_map(|e| e["kind"].as_str()).collect();
     let at = |k: &str| kinds.iter().position(|x| *x == k);
     assert!(at("DISPATCH_STARTED") < at("RESULT_COMMITTED"), "{kinds:?}");
