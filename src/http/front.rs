@@ -25,6 +25,7 @@ use crate::lifecycle::refusals::{UNAUTHENTICATED, capped_target};
 use crate::listen::{Guarded, Slot};
 use crate::policy::{
     AgentAuth, Target, TargetError, authenticate, connect_denial_field, match_connect,
+    match_connect_plain,
 };
 
 /// Accepts agent connections, at most `[proxy] max_connections` at once. A connection's
@@ -240,7 +241,7 @@ async fn front_request(
 async fn connect(
     proxy: Arc<Proxy>,
     agent: String,
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
     slot: Arc<Slot>,
 ) -> Response<ProxyBody> {
     let authority = req.uri().authority().cloned();
@@ -271,6 +272,12 @@ async fn connect(
         return journal_refusal(&proxy, &agent, url, "CONNECT", failure).await;
     }
     let Some(route) = match_connect(&proxy.config, &agent, &host, port) else {
+        if match_connect_plain(&proxy.config, &agent, &host, port).is_some() {
+            // Plain HTTP inside the tunnel (`ws://` clients tunnel): read like `http://`.
+            return serve_connected(req, slot, move |io| {
+                serve_inner(proxy, agent, (host, port, Scheme::Http), io, false)
+            });
+        }
         let field = connect_denial_field(&proxy.config, &agent, &host, port);
         return refuse_early(&proxy, &agent, url, "CONNECT", Code::RouteDenied, field).await;
     };
@@ -278,11 +285,24 @@ async fn connect(
         let route = route.clone();
         return connect_tunnel(proxy, agent, route, (&host, port), req, slot).await;
     }
+    serve_connected(req, slot, move |io| intercept(proxy, agent, host, port, io))
+}
+
+/// Answers the `CONNECT` with `200` and hands the connection it opens to `serve`.
+fn serve_connected<F, Fut>(
+    mut req: Request<Incoming>,
+    slot: Arc<Slot>,
+    serve: F,
+) -> Response<ProxyBody>
+where
+    F: FnOnce(TokioIo<hyper::upgrade::Upgraded>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         let _slot = slot;
         let Ok(upgraded) = upgrade.await else { return };
-        intercept(proxy, agent, host, port, TokioIo::new(upgraded)).await;
+        serve(TokioIo::new(upgraded)).await;
     });
     plain(StatusCode::OK)
 }
@@ -345,10 +365,23 @@ async fn intercept(
         return;
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    serve_inner(proxy, agent, (host, port, Scheme::Https), tls, h2).await;
+}
+
+/// Serves the requests inside a `CONNECT` (after TLS, or plain HTTP) for `host:port`.
+async fn serve_inner<I>(
+    proxy: Arc<Proxy>,
+    agent: String,
+    (host, port, scheme): (String, u16, Scheme),
+    io: I,
+    h2: bool,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
     let proxy_header_timeout = proxy.config.proxy.header_read_timeout;
-    let tls = FramingSniffer::new(tls);
-    let conflict = tls.conflict.clone();
-    let (tls, watch) = Flushed::new(tls, h2);
+    let io = FramingSniffer::new(io);
+    let conflict = io.conflict.clone();
+    let (io, watch) = Flushed::new(io, h2);
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(watch.clone());
         let proxy = proxy.clone();
@@ -363,7 +396,7 @@ async fn intercept(
                 .path_and_query()
                 .map_or("/", |p| p.as_str())
                 .to_owned();
-            let resp = match Target::new(Scheme::Https, &host, Some(port), &path) {
+            let resp = match Target::new(scheme, &host, Some(port), &path) {
                 Ok(target) => {
                     let inbound = Inbound {
                         agent,
@@ -374,7 +407,11 @@ async fn intercept(
                     drive::handle(proxy, inbound).await
                 }
                 Err(e) => {
-                    let url = format!("https://{host}:{port}{path}");
+                    let scheme = match scheme {
+                        Scheme::Http => "http",
+                        Scheme::Https => "https",
+                    };
+                    let url = format!("{scheme}://{host}:{port}{path}");
                     refuse_early(
                         &proxy,
                         &agent,
@@ -400,8 +437,9 @@ async fn intercept(
     } else {
         builder.http1_only()
     };
-    let io = TokioIo::new(tls);
-    let _ = builder.serve_connection_with_upgrades(io, service).await;
+    let _ = builder
+        .serve_connection_with_upgrades(TokioIo::new(io), service)
+        .await;
 }
 
 /// The agent's TLS handshake, bounded by `[proxy] tls_handshake_timeout`.

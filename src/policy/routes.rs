@@ -341,11 +341,31 @@ pub fn match_connect<'a>(
     host: &str,
     port: u16,
 ) -> Option<&'a Route> {
+    connect_route(config, agent, (host, port), Scheme::Https)
+}
+
+/// A `CONNECT` to the host and port of an `http` route: the client speaks plain HTTP inside
+/// the tunnel (WebSocket clients tunnel `ws://` so), read as `http://` requests.
+pub fn match_connect_plain<'a>(
+    config: &'a Config,
+    agent: &str,
+    host: &str,
+    port: u16,
+) -> Option<&'a Route> {
+    connect_route(config, agent, (host, port), Scheme::Http)
+}
+
+fn connect_route<'a>(
+    config: &'a Config,
+    agent: &str,
+    (host, port): (&str, u16),
+    scheme: Scheme,
+) -> Option<&'a Route> {
     config
         .routes
         .iter()
         .filter(|r| {
-            r.matcher.scheme == Scheme::Https
+            r.matcher.scheme == scheme
                 && r.matcher.port == port
                 && host_matches(&r.matcher.host, host)
                 && agent_allowed(r, agent)

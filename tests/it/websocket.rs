@@ -28,7 +28,8 @@ struct WsOrigin {
     _dir: tempfile::TempDir,
 }
 
-fn ws_origin() -> WsOrigin {
+/// `tls`: wss, else plain ws.
+fn ws_origin(tls: bool) -> WsOrigin {
     let dir = tempfile::tempdir().unwrap();
     let (acceptor, ca_file) = acceptor("origin.test", &[b"http/1.1"], dir.path());
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -46,6 +47,9 @@ fn ws_origin() -> WsOrigin {
             while let Ok((tcp, _)) = listener.accept().await {
                 let (acceptor, seen) = (acceptor.clone(), seen.clone());
                 tokio::spawn(async move {
+                    if !tls {
+                        return serve_ws(tcp, seen).await;
+                    }
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
@@ -62,7 +66,10 @@ fn ws_origin() -> WsOrigin {
     }
 }
 
-async fn serve_ws(tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>, seen: Handshakes) {
+async fn serve_ws<S>(tls: S, seen: Handshakes)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let auth = Arc::new(Mutex::new(String::new()));
     let a = auth.clone();
     // tungstenite's callback signature returns its large error response as is.
@@ -112,10 +119,7 @@ async fn serve_ws(tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>, s
 
 /// One text frame holding `payload`, written in two parts with a pause between, so the
 /// pause falls inside the secret.
-async fn split_frame(
-    tls: &mut tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-    payload: &[u8],
-) {
+async fn split_frame<S: tokio::io::AsyncWrite + Unpin>(tls: &mut S, payload: &[u8]) {
     use tokio::io::AsyncWriteExt;
     let mut frame = vec![0x81, payload.len() as u8];
     frame.extend_from_slice(payload);
@@ -134,8 +138,18 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    let origin = ws_origin();
+    setup_for(true)
+}
+
+/// A route for wss (`tls`) or ws to the origin, injecting the canary.
+fn setup_for(tls: bool) -> Setup {
+    let origin = ws_origin(tls);
     let port = origin.port;
+    let route = match tls {
+        true => format!("upstream_ca = \"{}\"\n", origin.ca_file.display()),
+        false => "match = { scheme = \"http\", host = \"origin.test\", port = PORT }\n"
+            .replace("PORT", &port.to_string()),
+    };
     let home = Home::new();
     assert!(
         secret_set(&home, "tok", CANARY, Some(VAULT_KEY))
@@ -147,10 +161,15 @@ fn setup() -> Setup {
          [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
          [[agents]]\nid = \"ci\"\ntoken = \"agent-tok\"\n\
          [[credentials]]\nid = \"api\"\nsecret = \"tok\"\ninject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\n\
-         [[routes]]\nid = \"chat\"\ncredential = \"api\"\nmatch = {{ host = \"origin.test\", port = {port} }}\n\
-         resolve = \"127.0.0.1:{port}\"\nupstream_ca = \"{}\"\n",
-        origin.ca_file.display()
+         [[routes]]\nid = \"chat\"\ncredential = \"api\"\nresolve = \"127.0.0.1:{port}\"\n{route}\n"
     );
+    let config = match tls {
+        true => config.replace(
+            "resolve =",
+            &format!("match = {{ host = \"origin.test\", port = {port} }}\nresolve ="),
+        ),
+        false => config,
+    };
     let daemon = Daemon::start_with(&home, Some(&config), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
     Setup {
         home,
@@ -181,7 +200,11 @@ except websocket.WebSocketBadStatusException as e:
 
 impl Setup {
     fn client(&self, path: &str, messages: &[&str]) -> (Vec<Value>, String) {
-        let url = format!("wss://origin.test:{}{path}", self.origin.port);
+        self.client_to("wss", path, messages)
+    }
+
+    fn client_to(&self, scheme: &str, path: &str, messages: &[&str]) -> (Vec<Value>, String) {
+        let url = format!("{scheme}://origin.test:{}{path}", self.origin.port);
         let port = self
             .daemon
             .proxy
@@ -304,4 +327,25 @@ fn a_refused_handshake_is_an_ordinary_response_and_no_relay() {
     assert_eq!(record["outcome"], "rejected", "{record}");
     assert_eq!(record["result"]["status"], 403, "{record}");
     assert!(record["evidence"]["upgrade"].is_null(), "{record}");
+}
+
+/// websocket-client tunnels `ws://` through `CONNECT` too: plain HTTP inside it is read like
+/// an `http://` request on the route.
+#[test]
+fn a_plain_ws_client_tunnelling_through_connect_is_served_on_the_http_route() {
+    let s = setup_for(false);
+    let (lines, said) = s.client_to("ws", "/chat", &["hello", "secret?"]);
+    assert_eq!(lines.len(), 3, "{said}");
+    assert_eq!(lines[0]["got"], "hello", "{said}");
+    let masked = lines[1]["got"].as_str().unwrap_or_default();
+    assert_eq!(masked.len(), format!("Bearer {CANARY}").len(), "{said}");
+    assert!(!said.contains(CANARY), "{said}");
+    let id = s.newest()["invocation_id"].as_str().unwrap().to_owned();
+    let (record, _) = s.settled(&id);
+    assert_eq!(record["protocol"], "http", "{record}");
+    assert_eq!(record["outcome"], "committed", "{record}");
+    assert_eq!(
+        record["evidence"]["upgrade"]["protocol"], "websocket",
+        "{record}"
+    );
 }
