@@ -123,6 +123,44 @@ fn base64_at_every_alignment_leaves_only_boundary_characters() {
     }
 }
 
+/// MIME, PEM and `base64` wrap their output: a line break may fall inside the secret's
+/// base64, at any column.
+#[test]
+fn base64_wrapped_at_any_width_is_redacted() {
+    let g = guard();
+    let doc = STANDARD.encode(format!("xx{SECRET}yy Bearer {SECRET}"));
+    for width in [4, 16, 64, 76] {
+        for eol in ["\n", "\r\n"] {
+            let wrapped = doc
+                .as_bytes()
+                .chunks(width)
+                .map(|l| String::from_utf8_lossy(l).into_owned())
+                .collect::<Vec<_>>()
+                .join(eol);
+            let (out, hits) = clean(&g, wrapped.as_bytes());
+            assert!(hits >= 2, "{width}: {out}");
+            assert!(
+                !leaks(&out.replace(eol, ""))
+                    .iter()
+                    .any(|n| n.contains("base64")),
+                "{width}: {out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_line_break_outside_base64_is_kept_and_an_sse_stream_not_held() {
+    let g = guard();
+    assert_eq!(
+        clean(&g, b"line one\nline two\r\n").0,
+        "line one\nline two\r\n"
+    );
+    let mut carry = Carry::default();
+    let (out, _) = g.redact_stream(&mut carry, b"data: hello\n\n");
+    assert_eq!(&out[..], b"data: hello\n\n");
+}
+
 #[test]
 fn a_secret_split_across_chunks_is_still_redacted() {
     let g = guard();

@@ -11,6 +11,10 @@
 //! - `%XX`, also encoded again up to twice (`%2541`, `%252541`);
 //! - HTML `&#NN;`, `&#xHH;`, `&amp; &lt; &gt; &quot; &apos;` (any ASCII case).
 //!
+//! - a line break (`\n`, `\r\n`) between two base64 characters decodes to nothing: base64
+//!   wrapped at 76 or 64 columns (MIME, PEM, `base64`) reads whole. At the end of the bytes
+//!   it stays itself (a stream never waits on a line end).
+//!
 //! `+` stays `+`: decoding it as a space would break every secret that holds a `+`.
 //! An escape cut off by the end of the bytes waits for more (`Step::Wait`) unless the
 //! stream is at its end, where it is plain text, as a whole-body decoder reads it.
@@ -34,6 +38,54 @@ const NAMED: [(&[u8], u8); 5] = [
 /// themselves and need no decoding at all.
 pub(super) fn has_escape(bytes: &[u8]) -> bool {
     memchr::memchr3(b'\\', b'%', b'&', bytes).is_some()
+        || memchr::memchr2(b'\n', b'\r', bytes).is_some()
+}
+
+/// Finds the next byte that may start an escape or a line break, remembering the next line
+/// break so a body with many escapes and few lines is not rescanned for each.
+#[derive(Default)]
+struct Introducers {
+    /// The next line break at or after the position it was sought from (`None`: none left).
+    line: Option<Option<usize>>,
+}
+
+impl Introducers {
+    fn next(&mut self, raw: &[u8], from: usize) -> Option<usize> {
+        let rest = raw.get(from..).unwrap_or_default();
+        let escape = memchr::memchr3(b'\\', b'%', b'&', rest).map(|t| from + t);
+        let line = match self.line {
+            Some(Some(at)) if at >= from => Some(at),
+            Some(None) => None,
+            _ => {
+                let at = memchr::memchr2(b'\n', b'\r', rest).map(|t| from + t);
+                self.line = Some(at);
+                at
+            }
+        };
+        match (escape, line) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+fn is_base64(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_' | b'=')
+}
+
+/// A line break at `raw[t]`: nothing when it wraps base64 (base64 on both sides), else
+/// itself.
+fn line_break(raw: &[u8], t: usize) -> Step {
+    let before = t.checked_sub(1).and_then(|i| raw.get(i));
+    let len = match raw.get(t..t + 2) {
+        Some(b"\r\n") => 2,
+        _ => 1,
+    };
+    let after = raw.get(t + len);
+    match (before, after) {
+        (Some(&b), Some(&a)) if is_base64(b) && is_base64(a) => Step::Decoded(len, Value::Nothing),
+        _ => Step::Literal,
+    }
 }
 
 /// Decoded text and its map back to the raw bytes (reused across calls: no allocation
@@ -60,14 +112,19 @@ impl Decoded {
         self.text.clear();
         self.runs.clear();
         let mut i = 0;
+        let mut introducers = Introducers::default();
         while i < raw.len() {
-            let Some(t) = memchr::memchr3(b'\\', b'%', b'&', &raw[i..]).map(|t| i + t) else {
+            let Some(t) = introducers.next(raw, i) else {
                 self.literal(raw, i, raw.len());
                 i = raw.len();
                 break;
             };
             self.literal(raw, i, t);
-            match escape(&raw[t..], at_end) {
+            let step = match raw[t] {
+                b'\n' | b'\r' => line_break(raw, t),
+                _ => escape(&raw[t..], at_end),
+            };
+            match step {
                 Step::Decoded(len, value) => {
                     self.escape(t, value);
                     i = t + len;
@@ -111,6 +168,7 @@ impl Decoded {
             escape: true,
         });
         match value {
+            Value::Nothing => {}
             Value::Byte(b) => self.text.push(b),
             Value::Char(c) => {
                 let mut buf = [0u8; 4];
@@ -160,6 +218,8 @@ impl Decoded {
 /// What one escape decodes to.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Value {
+    /// A line break inside base64.
+    Nothing,
     Byte(u8),
     Char(char),
 }

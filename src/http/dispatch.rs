@@ -40,6 +40,10 @@ impl Exchange {
         if let Some(injection) = &self.injection {
             injection.apply(&mut headers, &mut path_and_query)?;
             decode::offer(&mut headers);
+            // A range of an echo is a piece of the secret too short for the guard to know:
+            // the whole representation comes back, and is guarded whole.
+            headers.remove(header::RANGE);
+            headers.remove(header::IF_RANGE);
         }
         if let Some((name, value)) = &self.added_key {
             headers.insert(name.clone(), value.clone());
