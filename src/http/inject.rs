@@ -83,6 +83,20 @@ impl Injection {
         Some(())
     }
 
+    /// The `Proxy-Authorization` value for a `via` hop (`basic` mode only) and a guard
+    /// that knows its secret.
+    pub fn proxy_authorization(&self) -> Option<(HeaderValue, ReflectionGuard)> {
+        let Inject::Basic { user } = &self.inject else {
+            return None;
+        };
+        let pair = format!("{user}:{}", self.secret.value);
+        let token = base64::engine::general_purpose::STANDARD.encode(&pair);
+        let mut v = HeaderValue::from_str(&format!("Basic {token}")).ok()?;
+        v.set_sensitive(true);
+        let guard = ReflectionGuard::new(self.secret.value.as_bytes(), pair.as_bytes())?;
+        Some((v, guard))
+    }
+
     /// The guard against echoes of this secret and of the value it is injected as.
     /// `None` only if the automaton cannot be built (the response is then not relayed).
     pub fn guard(&self, cache: &GuardCache) -> Option<Arc<ReflectionGuard>> {

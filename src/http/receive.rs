@@ -197,7 +197,11 @@ impl Exchange {
         member: String,
         started: Draft,
     ) -> Response<ProxyBody> {
-        let hop = format!("proxy:{name}");
+        let hop = match &self.hop {
+            // The route's own hop: its name unless it named itself.
+            Some(h) => h.evidence_name(Some(&name)),
+            None => format!("proxy:{name}"),
+        };
         let mut f = Failure::of(Code::UpstreamHopError);
         f.evidence
             .insert("hop_status".into(), status.as_u16().into());

@@ -34,3 +34,4 @@ mod streaming;
 mod support;
 mod tls_origin;
 mod tunnel;
+mod via;
