@@ -385,10 +385,10 @@ pub(super) fn bind_hop(
     };
     let injection = Injection::resolve(config, vault, id)
         .map_err(|code| credential_failure(config, id, code))?;
-    let authorization = injection
-        .proxy_authorization()
-        .ok_or_else(|| Failure::of(Code::InjectionModeUnsupported))?;
-    Ok(Some(Hop::new(via.clone(), Some(authorization))))
+    if injection.proxy_authorization().is_none() {
+        return Err(Failure::of(Code::InjectionModeUnsupported));
+    }
+    Ok(Some(Hop::new(via.clone(), Some(injection))))
 }
 
 fn refuse(code: Code, field: &'static str) -> Refuse {

@@ -29,6 +29,8 @@ enum Script {
     RefuseConnect(u16),
     /// Reads the request whole, then answers 502 with its own `Proxy-Status` error.
     HopError,
+    /// Answers an absolute-form request itself, echoing the head it got (a debug proxy).
+    EchoHead,
 }
 
 /// A loopback HTTP proxy: every name resolves to 127.0.0.1.
@@ -108,6 +110,13 @@ fn serve(
             let _ = client.write_all(
                 b"HTTP/1.1 502 Bad Gateway\r\nproxy-status: hopname; error=connection_timeout\r\ncontent-length: 11\r\nconnection: close\r\n\r\nhop timeout",
             );
+        }
+        (_, Script::EchoHead) => {
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{head}",
+                head.len()
+            );
+            let _ = client.write_all(answer.as_bytes());
         }
         _ => forward(client, method, target, &req[end + 4..], &head),
     }
@@ -550,5 +559,39 @@ fn neither_secret_surfaces_in_records_events_results_metrics_or_logs() {
     assert!(
         seen.contains("PROXY_TUNNEL_REFUSED"),
         "the refusal is in what was read"
+    );
+}
+
+#[test]
+fn a_hop_echoing_its_credential_is_redacted_like_an_origin_echo() {
+    let origin = origins::echoes_request();
+    let hop = HopProxy::start(Script::EchoHead);
+    let route = format!(
+        "match = {{ scheme = \"http\", host = \"origin.test\", port = {} }}\nvia = \"http://{}\"\nallow_private = true\ncredential = \"api\"\n",
+        origin.port(),
+        hop.addr
+    );
+    let s = start(&route);
+    let url = format!("http://origin.test:{}/debug", origin.port());
+    let (status, body, head) = curl(&["-x", &s.daemon.proxy, &url]);
+    assert_eq!(status, 200, "{head}\n{body}");
+    assert!(hop.heads()[0].to_ascii_lowercase().contains(&hop_auth()));
+    let token = base64::engine::general_purpose::STANDARD.encode(format!("postern:{HOP_SECRET}"));
+    assert!(
+        !body.contains(&token),
+        "the hop's Basic reached the agent: {body}"
+    );
+    assert!(!body.contains(ORIGIN_SECRET), "{body}");
+    assert!(body.contains("[postern:redacted]"), "{body}");
+    let id = invocation(&head);
+    let (_, result) = get_json(&s.daemon.url(&format!("/v1/invocations/{id}/result")), &[]);
+    let stored = result["body_base64"].as_str().unwrap_or_default();
+    let stored = base64::engine::general_purpose::STANDARD
+        .decode(stored)
+        .unwrap();
+    let stored = String::from_utf8_lossy(&stored);
+    assert!(
+        !stored.contains(&token) && !stored.contains(HOP_SECRET),
+        "{stored}"
     );
 }

@@ -12,36 +12,28 @@ use tokio::net::TcpStream;
 
 use super::Io;
 use crate::config::Via;
-use crate::guard::ReflectionGuard;
+use crate::http::inject::Injection;
 use crate::policy::Target;
 
-/// The hop of one invocation: where it is, and the `Proxy-Authorization` it gets.
+/// The hop of one invocation: where it is, and the credential it gets (`basic` mode,
+/// checked when bound).
 pub struct Hop {
     via: Via,
-    authorization: Option<HeaderValue>,
-    /// Catches the hop's secret in what the hop says about itself.
-    guard: Option<ReflectionGuard>,
+    credential: Option<Injection>,
 }
 
 impl Hop {
-    /// `authorization`: the Basic value of `via_credential` and its secret, if any.
-    pub fn new(via: Via, authorization: Option<(HeaderValue, ReflectionGuard)>) -> Self {
-        let (authorization, guard) = match authorization {
-            Some((mut value, guard)) => {
-                value.set_sensitive(true);
-                (Some(value), Some(guard))
-            }
-            None => (None, None),
-        };
-        Self {
-            via,
-            authorization,
-            guard,
-        }
+    pub fn new(via: Via, credential: Option<Injection>) -> Self {
+        Self { via, credential }
     }
 
     pub fn via(&self) -> &Via {
         &self.via
+    }
+
+    /// The hop's credential, when it has one.
+    pub fn credential(&self) -> Option<&Injection> {
+        self.credential.as_ref()
     }
 
     /// `proxy:<name>`: the name the hop gives itself in `Proxy-Status` if it gave a usable
@@ -52,9 +44,9 @@ impl Hop {
                 && n.len() <= 128
                 && n.bytes().all(|b| b.is_ascii_graphic())
                 && !self
-                    .guard
+                    .credential
                     .as_ref()
-                    .is_some_and(|g| g.is_match(n.as_bytes()))
+                    .is_some_and(|c| c.reflected_in(n.as_bytes()))
         });
         format!(
             "proxy:{}",
@@ -62,10 +54,14 @@ impl Hop {
         )
     }
 
-    /// `Proxy-Authorization` for a request in absolute form to the hop.
+    /// `Proxy-Authorization` for a request to the hop (a `CONNECT`, or absolute form).
     pub fn authorize(&self, headers: &mut HeaderMap) {
-        if let Some(v) = &self.authorization {
-            headers.insert(header::PROXY_AUTHORIZATION, v.clone());
+        if let Some(v) = self
+            .credential
+            .as_ref()
+            .and_then(Injection::proxy_authorization)
+        {
+            headers.insert(header::PROXY_AUTHORIZATION, v);
         }
     }
 }
