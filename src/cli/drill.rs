@@ -107,6 +107,7 @@ fn steps(method: &str, id: &str, expires_at_ms: i64) -> Vec<(Draft, Option<Store
                 code: None,
                 address: Some("127.0.0.1:9".into()),
                 diagnostic: None,
+                hop: None,
             }))
             .attempt(1),
             None,

@@ -178,22 +178,13 @@ struct Banner {
     hint: String,
 }
 
-/// Route keys this build accepts but cannot honour yet: their requests are refused. And an
-/// admin API without a token while agents are configured: any local process, an agent
+/// An admin API without a token while agents are configured: any local process, an agent
 /// included, could then approve its own held requests.
 fn warn_unbuilt(config: &Config) {
     if config.admin.token.is_none() && !config.agents.is_empty() {
         errln!(
             "postern: WARNING: [admin] has no token, so any local process (agents included) can approve held requests and reconcile outcomes; set [admin] token = \"env:POSTERN_ADMIN_TOKEN\""
         );
-    }
-    for r in &config.routes {
-        if r.via.is_some() {
-            errln!(
-                "postern: route {}: `via` upstream hops are not supported yet; its requests are refused (UNSUPPORTED_ACTION)",
-                r.id
-            );
-        }
     }
 }
 

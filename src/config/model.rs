@@ -194,10 +194,30 @@ pub struct Route {
     pub delivery: Delivery,
     pub upstream_ca: Option<PathBuf>,
     pub resolve: Option<SocketAddr>,
-    pub via: Option<String>,
-    /// Basic `Proxy-Authorization` for the `via` hop only (a credential id).
-    pub via_credential: Option<String>,
+    /// The upstream proxy hop the route's traffic goes through (SPEC §3.6).
+    pub via: Option<Via>,
     pub status_outcomes: BTreeMap<u16, Outcome>,
+}
+
+/// A `via` hop: `http://host:port`, and the Basic credential sent to it alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Via {
+    /// Lower-case, IPv6 without brackets.
+    pub host: String,
+    pub port: u16,
+    /// A credential id of inject mode `basic` (`via_credential`).
+    pub credential: Option<String>,
+}
+
+impl Via {
+    /// `host:port`, the hop's name in evidence (`proxy:<name>`) unless it names itself.
+    pub fn name(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
 }
 
 /// What an agent may ask of an SSH target besides nothing (`allow`).

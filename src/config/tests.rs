@@ -389,3 +389,31 @@ fn a_tunnel_route_matches_host_and_port_and_carries_nothing_postern_adds() {
         );
     }
 }
+
+#[test]
+fn a_via_hop_takes_a_basic_credential_no_pinned_address_and_no_password_in_its_url() {
+    let creds = "[[credentials]]\nid = \"hdr\"\nsecret = \"s\"\ninject = { header = \"X-Key\" }\n";
+    let route = |extra: &str| {
+        format!("{creds}[[routes]]\nid = \"r\"\nmatch = {{ host = \"x.test\" }}\n{extra}\n")
+    };
+    assert_eq!(
+        paths(&route(
+            "via = \"http://127.0.0.1:3130\"\nvia_credential = \"hdr\""
+        )),
+        ["routes[0].via_credential"],
+        "the hop gets Proxy-Authorization: Basic"
+    );
+    assert_eq!(
+        paths(&route(
+            "via = \"http://127.0.0.1:3130\"\nresolve = \"127.0.0.1:1\""
+        )),
+        ["routes[0].resolve"]
+    );
+    for bad in ["http://u:pw@p:1", "https://p:1", "http://p:1/path"] {
+        assert_eq!(
+            paths(&route(&format!("via = \"{bad}\""))),
+            ["routes[0].via"],
+            "{bad}"
+        );
+    }
+}

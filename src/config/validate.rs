@@ -16,6 +16,7 @@ use crate::journal::Durability;
 
 mod ssh_target;
 mod tunnel;
+mod via;
 
 /// Looks up a process environment variable (passed in, never read deep in code).
 pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -262,7 +263,7 @@ pub fn parse(
     let routes = routes
         .iter()
         .enumerate()
-        .map(|(i, r)| route(&mut c, &refs, i, r))
+        .map(|(i, r)| route(&mut c, &refs, &config.credentials, i, r))
         .collect();
     let ssh_targets = ssh_targets
         .iter()
@@ -511,7 +512,13 @@ fn methods(c: &mut Checker<'_>, path: &str, list: &[String]) -> Vec<String> {
         .collect()
 }
 
-fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route {
+fn route(
+    c: &mut Checker<'_>,
+    refs: &Refs<'_>,
+    defined: &[Credential],
+    i: usize,
+    r: &RawRoute,
+) -> Route {
     let p = format!("routes[{i}]");
     let agents = r.agents.clone().unwrap_or_default();
     refs.check_agents(c, &p, &agents);
@@ -644,20 +651,7 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
         .resolve
         .as_deref()
         .map(|s| c.addr(&format!("{p}.resolve"), Some(s), ""));
-    if let Some(via) = &r.via
-        && !via.starts_with("http://")
-    {
-        c.bad(format!("{p}.via"), "must be an http:// proxy URL");
-    }
-    if let Some(id) = &r.via_credential {
-        if r.via.is_none() {
-            c.bad(
-                format!("{p}.via_credential"),
-                "needs `via` (the hop it authenticates to)",
-            );
-        }
-        refs.check_credential(c, format!("{p}.via_credential"), id);
-    }
+    let via = via::validate(c, &p, r, defined);
     let upstream_ca = r.upstream_ca.as_deref().map(|s| c.path(s));
     if let Some(ca) = &upstream_ca
         && !ca.is_file()
@@ -701,8 +695,7 @@ fn route(c: &mut Checker<'_>, refs: &Refs<'_>, i: usize, r: &RawRoute) -> Route 
         delivery,
         upstream_ca,
         resolve,
-        via: r.via.clone(),
-        via_credential: r.via_credential.clone(),
+        via,
         status_outcomes,
     }
 }

@@ -127,6 +127,8 @@ pub enum Code {
     SshHostKeyMismatch,
     SshAuthFailed,
     SshChannelFailed,
+    /// A `via` hop answered the `CONNECT` with a non-2xx status (SPEC §3.6).
+    ProxyTunnelRefused,
     RemoteOutcomeUnknown,
     RemoteResultIncomplete,
     RemoteTimeout,
@@ -168,6 +170,7 @@ str_enum!(Code {
     SshHostKeyMismatch => "SSH_HOST_KEY_MISMATCH",
     SshAuthFailed => "SSH_AUTH_FAILED",
     SshChannelFailed => "SSH_CHANNEL_FAILED",
+    ProxyTunnelRefused => "PROXY_TUNNEL_REFUSED",
     RemoteOutcomeUnknown => "REMOTE_OUTCOME_UNKNOWN",
     RemoteResultIncomplete => "REMOTE_RESULT_INCOMPLETE",
     RemoteTimeout => "REMOTE_TIMEOUT",
@@ -207,6 +210,8 @@ pub enum RetryRule {
     ComputedUnknown,
     /// `RETRY_BUDGET_EXHAUSTED`: reconcile if unknown, else after_correction.
     BudgetExhausted,
+    /// `PROXY_TUNNEL_REFUSED`: after_correction for the hop's 403/407, else backoff.
+    HopRefusal,
 }
 
 /// The row of SPEC §1.4 for one code.
@@ -267,6 +272,7 @@ impl Code {
             | CallerCancelled
             | BrokerRestarted
             | UpstreamHopError => (P::Fixed(Phase::RemoteExecution), UNK, R::ComputedUnknown),
+            ProxyTunnelRefused => (P::Fixed(Phase::ConnectionSetup), NA, R::HopRefusal),
             BrokerRestartedBeforeDispatch => (P::Reached, NA, R::Fixed(Retry::Backoff)),
             RetryBudgetExhausted => (P::Reached, O::Own, R::BudgetExhausted),
             RemoteExecRejected => (
@@ -320,7 +326,8 @@ impl Code {
             | DestinationProhibited
             | SshHostKeyMismatch
             | SshAuthFailed
-            | SshChannelFailed => 502,
+            | SshChannelFailed
+            | ProxyTunnelRefused => 502,
             RemoteOutcomeUnknown
             | RemoteResultIncomplete
             | CallerCancelled
@@ -356,6 +363,7 @@ impl Code {
             TlsCertificateError | SshHostKeyMismatch => "tls_certificate_error",
             TlsHandshakeError | SshAuthFailed => "tls_protocol_error",
             DestinationProhibited => "destination_ip_prohibited",
+            ProxyTunnelRefused => "destination_unavailable",
             RemoteTimeout => "http_response_timeout",
             RemoteOutcomeUnknown
             | RemoteResultIncomplete
@@ -399,6 +407,7 @@ impl Code {
             SshHostKeyMismatch => "The SSH host key does not match known_hosts.",
             SshAuthFailed => "SSH user authentication to the destination failed.",
             SshChannelFailed => "The SSH session channel could not be opened.",
+            ProxyTunnelRefused => "The upstream proxy refused the tunnel to the destination.",
             RemoteOutcomeUnknown => "Connection closed before a complete response was recorded.",
             RemoteResultIncomplete => "The response started but did not complete.",
             RemoteTimeout => "The destination did not answer in time.",

@@ -189,6 +189,7 @@ pub fn unjournaled_refusal(code: Code, field: &str) -> Envelope {
         result_stored: false,
         operation: OperationFacts::default(),
         now_ms: 0,
+        hop_status: None,
     };
     let evidence = Evidence {
         hop: "postern".into(),
@@ -367,6 +368,7 @@ mod tests {
                 502,
                 "destination_ip_prohibited",
             ),
+            (Code::ProxyTunnelRefused, 502, "destination_unavailable"),
             (Code::RemoteTimeout, 504, "http_response_timeout"),
             (Code::RemoteOutcomeUnknown, 502, "http_response_incomplete"),
             (

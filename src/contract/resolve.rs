@@ -52,6 +52,8 @@ pub struct FailureContext {
     pub operation: OperationFacts,
     /// The time of the failure, unix milliseconds.
     pub now_ms: i64,
+    /// The status a `via` hop answered a refused `CONNECT` with (`PROXY_TUNNEL_REFUSED`).
+    pub hop_status: Option<u16>,
 }
 
 /// The phase, outcome and retry of one failure.
@@ -110,7 +112,13 @@ pub fn resolve_failure(code: Code, ctx: &FailureContext) -> Resolution {
     if is_resolved(ctx.current_outcome) {
         outcome = ctx.current_outcome;
     }
-    let retry = match row.retry {
+    // A hop's refusal picks its default from the hop's status; the rules for a default
+    // then apply as to any other (a later generation's refusal stays `unknown`).
+    let rule = match row.retry {
+        RetryRule::HopRefusal => RetryRule::Fixed(hop_refusal_retry(ctx.hop_status)),
+        other => other,
+    };
+    let retry = match rule {
         RetryRule::Fixed(r) if outcome == Outcome::Unknown && r != Retry::Reconcile => {
             if r == Retry::FetchResult {
                 r
@@ -126,12 +134,23 @@ pub fn resolve_failure(code: Code, ctx: &FailureContext) -> Resolution {
         RetryRule::ComputedUnknown => retry_for_unknown(&ctx.operation, ctx.now_ms),
         RetryRule::BudgetExhausted if outcome == Outcome::Unknown => Retry::Reconcile,
         RetryRule::BudgetExhausted => Retry::AfterCorrection,
+        // Mapped to `Fixed` above.
+        RetryRule::HopRefusal => hop_refusal_retry(ctx.hop_status),
     };
     Resolution {
         code,
         phase,
         outcome,
         retry,
+    }
+}
+
+/// SPEC §1.4 `PROXY_TUNNEL_REFUSED`: a hop that forbids the tunnel (403) or wants other
+/// credentials (407) refuses again until something changes; anything else may pass.
+const fn hop_refusal_retry(hop_status: Option<u16>) -> Retry {
+    match hop_status {
+        Some(403 | 407) => Retry::AfterCorrection,
+        _ => Retry::Backoff,
     }
 }
 
@@ -188,7 +207,40 @@ mod tests {
             result_stored: false,
             operation: OperationFacts::default(),
             now_ms: 1_000,
+            hop_status: None,
         }
+    }
+
+    #[test]
+    fn a_refused_tunnel_asks_for_correction_only_on_403_and_407() {
+        for (status, retry) in [
+            (Some(403), Retry::AfterCorrection),
+            (Some(407), Retry::AfterCorrection),
+            (Some(503), Retry::Backoff),
+            (Some(502), Retry::Backoff),
+            (None, Retry::Backoff),
+        ] {
+            let ctx = FailureContext {
+                hop_status: status,
+                ..ctx(false)
+            };
+            let r = resolve_failure(Code::ProxyTunnelRefused, &ctx);
+            assert_eq!(
+                (r.phase, r.outcome, r.retry),
+                (Phase::ConnectionSetup, Outcome::NotAttempted, retry),
+                "{status:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refused_tunnel_after_an_earlier_dispatch_stays_unknown_and_computes_retry() {
+        let ctx = FailureContext {
+            hop_status: Some(503),
+            ..ctx(true)
+        };
+        let r = resolve_failure(Code::ProxyTunnelRefused, &ctx);
+        assert_eq!((r.outcome, r.retry), (Outcome::Unknown, Retry::Reconcile));
     }
 
     #[test]
@@ -291,6 +343,7 @@ mod tests {
                 AfterCorrection,
             ),
             (SshChannelFailed, ConnectionSetup, NotAttempted, Backoff),
+            (ProxyTunnelRefused, ConnectionSetup, NotAttempted, Backoff),
             (
                 BrokerRestartedBeforeDispatch,
                 ConnectionSetup,

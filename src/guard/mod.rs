@@ -143,7 +143,19 @@ impl ReflectionGuard {
     /// The guard for `secret`, injected as `value`. `None` if the automaton cannot be
     /// built: the caller must then not relay the response at all.
     pub fn new(secret: &[u8], value: &[u8]) -> Option<Self> {
-        Self::build(forms(secret, value), plain_forms(secret, value))
+        Self::for_each(&[(secret, value)])
+    }
+
+    /// One guard for several secrets, each with the value it is injected as (a route's
+    /// credential and its `via` hop's, both in one plaintext exchange).
+    pub fn for_each(pairs: &[(&[u8], &[u8])]) -> Option<Self> {
+        let collect = |f: fn(&[u8], &[u8]) -> Vec<Vec<u8>>| {
+            let mut all: Vec<Vec<u8>> = pairs.iter().flat_map(|(s, v)| f(s, v)).collect();
+            all.sort();
+            all.dedup();
+            all
+        };
+        Self::build(collect(forms), collect(plain_forms))
     }
 
     /// The guard for a PEM-armoured private key: each base64 body line (the body joined

@@ -20,8 +20,8 @@ use super::headers::strip_hop_by_hop;
 use super::pool::{Conn, SendFailure, Sender};
 use super::respond::{self, ProxyBody};
 use super::tap::Tap;
-use super::upstream::{Dialed, dial};
-use crate::config::Route;
+use super::upstream::{Dialed, Hop, dial};
+use crate::config::{Route, Scheme};
 use crate::contract::Code;
 use crate::journal::{Body, Dispatch, Draft, RequestSent};
 
@@ -50,6 +50,10 @@ impl Exchange {
         }
         let uri = if h2 {
             format!("{}://{}{path_and_query}", "https", self.target.authority())
+        } else if let Some(hop) = self.plain_hop() {
+            // An http origin behind a hop: absolute form, and the hop's credential.
+            hop.authorize(&mut headers);
+            format!("http://{}{path_and_query}", self.target.authority())
         } else {
             path_and_query
         };
@@ -141,14 +145,29 @@ impl Exchange {
             .await
     }
 
+    /// The `via` hop an http request is written to (an https one goes through its tunnel).
+    pub(super) fn plain_hop(&self) -> Option<&Hop> {
+        self.hop
+            .as_ref()
+            .filter(|_| self.target.scheme == Scheme::Http)
+    }
+
+    /// Who the request's bytes go to: the hop for an http origin behind one, else the
+    /// origin (an https origin's TLS runs end to end through the hop's tunnel).
+    fn written_to(&self) -> String {
+        self.plain_hop()
+            .map_or_else(|| "origin".to_owned(), |h| h.evidence_name(None))
+    }
+
     /// `DISPATCH_STARTED` made durable: from here on nothing is ever `not_attempted`.
     pub(super) async fn dispatch_boundary(
         &mut self,
         drafts: Vec<Draft>,
         dispatch: Dispatch,
     ) -> Result<(), Outgoing> {
+        let hop = self.written_to();
         self.inv
-            .dispatch_boundary(drafts, dispatch, "origin")
+            .dispatch_boundary(drafts, dispatch, &hop)
             .await
             .map_err(|env| Outgoing::Respond(respond::envelope(&env)))
     }
@@ -198,7 +217,8 @@ impl Exchange {
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Result<(Response<Incoming>, Conn), Outgoing> {
         let unknown = |diag: String| (Code::RemoteOutcomeUnknown, diag);
-        let dialed = dial(route, &self.target, &self.proxy.tls, &self.proxy.dns).await;
+        let (tls, dns) = (&self.proxy.tls, &self.proxy.dns);
+        let dialed = dial(route, &self.target, tls, dns, self.hop.as_ref()).await;
         let mut attempts = match &dialed {
             Ok(d) => d.attempts.clone(),
             Err(f) => f.attempts.clone(),
@@ -304,7 +324,7 @@ impl Exchange {
                     written = true;
                     if matches!(s, Ok(DeliveryEnd::Delivered)) {
                         let sent = RequestSent { bytes: self.request_bytes };
-                        let sent = Draft::observed(Body::RequestSent(sent)).hop("origin");
+                        let sent = Draft::observed(Body::RequestSent(sent)).hop(&self.written_to());
                         self.inv.observe(vec![sent]).await;
                     }
                     deadline.as_mut().reset(tokio::time::Instant::now() + response_timeout);

@@ -18,7 +18,7 @@ use super::pool::Pool;
 use super::respond::{self, POSTERN_CREDENTIAL, ProxyBody};
 use super::stream::{StreamEnd, StreamPlan};
 use super::upgrade::{Switch, take_websocket};
-use super::upstream::dial;
+use super::upstream::{Hop, dial};
 use crate::config::{Approval, Config, Inject, Route};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Body, Draft, Failure, Preflight};
@@ -154,6 +154,12 @@ impl Exchange {
         } else {
             drafts.push(Draft::observed(Body::PreflightValidated(preflight)));
         }
+        if refusal.is_none() {
+            match bind_hop(&config, &self.proxy.vault, route) {
+                Ok(hop) => self.hop = hop,
+                Err(failure) => refusal = Some(failure),
+            }
+        }
         if let Some(binding) = binding {
             // The key is claimed with the preflight, before anything can be sent (a refused
             // credential too: the key then names a not_attempted invocation to retry).
@@ -188,7 +194,7 @@ impl Exchange {
             }
             return self.websocket(route, &parts, agent, reply).await;
         }
-        let key = Pool::key(route, &self.target);
+        let key = Pool::key(route, &self.target, self.hop.as_ref());
         let pooled = self.proxy.pool.take_ready(&key).await;
         if pooled.is_some() {
             // No setup stage to wait for: preflight rides with DISPATCH_STARTED in one write.
@@ -206,11 +212,12 @@ impl Exchange {
                 .dispatch_reused(route, key, conn, req, body, reply)
                 .await;
         }
-        let dialed = match dial(route, &self.target, &self.proxy.tls, &self.proxy.dns).await {
+        let (tls, dns) = (&self.proxy.tls, &self.proxy.dns);
+        let dialed = match dial(route, &self.target, tls, dns, self.hop.as_ref()).await {
             Ok(d) => d,
             Err(f) => {
                 let drafts = self.inv.attempt_drafts(&f.attempts);
-                return Outgoing::Respond(self.fail(drafts, Failure::of(f.code)).await);
+                return Outgoing::Respond(self.fail(drafts, f.failure()).await);
             }
         };
         let upstream_req = match self.upstream_request(&parts, &body, dialed.h2) {
@@ -376,6 +383,27 @@ fn credential_failure(config: &Config, credential: &str, code: Code) -> Failure 
             });
     }
     failure
+}
+
+/// The route's `via` hop with its `via_credential` fetched, refused like any credential
+/// that cannot be had.
+pub(super) fn bind_hop(
+    config: &Config,
+    vault: &crate::vault::Vault,
+    route: &Route,
+) -> Result<Option<Hop>, Failure> {
+    let Some(via) = &route.via else {
+        return Ok(None);
+    };
+    let Some(id) = &via.credential else {
+        return Ok(Some(Hop::new(via.clone(), None)));
+    };
+    let injection = Injection::resolve(config, vault, id)
+        .map_err(|code| credential_failure(config, id, code))?;
+    if injection.proxy_authorization().is_none() {
+        return Err(Failure::of(Code::InjectionModeUnsupported));
+    }
+    Ok(Some(Hop::new(via.clone(), Some(injection))))
 }
 
 fn refuse(code: Code, field: &'static str) -> Refuse {

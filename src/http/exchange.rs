@@ -13,6 +13,7 @@ use super::budget::Reservation;
 use super::flushed::FlushWatch;
 use super::inject::Injection;
 use super::respond::{self, ProxyBody};
+use super::upstream::Hop;
 use crate::config::Scheme;
 use crate::contract::Code;
 use crate::journal::{Accepted, Draft, Failure, Protocol};
@@ -38,6 +39,8 @@ pub(super) struct Exchange {
     pub(super) framing_conflict: bool,
     /// The credential bound at preflight; used unchanged at dispatch.
     pub(super) injection: Option<Injection>,
+    /// The route's `via` hop, its credential bound at preflight.
+    pub(super) hop: Option<Hop>,
     /// The agent can take trailers (h2, or HTTP/1.1 with `TE: trailers`).
     pub(super) agent_trailers: bool,
     /// Body bytes handed to the origin (`REQUEST_SENT`) and to the agent (`RESULT_DELIVERED`).
@@ -107,6 +110,7 @@ impl Exchange {
             method: method.as_str().to_owned(),
             framing_conflict: false,
             injection: None,
+            hop: None,
             agent_trailers: headers.get_all(header::TE).iter().any(|v| {
                 v.to_str()
                     .is_ok_and(|t| t.to_ascii_lowercase().contains("trailers"))

@@ -325,19 +325,6 @@ async fn connect_tunnel(
                 .await;
         }
     };
-    if route.via.is_some() {
-        // `via` hops are not built: refused rather than sent straight out, past the hop.
-        let url = target.connect_url();
-        return refuse_early(
-            &proxy,
-            &agent,
-            url,
-            "CONNECT",
-            Code::UnsupportedAction,
-            "route",
-        )
-        .await;
-    }
     let opening = tunnel::Opening {
         agent,
         route,

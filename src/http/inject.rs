@@ -83,6 +83,40 @@ impl Injection {
         Some(())
     }
 
+    /// The `Proxy-Authorization` value for a `via` hop (`basic` mode only).
+    pub fn proxy_authorization(&self) -> Option<HeaderValue> {
+        let Inject::Basic { user } = &self.inject else {
+            return None;
+        };
+        let token = base64::engine::general_purpose::STANDARD
+            .encode(format!("{user}:{}", self.secret.value));
+        let mut v = HeaderValue::from_str(&format!("Basic {token}")).ok()?;
+        v.set_sensitive(true);
+        Some(v)
+    }
+
+    /// Whether `bytes` hold some form of this secret (unsure counts as yes).
+    pub fn reflected_in(&self, bytes: &[u8]) -> bool {
+        self.build_guard().is_none_or(|g| g.is_match(bytes))
+    }
+
+    /// One guard for this secret and `other`'s (a route's credential and its hop's).
+    pub fn guard_with(
+        &self,
+        other: &Injection,
+        cache: &GuardCache,
+    ) -> Option<Arc<ReflectionGuard>> {
+        let id = format!("{}@{}+{}", self.id, self.secret.version, other.id);
+        cache.get(&id, other.secret.version, || {
+            let (a, b) = (self.injected(), other.injected());
+            let pairs: [(&[u8], &[u8]); 2] = [
+                (self.secret.value.as_bytes(), a.as_bytes()),
+                (other.secret.value.as_bytes(), b.as_bytes()),
+            ];
+            ReflectionGuard::for_each(&pairs)
+        })
+    }
+
     /// The guard against echoes of this secret and of the value it is injected as.
     /// `None` only if the automaton cannot be built (the response is then not relayed).
     pub fn guard(&self, cache: &GuardCache) -> Option<Arc<ReflectionGuard>> {
@@ -90,13 +124,17 @@ impl Injection {
     }
 
     fn build_guard(&self) -> Option<ReflectionGuard> {
+        ReflectionGuard::new(self.secret.value.as_bytes(), self.injected().as_bytes())
+    }
+
+    /// The value the secret is injected as.
+    fn injected(&self) -> String {
         let value = &self.secret.value;
-        let injected = match &self.inject {
+        match &self.inject {
             Inject::Header { format, .. } => format.replace("{secret}", value),
             Inject::Basic { user } => format!("{user}:{value}"),
             Inject::Query { .. } | Inject::SshKey | Inject::SshPassword => value.clone(),
-        };
-        ReflectionGuard::new(value.as_bytes(), injected.as_bytes())
+        }
     }
 }
 

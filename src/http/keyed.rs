@@ -311,6 +311,7 @@ fn unreplayable(state: &State) -> Envelope {
         result_stored: true,
         operation: OperationFacts::default(),
         now_ms: 0,
+        hop_status: None,
     };
     Envelope::new(
         &state.record.invocation_id,

@@ -3,7 +3,8 @@
 //!
 //! A request's path: `front` (absolute-form or `CONNECT` + `mitm` TLS, agent identity) →
 //! `drive`: validate and route (before DNS or secrets), `intake` the body, preflight,
-//! `approval` → `upstream` connection setup or a `pool`ed connection → `dispatch`:
+//! `approval` → `upstream` connection setup (through the route's `via` hop, if any) or a
+//! `pool`ed connection → `dispatch`:
 //! `DISPATCH_STARTED` durable, request written (`tap`/`body` observe it) → `receive`:
 //! head classified, body to its framing end (or `stream`ed), `guard`ed, `RESULT_COMMITTED`
 //! with the result → delivery (`RESULT_DELIVERED` once the agent's connection `flushed` the

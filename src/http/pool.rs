@@ -10,6 +10,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use super::body::{UpBody, body_error};
 use super::tap::Tap;
+use super::upstream::Hop;
 use crate::config::Route;
 use crate::journal::TlsIdentity;
 use crate::policy::Target;
@@ -107,15 +108,17 @@ pub struct Conn {
     pub tls: Option<TlsIdentity>,
 }
 
-/// Idle connections keyed by route and origin (a route fixes trust roots and address).
+/// Idle connections keyed by route, `via` hop and origin (a route fixes trust roots and
+/// address; the hop is in the key too, so a reloaded route never mixes direct and hopped).
 #[derive(Default)]
 pub struct Pool {
     idle: Mutex<HashMap<String, Vec<Conn>>>,
 }
 
 impl Pool {
-    pub fn key(route: &Route, target: &Target) -> String {
-        format!("{}|{}", route.id, target.authority())
+    pub fn key(route: &Route, target: &Target, hop: Option<&Hop>) -> String {
+        let via = hop.map_or_else(|| "direct".to_owned(), |h| h.via().name());
+        format!("{}|{via}|{}", route.id, target.authority())
     }
 
     /// An idle connection that takes a request now, checked before `DISPATCH_STARTED` so
@@ -150,5 +153,32 @@ impl Pool {
                 list.push(conn);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Scheme;
+
+    #[test]
+    fn the_hop_is_part_of_the_key() {
+        let text = "[[routes]]\nid = \"r\"\nmatch = { host = \"o.test\" }\n";
+        let direct = crate::config::parse(text, None, &|_| None).unwrap();
+        let hopped = crate::config::parse(
+            &format!("{text}via = \"http://10.0.0.1:3128\"\n"),
+            None,
+            &|_| None,
+        )
+        .unwrap();
+        let target = Target::new(Scheme::Https, "o.test", None, "/").unwrap();
+        let (d, h) = (&direct.routes[0], &hopped.routes[0]);
+        let hop = h.via.clone().map(|v| Hop::new(v, None));
+        assert_eq!(d.id, h.id);
+        assert_ne!(
+            Pool::key(d, &target, None),
+            Pool::key(h, &target, hop.as_ref()),
+            "a direct connection is never handed to a hopped request, nor the reverse"
+        );
     }
 }

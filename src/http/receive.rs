@@ -50,10 +50,7 @@ impl Exchange {
         // An origin's reason phrase is free text (it may echo the secret): never relayed.
         parts.extensions.remove::<hyper::ext::ReasonPhrase>();
         // The member is origin-side text: guarded before it names the hop or is relayed.
-        let guard = match &self.injection {
-            Some(injection) => injection.guard(&self.proxy.guards),
-            None => Some(Arc::new(ReflectionGuard::default())),
-        };
+        let guard = self.response_guard();
         let hop = guard.and_then(|g| {
             let mut headers = parts.headers.clone();
             redact_headers(&g, &mut headers);
@@ -216,7 +213,11 @@ impl Exchange {
         member: String,
         started: Draft,
     ) -> Response<ProxyBody> {
-        let hop = format!("proxy:{name}");
+        let hop = match &self.hop {
+            // The route's own hop: its name unless it named itself.
+            Some(h) => h.evidence_name(Some(&name)),
+            None => format!("proxy:{name}"),
+        };
         let mut f = Failure::of(Code::UpstreamHopError);
         f.evidence
             .insert("hop_status".into(), status.as_u16().into());
@@ -249,16 +250,26 @@ impl Exchange {
         strip_hop_by_hop(headers);
         strip_error_proxy_status(headers);
         // No guard for a credentialed route: nothing is relayed (the caller fails it).
-        let guard = match &self.injection {
-            Some(injection) => injection.guard(&self.proxy.guards)?,
-            None => Arc::new(ReflectionGuard::default()),
-        };
+        let guard = self.response_guard()?;
         let header_hits = redact_headers(&guard, headers);
         Some(Head {
             resolution,
             guard,
             header_hits,
         })
+    }
+
+    /// The reflection guard for the response: the route's credential, and the hop's when
+    /// an http request carried it to the hop in the clear. `None` if it cannot be built
+    /// (nothing is relayed then).
+    pub(super) fn response_guard(&self) -> Option<Arc<ReflectionGuard>> {
+        let hop = self.plain_hop().and_then(|h| h.credential());
+        let cache = &self.proxy.guards;
+        match (&self.injection, hop) {
+            (Some(route), Some(hop)) => route.guard_with(hop, cache),
+            (Some(one), None) | (None, Some(one)) => one.guard(cache),
+            (None, None) => Some(Arc::new(ReflectionGuard::default())),
+        }
     }
 
     pub(super) fn stored_result(

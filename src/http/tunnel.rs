@@ -2,7 +2,8 @@
 //! certificates. One invocation per tunnel, method `CONNECT`, target `https://host:port`:
 //!
 //! preflight → approval hold (the `CONNECT` waits, nothing is connected) → `dns` →
-//! `tcp_connect` (the SSRF guard of every route) → `DISPATCH_STARTED` durable → `200` →
+//! `tcp_connect` (the SSRF guard of every route) → through a `via` hop, `proxy_tunnel` (the
+//! same `CONNECT` postern sends for intercepted routes) → `DISPATCH_STARTED` durable → `200` →
 //! bytes relayed both ways, counted, unread → `RESULT_COMMITTED` if the origin sent a byte,
 //! else `REMOTE_OUTCOME_UNKNOWN` (`contract` decides from the counts).
 //!
@@ -21,6 +22,7 @@ use tokio::sync::oneshot;
 
 use super::Proxy;
 use super::approval::watching_the_caller;
+use super::drive::bind_hop;
 use super::relay::{self, Relayed, Unread};
 use super::respond::{self, POSTERN_INVOCATION, ProxyBody};
 use super::upstream::{Connected, connect_tcp};
@@ -140,11 +142,15 @@ impl Tunnel {
             return Err(self.inv.fallback(Code::JournalUnavailable));
         }
         let (route, target) = (&self.opening.route, &self.opening.target);
-        let connected = match connect_tcp(route, target, &self.proxy.dns).await {
+        let hop = match bind_hop(&self.proxy.config, &self.proxy.vault, route) {
+            Ok(hop) => hop,
+            Err(failure) => return Err(self.inv.fail(vec![], failure).await),
+        };
+        let connected = match connect_tcp(route, target, &self.proxy.dns, hop.as_ref()).await {
             Ok(c) => c,
             Err(f) => {
                 let drafts = self.inv.attempt_drafts(&f.attempts);
-                return Err(self.inv.fail(drafts, Failure::of(f.code)).await);
+                return Err(self.inv.fail(drafts, f.failure()).await);
             }
         };
         let drafts = self.inv.attempt_drafts(&connected.attempts);

@@ -76,7 +76,8 @@ impl Exchange {
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
         let (tls, dns) = (&self.proxy.tls, &self.proxy.dns);
-        let dialed = match dial_offering(route, &self.target, tls, dns, Offer::Http1).await {
+        let hop = self.hop.as_ref();
+        let dialed = match dial_offering(route, &self.target, tls, dns, hop, Offer::Http1).await {
             Ok(d) => d,
             Err(f) => {
                 let drafts = self.inv.attempt_drafts(&f.attempts);

@@ -1,7 +1,12 @@
-//! Connection setup toward the origin: `dns` → `tcp_connect` → `tls_handshake`.
+//! Connection setup toward the origin: `dns` → `tcp_connect` → (`proxy_tunnel` through a
+//! `via` hop) → `tls_handshake`.
 //!
 //! Every stage is reported as a `ConnectAttempt`; nothing here decides an outcome.
 //! All of it happens before the dispatch boundary, so bounded retries are allowed.
+
+mod hop;
+
+pub use hop::Hop;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -15,7 +20,7 @@ use tokio::net::TcpStream;
 use crate::config::{Route, Scheme};
 use crate::contract::{Code, Stage};
 use crate::dns::Dns;
-use crate::journal::{ConnectAttempt, TlsIdentity};
+use crate::journal::{ConnectAttempt, Failure, TlsIdentity};
 use crate::policy::Target;
 
 /// A byte stream to the origin.
@@ -37,6 +42,19 @@ pub struct Dialed {
 pub struct DialFailure {
     pub code: Code,
     pub attempts: Vec<ConnectAttempt>,
+    /// The status a `via` hop refused the tunnel with.
+    pub hop_status: Option<u16>,
+}
+
+impl DialFailure {
+    /// The `FAILED` event's body: the code, and the hop's status as evidence.
+    pub fn failure(&self) -> Failure {
+        let mut f = Failure::of(self.code);
+        if let Some(status) = self.hop_status {
+            f.evidence.insert("hop_status".into(), status.into());
+        }
+        f
+    }
 }
 
 const MAX_TCP_ATTEMPTS: usize = 3;
@@ -98,8 +116,10 @@ impl TlsClients {
 
 /// The stages of connection setup, numbered by attempt: dns, tcp_connect and
 /// tls_handshake of one try share `n`; each further address tried is a new attempt.
+#[derive(Default)]
 struct Attempts {
     list: Vec<ConnectAttempt>,
+    hop_status: Option<u16>,
 }
 
 impl Attempts {
@@ -139,33 +159,44 @@ impl Attempts {
             code,
             address: address.map(|a| a.to_string()),
             diagnostic,
+            hop: None,
         });
+    }
+
+    /// The last stage was the `via` hop's answer: its event names the hop.
+    fn said_by(&mut self, hop: String) {
+        if let Some(last) = self.list.last_mut() {
+            last.hop = Some(hop);
+        }
     }
 
     fn fail(self, code: Code) -> DialFailure {
         DialFailure {
             code,
             attempts: self.list,
+            hop_status: self.hop_status,
         }
     }
 }
 
-/// A TCP connection to the origin that passed the SSRF guard (`dns` → `tcp_connect`).
+/// A byte stream to the origin's port that passed the SSRF guard (`dns` → `tcp_connect`,
+/// then `proxy_tunnel` through a `via` hop). `address` is the one postern connected to.
 pub struct Connected {
-    pub stream: TcpStream,
+    pub stream: Box<dyn Io>,
     pub address: SocketAddr,
     pub attempts: Vec<ConnectAttempt>,
 }
 
-/// The `dns` and `tcp_connect` stages alone: what a tunnel (`intercept = false`) needs,
-/// since the agent's own TLS runs inside it.
+/// The stages below TLS: what a tunnel (`intercept = false`) needs, since the agent's own
+/// TLS runs inside it. With a `hop`, the stream is a `CONNECT` tunnel through it.
 pub async fn connect_tcp(
     route: &Route,
     target: &Target,
     dns: &Dns,
+    hop: Option<&Hop>,
 ) -> Result<Connected, DialFailure> {
-    let mut at = Attempts { list: Vec::new() };
-    match tcp_stages(route, target, dns, &mut at).await {
+    let mut at = Attempts::default();
+    match reach_origin(route, target, dns, hop, &mut at).await {
         Ok((stream, address)) => Ok(Connected {
             stream,
             address,
@@ -175,14 +206,56 @@ pub async fn connect_tcp(
     }
 }
 
-/// Sets up a connection for `target` under `route`.
+/// `dns` → `tcp_connect`, then through `hop` (if any) `proxy_tunnel`.
+async fn reach_origin(
+    route: &Route,
+    target: &Target,
+    dns: &Dns,
+    hop: Option<&Hop>,
+    at: &mut Attempts,
+) -> Result<(Box<dyn Io>, SocketAddr), Code> {
+    let (tcp, address) = tcp_stages(route, target, dns, at).await?;
+    let Some(hop) = hop else {
+        return Ok((Box::new(tcp), address));
+    };
+    let opened = hop::open_tunnel(tcp, hop, target, route.connect_timeout).await;
+    let stage = Stage::ProxyTunnel;
+    let code = match opened {
+        Ok(stream) => {
+            at.ok(stage, Some(address));
+            at.said_by(hop.evidence_name(None));
+            return Ok((stream, address));
+        }
+        Err(hop::Refused::Status(status, named)) => {
+            let diag = format!("the hop answered CONNECT with {status}");
+            at.failed(stage, Code::ProxyTunnelRefused, Some(address), diag);
+            at.said_by(hop.evidence_name(named.as_deref()));
+            at.hop_status = Some(status.as_u16());
+            Code::ProxyTunnelRefused
+        }
+        Err(hop::Refused::Broken(diag)) => {
+            at.failed(stage, Code::ProxyTunnelRefused, Some(address), diag);
+            Code::ProxyTunnelRefused
+        }
+        Err(hop::Refused::TimedOut) => {
+            let diag = format!("no answer to CONNECT within {:?}", route.connect_timeout);
+            at.failed(stage, Code::ConnectTimeout, Some(address), diag);
+            Code::ConnectTimeout
+        }
+    };
+    Err(code)
+}
+
+/// Sets up a connection for `target` under `route`, through `hop` when it has one: an
+/// https origin by a `CONNECT` tunnel, an http one by requests in absolute form.
 pub async fn dial(
     route: &Route,
     target: &Target,
     tls: &TlsClients,
     dns: &Dns,
+    hop: Option<&Hop>,
 ) -> Result<Dialed, DialFailure> {
-    dial_offering(route, target, tls, dns, Offer::Any).await
+    dial_offering(route, target, tls, dns, hop, Offer::Any).await
 }
 
 /// `dial`, offering the origin only what `offer` names.
@@ -191,18 +264,24 @@ pub async fn dial_offering(
     target: &Target,
     tls: &TlsClients,
     dns: &Dns,
+    hop: Option<&Hop>,
     offer: Offer,
 ) -> Result<Dialed, DialFailure> {
+    let plain = target.scheme == Scheme::Http;
+    let tunnel_hop = if plain { None } else { hop };
     let Connected {
-        stream: tcp,
+        stream,
         address,
         attempts,
-    } = connect_tcp(route, target, dns).await?;
-    let mut at = Attempts { list: attempts };
-    if target.scheme == Scheme::Http {
+    } = connect_tcp(route, target, dns, tunnel_hop).await?;
+    let mut at = Attempts {
+        list: attempts,
+        hop_status: None,
+    };
+    if plain {
         return Ok(Dialed {
             tls: None,
-            stream: Box::new(tcp),
+            stream,
             address,
             h2: false,
             attempts: at.list,
@@ -233,7 +312,7 @@ pub async fn dial_offering(
         }
     };
     let connector = tokio_rustls::TlsConnector::from(config);
-    match tokio::time::timeout(route.connect_timeout, connector.connect(name, tcp)).await {
+    match tokio::time::timeout(route.connect_timeout, connector.connect(name, stream)).await {
         Ok(Ok(stream)) => {
             let session = stream.get_ref().1;
             let h2 = session.alpn_protocol() == Some(b"h2");
@@ -356,15 +435,21 @@ fn tls_code(e: &std::io::Error) -> Code {
     }
 }
 
+/// The addresses postern connects to: the `via` hop's when the route has one (the hop
+/// resolves the origin), else the pinned one or the origin's.
 async fn resolve(route: &Route, target: &Target, dns: &Dns) -> Result<Vec<SocketAddr>, String> {
     if let Some(pinned) = route.resolve {
         return Ok(vec![pinned]);
     }
-    if let Ok(ip) = target.host.parse::<IpAddr>() {
-        return Ok(vec![SocketAddr::new(ip, target.port)]);
+    let (host, port) = match &route.via {
+        Some(via) => (via.host.as_str(), via.port),
+        None => (target.host.as_str(), target.port),
+    };
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
     }
     let limit = route.connect_timeout.max(Duration::from_millis(100));
-    dns.lookup(&target.host, target.port, limit).await
+    dns.lookup(host, port, limit).await
 }
 
 /// The SSRF guard's ranges: loopback, private, link-local, CGNAT, metadata and friends.

@@ -220,6 +220,10 @@ pub struct ConnectAttempt {
     /// The transport library's own words; operators only, never an envelope.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diagnostic: Option<String>,
+    /// Who said it, when not postern (`proxy:<name>` for a `via` hop's answer): the event's
+    /// `hop`, not part of its data.
+    #[serde(skip)]
+    pub hop: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -386,8 +386,13 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             p.closed = true;
         }
         Body::Failed(f) => {
+            let hop_status = f
+                .evidence
+                .get("hop_status")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|s| u16::try_from(s).ok());
             r.evidence.extra.extend(f.evidence);
-            return fail(state, event, f.code, f.field);
+            return fail(state, event, f.code, f.field, hop_status);
         }
         Body::Reconciled(rec) => {
             if !event.source.can_resolve_unknown() {
@@ -481,6 +486,7 @@ fn fail(
     event: &Event,
     code: Code,
     field: Option<String>,
+    hop_status: Option<u16>,
 ) -> Result<(), Refusal> {
     let operation = state.operation();
     let p = &mut state.progress;
@@ -512,6 +518,7 @@ fn fail(
         result_stored: p.result_stored,
         operation,
         now_ms: event_ms(event),
+        hop_status,
     };
     let resolution: Resolution = resolve_failure(code, &ctx);
     if r.outcome == Outcome::Unknown

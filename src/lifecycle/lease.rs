@@ -281,6 +281,7 @@ fn unavailable(id: &str) -> LeaseError {
         result_stored: false,
         operation: OperationFacts::default(),
         now_ms: 0,
+        hop_status: None,
     };
     let evidence = crate::contract::Evidence {
         hop: "postern".into(),
@@ -302,6 +303,7 @@ pub fn attempt_in_progress(state: &State) -> Envelope {
         result_stored: p.result_stored,
         operation: state.operation(),
         now_ms: 0,
+        hop_status: None,
     };
     let mut evidence = r.evidence.clone();
     evidence.generation = Some(r.generation);

@@ -221,6 +221,7 @@ impl Invocation {
             result_stored: false,
             operation: OperationFacts::default(),
             now_ms: 0,
+            hop_status: None,
         };
         let evidence = Evidence {
             dispatch_started: d,
@@ -245,7 +246,12 @@ impl Invocation {
                 a.n += offset;
                 self.last_attempt = self.last_attempt.max(a.n);
                 let n = a.n;
-                Draft::observed(Body::ConnectAttempt(a)).attempt(n)
+                let hop = a.hop.take();
+                let draft = Draft::observed(Body::ConnectAttempt(a)).attempt(n);
+                match hop {
+                    Some(h) => draft.hop(&h),
+                    None => draft,
+                }
             })
             .collect()
     }

@@ -92,7 +92,12 @@ impl Target {
 
     /// A tunnel's target (SPEC §3.6): `https://host:port`, the port always named.
     pub fn connect_url(&self) -> String {
-        format!("https://{}:{}", self.url_host(), self.port)
+        format!("https://{}", self.connect_authority())
+    }
+
+    /// `host:port`, the port always named: a `CONNECT`'s authority-form target.
+    pub fn connect_authority(&self) -> String {
+        format!("{}:{}", self.url_host(), self.port)
     }
 
     /// `host` or `host:port` when the port is not the scheme's default; IPv6 in brackets.
@@ -379,11 +384,10 @@ fn connect_specificity(r: &Route) -> (bool, usize, bool) {
     (s.exact_host, s.host_len, s.explicit_agents)
 }
 
-/// `via` hops are not built yet: refusing such a route's requests beats sending them
-/// straight out, past the hop. A tunnel route (`intercept = false`) serves whole `CONNECT`s
-/// (`http::tunnel`), never a request postern reads.
+/// A tunnel route (`intercept = false`) serves whole `CONNECT`s (`http::tunnel`), never a
+/// request postern reads.
 pub fn route_is_built(route: &Route, scheme: Scheme) -> bool {
-    route.via.is_none() && (route.intercept || scheme == Scheme::Http)
+    route.intercept || scheme == Scheme::Http
 }
 
 #[cfg(test)]

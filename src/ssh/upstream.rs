@@ -134,6 +134,7 @@ impl Stages {
             code,
             address: address.map(|a| a.to_string()),
             diagnostic,
+            hop: None,
         });
     }
 

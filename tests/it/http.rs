@@ -760,23 +760,6 @@ fn sent_and_delivered_events_count_the_body_bytes() {
 }
 
 #[test]
-fn a_via_route_is_refused_rather_than_sent_past_its_hop() {
-    let origin = origins::responds("200 OK", &[], "direct");
-    let s = setup(origin.port(), "via = \"http://127.0.0.1:9\"");
-    let (status, body, head) = s.curl(&[&s.url("/hop")]);
-    assert_eq!(status, 400, "{head}\n{body}");
-    let env: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-    assert_eq!(env["error"]["code"], "UNSUPPORTED_ACTION", "{body}");
-    assert_eq!(env["error"]["outcome"], "not_attempted");
-    assert_eq!(origin.hits(), 0, "never sent straight to the origin");
-    assert!(
-        s.daemon
-            .stderr()
-            .contains("`via` upstream hops are not supported yet")
-    );
-}
-
-#[test]
 fn each_settled_invocation_is_one_access_log_line_without_query_values() {
     let origin = origins::responds("200 OK", &[], "ok");
     let home = Home::new();

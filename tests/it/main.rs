@@ -34,4 +34,5 @@ mod streaming;
 mod support;
 mod tls_origin;
 mod tunnel;
+mod via;
 mod websocket;

@@ -94,6 +94,7 @@ fn body_of(m: &Move, generation: u32) -> (Body, Source, u32) {
             code: None,
             address: None,
             diagnostic: None,
+            hop: None,
         }),
         Move::Dispatch => Body::DispatchStarted(Dispatch::default()),
         Move::Sent => Body::RequestSent(super::super::event::RequestSent { bytes: 1 }),
