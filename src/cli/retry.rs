@@ -29,7 +29,7 @@ pub fn run(target: &AdminTarget, id: &str, ask: &Ask) -> Result<ExitCode, CliErr
         Err(CliError::Unreachable { url, detail }) => {
             // The daemon may have taken the retry before the connection broke; it runs on.
             let detail = format!(
-                "{detail}; if the daemon took the retry, it runs to its end: `postern show {id}` tells"
+                "{detail}; if the daemon took the retry, it runs to its end: `postern actions show {id}` tells"
             );
             return Err(CliError::Unreachable { url, detail });
         }

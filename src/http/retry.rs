@@ -41,7 +41,7 @@ impl Exchange {
             }
             // The agent's own credential never enters the journal (SPEC §1.8); without it the
             // request cannot be rebuilt, so it is not resendable.
-            if name == header::AUTHORIZATION {
+            if name == header::AUTHORIZATION || holds_agent_secret(name.as_str()) {
                 incomplete = true;
                 continue;
             }
@@ -62,6 +62,25 @@ impl Exchange {
         };
         journal.keep_request(kept).await;
     }
+}
+
+/// Header names that carry a credential of the agent's own (cookies, API keys, tokens):
+/// never journaled. postern's own headers carry none.
+fn holds_agent_secret(name: &str) -> bool {
+    const MARKS: &[&str] = &[
+        "auth",
+        "token",
+        "secret",
+        "passw",
+        "cookie",
+        "session",
+        "api-key",
+        "apikey",
+        "api_key",
+        "signature",
+        "credential",
+    ];
+    !name.starts_with("postern-") && MARKS.iter().any(|m| name.contains(m))
 }
 
 /// Sends kept HTTP requests again for `postern retry`.

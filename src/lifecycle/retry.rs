@@ -225,7 +225,7 @@ async fn resend_generation(
             };
         }
         Ok(_) => {
-            let message = "The request of this invocation was not kept whole (it carried the agent's own Authorization header, which postern never stores; its body was larger than max_result_bytes; it expired; it was a tunnel, whose bytes postern never reads, or a WebSocket handshake; or it came from an older postern): send it again as a new request.";
+            let message = "The request of this invocation was not kept whole (it carried the agent's own Authorization, cookie or another credential-like header, which postern never stores; its body was larger than max_result_bytes; it expired; it was a tunnel, whose bytes postern never reads, or a WebSocket handshake; or it came from an older postern): send it again as a new request.";
             return RetryAnswer::Refused {
                 verdict: None,
                 code: "REQUEST_NOT_KEPT",

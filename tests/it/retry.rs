@@ -401,28 +401,34 @@ fn the_readme_agent_loop_settles_a_dropped_answer_with_one_same_key_retry() {
 }
 
 #[test]
-fn an_agents_own_authorization_header_is_never_kept_so_that_request_is_not_resent() {
-    let origin = fails_then_answers(1);
+fn an_agents_own_credential_headers_are_never_kept_so_that_request_is_not_resent() {
+    let origin = fails_then_answers(3);
     let s = setup(origin.port(), "", false);
-    let canary = "Bearer agent-own-canary-7731";
-    let (status, _, head) = s.send(&["-H", &format!("Authorization: {canary}")], "/balance");
-    assert_eq!(status, 502);
-    let id = invocation(&head);
-    let out = s.retry(&[&id]);
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    assert!(
-        stderr(&out).contains("REQUEST_NOT_KEPT"),
-        "{}",
-        stderr(&out)
-    );
-    assert_eq!(origin.hits(), 1);
+    let own = [
+        ("Authorization", "Bearer agent-own-canary-7731"),
+        ("Cookie", "session=agent-own-canary-7732"),
+        ("X-Api-Key", "agent-own-canary-7733"),
+    ];
+    for (name, value) in own {
+        let (status, _, head) = s.send(&["-H", &format!("{name}: {value}")], "/balance");
+        assert_eq!(status, 502);
+        let id = invocation(&head);
+        let out = s.retry(&[&id]);
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        assert!(
+            stderr(&out).contains("REQUEST_NOT_KEPT"),
+            "{name}: {}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(origin.hits(), 3, "nothing was resent");
     let journal = crate::support::journal_dir(&s.home.root());
     let _ = s.daemon.cli(&["actions", "list"], &[]);
     for entry in crate::support::files_under(&journal) {
-        let bytes = std::fs::read(&entry).unwrap_or_default();
+        let text = String::from_utf8_lossy(&std::fs::read(&entry).unwrap_or_default()).into_owned();
         assert!(
-            !String::from_utf8_lossy(&bytes).contains("agent-own-canary-7731"),
-            "{} holds the agent's Authorization",
+            !text.contains("agent-own-canary"),
+            "{} holds an agent's own credential",
             entry.display()
         );
     }
