@@ -370,6 +370,11 @@ struct Refuse {
 /// `diagnostic` (the operator's view), never into the envelope (SPEC §1.8).
 fn credential_failure(config: &Config, credential: &str, code: Code) -> Failure {
     let mut failure = Failure::of(code);
+    if code == Code::InjectionModeUnsupported {
+        failure.diagnostic = Some(format!(
+            "credential {credential}: its secret holds bytes an HTTP header cannot carry (CR, LF, NUL or other control characters)"
+        ));
+    }
     if code == Code::CredentialMissing {
         failure.diagnostic = config
             .credentials

@@ -35,11 +35,17 @@ impl Injection {
             VaultError::Missing(_) => Code::CredentialMissing,
             VaultError::DecryptFailed | VaultError::File(_) => Code::CredentialDecryptFailed,
         })?;
-        Ok(Self {
+        let injection = Self {
             id: cred.id.clone(),
             inject: cred.inject.clone(),
             secret,
-        })
+        };
+        // A value a header cannot carry (CR, LF, NUL) is refused at preflight, not sent.
+        let mut probe = (HeaderMap::new(), String::new());
+        injection
+            .apply(&mut probe.0, &mut probe.1)
+            .ok_or(Code::InjectionModeUnsupported)?;
+        Ok(injection)
     }
 
     pub fn evidence(&self) -> CredentialEvidence {

@@ -241,6 +241,24 @@ fn a_missing_secret_and_a_locked_vault_fail_before_connecting() {
     );
 }
 
+/// A secret with a line break cannot go into a header: refused at preflight with the
+/// injection code (the operator's diagnostic says why), never sent and never a bad target.
+#[test]
+fn a_secret_a_header_cannot_carry_is_refused_at_injection() {
+    let s = setup("credential = \"read\"", Some(VAULT_KEY));
+    let set = secret_set(&s.home, "read-key", "line-one\r\nX-Injected: yes", Some(VAULT_KEY));
+    assert!(set.status.success());
+    let (_, body, _) = s.get("/x", &[]);
+    let e: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    assert_eq!(e["error"]["code"], "INJECTION_MODE_UNSUPPORTED", "{body}");
+    assert_eq!(e["error"]["phase"], "credential_injection", "{body}");
+    let id = e["invocation_id"].as_str().unwrap_or_default().to_owned();
+    let out = s.daemon.cli(&["actions", "show", &id, "--json"], &[]);
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(shown.contains("cannot carry"), "{shown}");
+    assert!(!shown.contains("X-Injected"), "{shown}");
+}
+
 #[test]
 fn a_rotated_secret_is_used_without_a_restart() {
     let s = setup("credential = \"read\"", Some(VAULT_KEY));
