@@ -417,3 +417,18 @@ fn a_via_hop_takes_a_basic_credential_no_pinned_address_and_no_password_in_its_u
         );
     }
 }
+
+#[test]
+fn a_route_timeout_of_zero_is_an_error() {
+    let route =
+        |extra: &str| format!("[[routes]]\nid = \"r\"\nmatch = {{ host = \"x.test\" }}\n{extra}\n");
+    for key in [
+        "approval_timeout",
+        "connect_timeout",
+        "response_timeout",
+        "idle_timeout",
+    ] {
+        let text = route(&format!("{key} = \"0s\""));
+        assert_eq!(paths(&text), [format!("routes[0].{key}")], "{key}");
+    }
+}

@@ -669,25 +669,25 @@ fn route(
         idempotent_methods,
         idempotency,
         approval,
-        approval_timeout: c.duration(
+        approval_timeout: c.timeout(
             &format!("{p}.approval_timeout"),
-            r.approval_timeout.as_ref(),
+            &r.approval_timeout,
             Duration::from_secs(300),
         ),
         retry_budget: r.retry_budget.unwrap_or(3),
-        connect_timeout: c.duration(
+        connect_timeout: c.timeout(
             &format!("{p}.connect_timeout"),
-            r.connect_timeout.as_ref(),
+            &r.connect_timeout,
             Duration::from_secs(5),
         ),
-        response_timeout: c.duration(
+        response_timeout: c.timeout(
             &format!("{p}.response_timeout"),
-            r.response_timeout.as_ref(),
+            &r.response_timeout,
             Duration::from_secs(30),
         ),
-        idle_timeout: c.duration(
+        idle_timeout: c.timeout(
             &format!("{p}.idle_timeout"),
-            r.idle_timeout.as_ref(),
+            &r.idle_timeout,
             Duration::from_secs(60),
         ),
         intercept: r.intercept.unwrap_or(true),

@@ -246,7 +246,12 @@ fn a_missing_secret_and_a_locked_vault_fail_before_connecting() {
 #[test]
 fn a_secret_a_header_cannot_carry_is_refused_at_injection() {
     let s = setup("credential = \"read\"", Some(VAULT_KEY));
-    let set = secret_set(&s.home, "read-key", "line-one\r\nX-Injected: yes", Some(VAULT_KEY));
+    let set = secret_set(
+        &s.home,
+        "read-key",
+        "line-one\r\nX-Injected: yes",
+        Some(VAULT_KEY),
+    );
     assert!(set.status.success());
     let (_, body, _) = s.get("/x", &[]);
     let e: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
