@@ -239,7 +239,11 @@ impl Code {
                 NA,
                 R::Fixed(Retry::AfterCorrection),
             ),
-            AttemptInProgress => (P::Reached, O::Own, R::Fixed(Retry::FetchResult)),
+            AttemptInProgress => (
+                P::Fixed(Phase::Validation),
+                O::Own,
+                R::Fixed(Retry::FetchResult),
+            ),
             JournalUnavailable => (P::Fixed(Phase::Validation), NA, R::Fixed(Retry::Backoff)),
             VaultLocked
             | CredentialMissing

@@ -276,12 +276,7 @@ mod tests {
                 NotAttempted,
                 AfterCorrection,
             ),
-            (
-                AttemptInProgress,
-                ConnectionSetup,
-                NotAttempted,
-                FetchResult,
-            ),
+            (AttemptInProgress, Validation, NotAttempted, FetchResult),
             (JournalUnavailable, Validation, NotAttempted, Backoff),
             (
                 VaultLocked,
