@@ -48,7 +48,15 @@ pub fn run(target: &AdminTarget, id: &str, ask: &Ask) -> Result<ExitCode, CliErr
         return refused(&reply, ask.json);
     }
     if !status.is_success() {
-        return Err(api_error(status, &reply));
+        let mut err = api_error(status, &reply);
+        if reply["error"]["code"] == "RETRY_BUDGET_EXHAUSTED"
+            && let CliError::Failed(text) = &mut err
+        {
+            text.push_str(&format!(
+                "\npostern: {id} used up its retry budget, so postern does not repeat it; an idempotent request may be sent again as a new request, otherwise find out at the remote and `postern reconcile {id}`."
+            ));
+        }
+        return Err(err);
     }
     if ask.json {
         return Ok(settled(&reply));

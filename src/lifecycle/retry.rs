@@ -138,6 +138,9 @@ pub async fn retry(
             refuse(verdict, "RETRY_NOT_YET", when_allowed(after), record)
         }
         Verdict::StopForCorrection => refuse(verdict, "RETRY_REFUSED", STOP.into(), record),
+        Verdict::Reconcile if record.code == Some(Code::RetryBudgetExhausted) => {
+            refuse(verdict, "RETRY_BUDGET_EXHAUSTED", budget_spent(id), record)
+        }
         Verdict::Reconcile if !ask.operator_attested_safe => {
             refuse(verdict, "RETRY_REFUSED", reconcile_first(id), record)
         }
@@ -149,6 +152,12 @@ pub async fn retry(
 }
 
 const STOP: &str = "The verdict is STOP_FOR_CORRECTION: this invocation is not repeated. Correct the request, route or credential and send a new request.";
+fn budget_spent(id: &str) -> String {
+    format!(
+        "This invocation used up its retry budget: postern repeats it no more, not even when vouched for; nothing was sent. Find out at the remote whether it happened and record it with `postern reconcile {id} --outcome committed|rejected --note …`; to act again, send a new request."
+    )
+}
+
 fn reconcile_first(id: &str) -> String {
     format!(
         "The verdict is RECONCILE: the action may have happened; nothing was sent. Find out at the remote, then record it with `postern reconcile {id} --outcome committed|rejected --note …`; if you established that it did not happen, `postern retry {id} --i-have-reconciled --note …` repeats it (journaled as operator-attested)."

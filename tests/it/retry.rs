@@ -293,6 +293,14 @@ fn the_retry_budget_of_the_route_bounds_operator_retries_too() {
     assert_eq!(origin.hits(), 2, "a spent budget sends nothing");
     let decide = s.daemon.cli(&["decide", &id], &[]);
     assert_eq!(stdout(&decide).trim(), "RECONCILE");
+    // Spent is spent: an operator's word does not buy another generation, and the answer
+    // does not suggest it would.
+    let vouched = s.retry(&[&id, "--i-have-reconciled", "--note", "checked"]);
+    assert_eq!(vouched.status.code(), Some(1), "{vouched:?}");
+    let said = stderr(&vouched);
+    assert!(said.contains("RETRY_BUDGET_EXHAUSTED"), "{said}");
+    assert!(!said.contains("--i-have-reconciled"), "{said}");
+    assert_eq!(origin.hits(), 2);
 }
 
 #[test]

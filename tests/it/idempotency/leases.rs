@@ -21,7 +21,7 @@ fn a_same_key_request_while_the_first_is_in_flight_is_attempt_in_progress() {
         second.error(),
         four(
             "ATTEMPT_IN_PROGRESS",
-            "remote_execution",
+            "validation",
             "unknown",
             "fetch_result"
         )
@@ -61,7 +61,7 @@ fn a_worker_whose_lease_expired_is_superseded_and_stopped_before_dispatch() {
         stalled.error(),
         four(
             "ATTEMPT_IN_PROGRESS",
-            "remote_execution",
+            "validation",
             "committed",
             "fetch_result"
         )
