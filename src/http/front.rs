@@ -22,17 +22,22 @@ use crate::config::{Route, Scheme};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Accepted, Body, Draft, Failure, Protocol, new_invocation_id};
 use crate::lifecycle::refusals::{UNAUTHENTICATED, capped_target};
-use crate::listen::{Guarded, Slot};
+use crate::listen::{Guarded, IdleRoster, Member, Slot};
 use crate::policy::{
     AgentAuth, Target, TargetError, authenticate, connect_denial_field, match_connect,
     match_connect_plain,
 };
 
 /// Accepts agent connections, at most `[proxy] max_connections` at once. A connection's
-/// slot is shared with the tunnel a `CONNECT` on it opens, so the tunnel counts too.
-pub async fn serve(mut listener: Guarded, proxy: Arc<Proxy>) {
+/// slot is shared with the tunnel a `CONNECT` on it opens, so the tunnel counts too. At the
+/// cap, the connection idle longest (no request running, none sent yet) makes room: idle or
+/// silent connections cannot lock agents out.
+pub async fn serve(listener: Guarded, proxy: Arc<Proxy>) {
+    let roster = IdleRoster::default();
+    let mut listener = listener.evicting(roster.clone());
     loop {
         let (stream, slot) = listener.next().await;
+        let member = Arc::new(roster.join());
         let source = stream
             .peer_addr()
             .map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
@@ -44,22 +49,73 @@ pub async fn serve(mut listener: Guarded, proxy: Arc<Proxy>) {
             let conflict = stream.conflict.clone();
             let (stream, watch) = Flushed::new(stream, false);
             let header_timeout = proxy.config.proxy.header_read_timeout;
+            let m = member.clone();
             let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 req.extensions_mut().insert(watch.clone());
-                let (proxy, slot) = (proxy.clone(), slot.clone());
+                let (proxy, slot, m) = (proxy.clone(), slot.clone(), m.clone());
                 let framing_conflict = conflict.load(Ordering::SeqCst);
                 async move {
+                    m.busy();
+                    let connect = req.method() == Method::CONNECT;
                     let from = Peer { source, slot };
-                    Ok::<_, Infallible>(front_request(proxy, req, framing_conflict, from).await)
+                    let resp = front_request(proxy, req, framing_conflict, from).await;
+                    // An opened `CONNECT` carries a tunnel or intercepted requests from now.
+                    if connect && resp.status().is_success() {
+                        return Ok::<_, Infallible>(resp);
+                    }
+                    Ok(idle_once_sent(resp, m))
                 }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
+            let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
                 .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades()
-                .await;
+                .with_upgrades();
+            tokio::select! {
+                _ = conn => {}
+                () = member.evicted() => {}
+            }
         });
+    }
+}
+
+/// The connection is idle again once the response body is sent (or dropped): a streamed
+/// response is never evicted.
+fn idle_once_sent(resp: Response<ProxyBody>, member: Arc<Member>) -> Response<ProxyBody> {
+    use http_body_util::BodyExt;
+    resp.map(|inner| IdleAtEnd { inner, member }.boxed())
+}
+
+/// A response body that marks its connection idle when it is dropped; framing (length,
+/// end of stream) is the inner body's.
+struct IdleAtEnd {
+    inner: ProxyBody,
+    member: Arc<Member>,
+}
+
+impl Drop for IdleAtEnd {
+    fn drop(&mut self) {
+        self.member.idle();
+    }
+}
+
+impl hyper::body::Body for IdleAtEnd {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -73,17 +73,29 @@ fn through(daemon: &Daemon, port: u16) -> u16 {
     curl(&["-x", &daemon.proxy, &format!("http://origin.test:{port}/")]).0
 }
 
+/// Four connections each with a request running: the cap is full of work, so a fifth is
+/// refused at once (nothing idle to make room), the admin still answers.
 #[test]
 fn the_connection_cap_refuses_quickly_and_the_admin_still_answers() {
-    let origin = ok_origin();
+    let origin = origins::slow_head(Duration::from_secs(3), "slow");
     let home = Home::new();
     let config = http_config(
         origin.port(),
         "max_connections = 4\nheader_read_timeout = \"60s\"",
     );
     let daemon = Daemon::start(&home, Some(&config));
-    let idle: Vec<TcpStream> = (0..4).map(|_| open(&daemon)).collect();
-    std::thread::sleep(Duration::from_millis(300));
+    let request = format!(
+        "GET http://origin.test:{}/ HTTP/1.1\r\nHost: origin.test\r\n\r\n",
+        origin.port()
+    );
+    let busy: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut s = open(&daemon);
+            s.write_all(request.as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
 
     let mut extra = open(&daemon);
     let (closed, said) = closed_within(&mut extra, Duration::from_secs(5));
@@ -98,9 +110,37 @@ fn the_connection_cap_refuses_quickly_and_the_admin_still_answers() {
         1.0
     );
 
-    drop(idle);
+    drop(busy);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(through(&daemon, origin.port()), 200, "slots come back");
+}
+
+/// Connections that never send a request (or sit idle between requests) cannot lock the
+/// agents out: at the cap the one idle longest makes room.
+#[test]
+fn idle_proxy_connections_make_room_for_an_agent_at_the_cap() {
+    let origin = ok_origin();
+    let home = Home::new();
+    let config = http_config(
+        origin.port(),
+        "max_connections = 4\nheader_read_timeout = \"60s\"",
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    let mut idle: Vec<TcpStream> = (0..4).map(|_| open(&daemon)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        assert_eq!(
+            through(&daemon, origin.port()),
+            200,
+            "locked out at the cap"
+        );
+    }
+    let evicted = idle
+        .iter_mut()
+        .map(|s| closed_within(s, Duration::from_secs(2)).0.is_some())
+        .filter(|closed| *closed)
+        .count();
+    assert!(evicted >= 1, "the idlest connections made room");
 }
 
 #[test]
