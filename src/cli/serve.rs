@@ -245,6 +245,7 @@ async fn serve_until_stopped(
         failed_logins: crate::lifecycle::refusals::RefusalRate::failed_logins(),
         refusals: crate::lifecycle::refusals::RefusalRate::refusals(),
         guards: Default::default(),
+        relays: crate::http::relays::Relays::new(relay_limit(&config)),
     });
     let state = Arc::new(AdminState {
         registry: admin::metrics::registry(journal.metrics(), &front),
@@ -324,6 +325,18 @@ fn guard(
     let admin = Guarded::new(admin, admin_cap, "admin", front.admin_refused.clone())
         .count_errors(front.accept_errors.clone());
     (proxy, admin)
+}
+
+/// Relays one agent may hold: configured, or a quarter of the proxy's connection cap.
+fn relay_limit(config: &Config) -> usize {
+    config.proxy.max_relays_per_agent.unwrap_or_else(|| {
+        let cap = listen::proxy_cap(
+            config.proxy.max_connections,
+            listen::raise_nofile(),
+            config.admin.max_connections,
+        );
+        (cap / 4).max(1)
+    })
 }
 
 /// The SSH front shares the proxy's cap rule; over it a connection gets an `ERR` line.

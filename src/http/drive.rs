@@ -192,7 +192,12 @@ impl Exchange {
             if !drafts.is_empty() && self.inv.record(drafts).await.is_err() {
                 return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
             }
-            return self.websocket(route, &parts, agent, reply).await;
+            let relays = self.proxy.relays.clone();
+            let Some(hold) = relays.hold(&self.agent) else {
+                let env = super::relays::refuse(&mut self.inv, relays.limit()).await;
+                return Outgoing::Respond(respond::envelope(&env));
+            };
+            return self.websocket(route, &parts, (agent, hold), reply).await;
         }
         let key = Pool::key(route, &self.target, self.hop.as_ref());
         let pooled = self.proxy.pool.take_ready(&key).await;

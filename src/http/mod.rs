@@ -29,6 +29,7 @@ pub mod mitm;
 mod pool;
 mod receive;
 mod relay;
+pub mod relays;
 pub mod respond;
 pub mod retry;
 mod sniff;
@@ -69,4 +70,6 @@ pub struct Proxy {
     pub guards: crate::guard::GuardCache,
     /// Memory for buffered bodies, shared by requests and responses.
     pub budget: budget::Budget,
+    /// Tunnels and WebSockets each agent holds open.
+    pub relays: Arc<relays::Relays>,
 }

@@ -75,6 +75,8 @@ struct Tunnel {
     proxy: Arc<Proxy>,
     opening: Opening,
     inv: Invocation,
+    /// Its place under the agent's relay limit, held until the tunnel ends.
+    relay: Option<super::relays::RelayHold>,
 }
 
 type Reply = oneshot::Sender<Response<ProxyBody>>;
@@ -93,6 +95,7 @@ impl Tunnel {
             proxy,
             opening,
             inv,
+            relay: None,
         }
     }
 
@@ -125,6 +128,11 @@ impl Tunnel {
             let failure = Failure::of(Code::JournalUnavailable);
             return Err(self.inv.fail(vec![], failure).await);
         }
+        let relays = self.proxy.relays.clone();
+        let Some(hold) = relays.hold(&self.opening.agent) else {
+            return Err(super::relays::refuse(&mut self.inv, relays.limit()).await);
+        };
+        self.relay = Some(hold);
         let route = &self.opening.route;
         let fp = fingerprint(CONNECT, &self.opening.target.connect_url(), &[], b"");
         let preflight = Draft::observed(Body::PreflightValidated(Preflight {

@@ -25,6 +25,7 @@ use super::exchange::Exchange;
 use super::headers::{redact_headers, strip_hop_by_hop};
 use super::pool::Sender;
 use super::relay::{self, Downstream};
+use super::relays::RelayHold;
 use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed};
 use super::tap::Tap;
 use super::upstream::{Offer, dial_offering};
@@ -64,6 +65,8 @@ pub(super) struct Switch {
     origin: OnUpgrade,
     guard: Arc<ReflectionGuard>,
     idle: Duration,
+    /// The agent's place under its relay limit, held until the relay ends.
+    _relay: RelayHold,
 }
 
 impl Exchange {
@@ -72,7 +75,7 @@ impl Exchange {
         &mut self,
         route: &Route,
         parts: &http::request::Parts,
-        agent: OnUpgrade,
+        agent: (OnUpgrade, RelayHold),
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
         let (tls, dns) = (&self.proxy.tls, &self.proxy.dns);
@@ -128,7 +131,7 @@ impl Exchange {
         &mut self,
         route: &Route,
         mut resp: Response<Incoming>,
-        agent: OnUpgrade,
+        agent: (OnUpgrade, RelayHold),
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
@@ -256,12 +259,13 @@ impl Exchange {
 }
 
 impl Switch {
-    fn new(agent: OnUpgrade, origin: OnUpgrade, route: &Route) -> Self {
+    fn new((agent, relay): (OnUpgrade, RelayHold), origin: OnUpgrade, route: &Route) -> Self {
         Self {
             agent,
             origin,
             guard: Arc::new(ReflectionGuard::default()),
             idle: route.idle_timeout,
+            _relay: relay,
         }
     }
 }

@@ -456,3 +456,46 @@ fn a_tunnel_route_with_methods_path_prefix_or_a_credential_is_a_config_error() {
         );
     }
 }
+
+/// One agent cannot hold every connection postern has: past `max_relays_per_agent` open
+/// tunnels its next `CONNECT` is refused before any connection (a capacity code with a
+/// message naming the limit); a closed tunnel frees its place.
+#[test]
+fn one_agent_holds_at_most_max_relays_per_agent_tunnels() {
+    let origin = Origin::raw(|s, _| {
+        let mut buf = [0u8; 64];
+        while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+    });
+    let text = config(origin.port(), PRIVATE).replacen(
+        "[proxy]\n",
+        "[proxy]\nmax_relays_per_agent = 2\n",
+        1,
+    );
+    let home = Home::new();
+    let daemon = Daemon::start(&home, Some(&text));
+    let held: Vec<(TcpStream, String)> = (0..2).map(|_| connect(&daemon, origin.port())).collect();
+    for (_, head) in &held {
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    }
+    let (mut s, head) = connect(&daemon, origin.port());
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    let env = body(&mut s, &head);
+    assert_eq!(env["error"]["code"], "JOURNAL_UNAVAILABLE", "{env}");
+    assert_eq!(env["error"]["field"], "agent", "{env}");
+    assert_eq!(env["error"]["retry"], "backoff", "{env}");
+    let message = env["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("max_relays_per_agent"), "{env}");
+    assert_eq!(origin.connections(), 2, "the refused one connected nowhere");
+
+    drop(held);
+    let mut reopened = None;
+    for _ in 0..50 {
+        let (s, head) = connect(&daemon, origin.port());
+        if head.starts_with("HTTP/1.1 200") {
+            reopened = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(reopened.is_some(), "closed tunnels free their places");
+}
