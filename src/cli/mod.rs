@@ -255,6 +255,9 @@ pub enum ActionsCommand {
         /// At most this many invocations (1..1000).
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..=1000))]
         limit: u16,
+        /// Continue after this invocation id (the `next` of the previous page).
+        #[arg(long, value_name = "ID")]
+        cursor: Option<String>,
         /// Print the admin API's JSON.
         #[arg(long)]
         json: bool,

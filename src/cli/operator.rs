@@ -36,10 +36,17 @@ pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode
             outcome,
             phase,
             limit,
+            cursor,
             json,
         } => {
             let mut q = format!("limit={limit}");
-            for (k, v) in [("agent", agent), ("outcome", outcome), ("phase", phase)] {
+            let filters = [
+                ("agent", agent),
+                ("outcome", outcome),
+                ("phase", phase),
+                ("cursor", cursor),
+            ];
+            for (k, v) in filters {
                 if let Some(v) = v {
                     q.push_str(&format!("&{k}={}", percent_encode(&v)));
                 }
@@ -69,6 +76,9 @@ pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode
                     s(&r["code"]),
                     s(&r["target"])
                 );
+            }
+            if let Some(next) = body["next"].as_str() {
+                errln!("postern: more invocations: `postern actions list --cursor {next}`");
             }
             Ok(ExitCode::SUCCESS)
         }
