@@ -217,7 +217,12 @@ async fn failed_login(
         proxy.metrics.auth_failures_unjournaled.inc();
         return respond::envelope(&unjournaled_refusal(Code::AgentUnauthenticated, FIELD));
     }
-    let (target, truncated) = capped_target(&req.uri().to_string());
+    // A `CONNECT`'s target is named as its tunnel records are: `https://host:port`.
+    let target = match req.method() == Method::CONNECT {
+        true => format!("https://{}", req.uri()),
+        false => req.uri().to_string(),
+    };
+    let (target, truncated) = capped_target(&target);
     let (method, _) = capped_target(req.method().as_str());
     let mut failure = Failure::of(Code::AgentUnauthenticated);
     failure.field = Some(FIELD.to_owned());
@@ -318,7 +323,7 @@ async fn connect(
         .trim_end_matches(']')
         .to_ascii_lowercase();
     let port = authority.port_u16().unwrap_or(443);
-    let url = format!("https://{authority}/");
+    let url = format!("https://{authority}");
     if host == internal::HOST {
         let mut failure = Failure::of(Code::InvalidTarget);
         failure.field = Some("target.scheme".into());

@@ -185,7 +185,7 @@ fn connect_to_an_unrouted_host_is_denied_and_journaled() {
         (r["code"].as_str(), r["method"].as_str()),
         (Some("ROUTE_DENIED"), Some("CONNECT"))
     );
-    assert_eq!(r["target"], "https://elsewhere.test:443/");
+    assert_eq!(r["target"], "https://elsewhere.test:443");
 }
 
 #[test]
