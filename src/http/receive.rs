@@ -51,11 +51,13 @@ impl Exchange {
         parts.extensions.remove::<hyper::ext::ReasonPhrase>();
         // The member is origin-side text: guarded before it names the hop or is relayed.
         let guard = self.response_guard();
-        let hop = guard.and_then(|g| {
-            let mut headers = parts.headers.clone();
-            redact_headers(&g, &mut headers);
-            intermediary_error(&headers)
-        });
+        let hop = guard
+            .and_then(|g| {
+                let mut headers = parts.headers.clone();
+                redact_headers(&g, &mut headers);
+                intermediary_error(&headers).map(|(name, member)| (name, Some(member)))
+            })
+            .or_else(|| self.hop_refused_auth(status));
         if let Some((name, member)) = hop {
             return Outgoing::Respond(self.hop_error(status, name, member, started).await);
         }
@@ -210,7 +212,7 @@ impl Exchange {
         &mut self,
         status: StatusCode,
         name: String,
-        member: String,
+        member: Option<String>,
         started: Draft,
     ) -> Response<ProxyBody> {
         let hop = match &self.hop {
@@ -221,17 +223,28 @@ impl Exchange {
         let mut f = Failure::of(Code::UpstreamHopError);
         f.evidence
             .insert("hop_status".into(), status.as_u16().into());
-        f.evidence
-            .insert("hop_proxy_status".into(), member.clone().into());
+        if let Some(member) = &member {
+            f.evidence
+                .insert("hop_proxy_status".into(), member.clone().into());
+        }
         let failed = Draft::observed(Body::Failed(f)).hop(&hop);
         let recorded = self.inv.record(vec![started.hop(&hop), failed]).await;
         let env = self.inv.envelope(&recorded, Code::UpstreamHopError);
         let mut resp = respond::envelope(&env);
-        let ours = env.proxy_status();
-        if let Ok(v) = HeaderValue::from_str(&format!("{member}, {ours}")) {
-            resp.headers_mut().insert(PROXY_STATUS, v);
+        if let Some(member) = member {
+            let ours = env.proxy_status();
+            if let Ok(v) = HeaderValue::from_str(&format!("{member}, {ours}")) {
+                resp.headers_mut().insert(PROXY_STATUS, v);
+            }
         }
         resp
+    }
+
+    /// A `407` on an http request sent to the route's hop is the hop's own refusal (an origin
+    /// asks for credentials with `401`): it never resolves the invocation as the origin's.
+    fn hop_refused_auth(&self, status: StatusCode) -> Option<(String, Option<String>)> {
+        let hop = self.plain_hop()?;
+        (status == StatusCode::PROXY_AUTHENTICATION_REQUIRED).then(|| (hop.via().name(), None))
     }
 
     /// Classifies a final response head and cleans its headers for the agent.

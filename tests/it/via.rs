@@ -31,6 +31,8 @@ enum Script {
     HopError,
     /// Answers an absolute-form request itself, echoing the head it got (a debug proxy).
     EchoHead,
+    /// Answers an absolute-form request with a bare `407` (no `Proxy-Status`).
+    DemandAuth,
 }
 
 /// A loopback HTTP proxy: every name resolves to 127.0.0.1.
@@ -109,6 +111,11 @@ fn serve(
         (_, Script::HopError) => {
             let _ = client.write_all(
                 b"HTTP/1.1 502 Bad Gateway\r\nproxy-status: hopname; error=connection_timeout\r\ncontent-length: 11\r\nconnection: close\r\n\r\nhop timeout",
+            );
+        }
+        (_, Script::DemandAuth) => {
+            let _ = client.write_all(
+                b"HTTP/1.1 407 Proxy Authentication Required\r\nproxy-authenticate: Basic realm=\"corp\"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
             );
         }
         (_, Script::EchoHead) => {
@@ -594,4 +601,27 @@ fn a_hop_echoing_its_credential_is_redacted_like_an_origin_echo() {
         !stored.contains(&token) && !stored.contains(HOP_SECRET),
         "{stored}"
     );
+}
+
+/// A bare `407` can only be the hop's (an origin asks with `401`): the hop's refusal never
+/// resolves the invocation as if the origin had answered.
+#[test]
+fn a_bare_407_from_the_hop_is_the_hops_error_not_the_origins_answer() {
+    let origin = origins::echoes_request();
+    let hop = HopProxy::start(Script::DemandAuth);
+    let route = format!(
+        "match = {{ scheme = \"http\", host = \"origin.test\", port = {} }}\nvia = \"http://{}\"\nallow_private = true\n",
+        origin.port(),
+        hop.addr
+    );
+    let s = start(&route);
+    let url = format!("http://origin.test:{}/pay", origin.port());
+    let (status, body, head) = curl(&["-x", &s.daemon.proxy, "-X", "POST", "-d", "x=1", &url]);
+    assert_eq!(status, 502, "{head}\n{body}");
+    let env: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    assert_eq!(env["error"]["code"], "UPSTREAM_HOP_ERROR", "{body}");
+    assert_eq!(env["error"]["outcome"], "unknown", "{body}");
+    assert_eq!(env["evidence"]["hop"], hop.evidence_name(), "{body}");
+    assert_eq!(env["evidence"]["hop_status"], 407, "{body}");
+    assert_eq!(origin.hits(), 0);
 }
