@@ -57,7 +57,11 @@ pub async fn serve(listener: Guarded, proxy: Arc<Proxy>) {
                 async move {
                     m.busy();
                     let connect = req.method() == Method::CONNECT;
-                    let from = Peer { source, slot };
+                    let from = Peer {
+                        source,
+                        slot,
+                        member: m.clone(),
+                    };
                     let resp = front_request(proxy, req, framing_conflict, from).await;
                     // An opened `CONNECT` carries a tunnel or intercepted requests from now.
                     if connect && resp.status().is_success() {
@@ -83,6 +87,10 @@ pub async fn serve(listener: Guarded, proxy: Arc<Proxy>) {
 /// response is never evicted.
 fn idle_once_sent(resp: Response<ProxyBody>, member: Arc<Member>) -> Response<ProxyBody> {
     use http_body_util::BodyExt;
+    // A switched connection (WebSocket) carries its relay from now: busy until it closes.
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        return resp;
+    }
     resp.map(|inner| IdleAtEnd { inner, member }.boxed())
 }
 
@@ -129,6 +137,8 @@ fn plain(status: StatusCode) -> Response<ProxyBody> {
 struct Peer {
     source: IpAddr,
     slot: Arc<Slot>,
+    /// Its place on the idle roster: intercepted requests inside a `CONNECT` keep it.
+    member: Arc<Member>,
 }
 
 /// Journals a refusal that happened before any exchange could start.
@@ -254,7 +264,7 @@ async fn front_request(
         Err(resp) => return resp,
     };
     if req.method() == Method::CONNECT {
-        return respond::explain_in_reason(connect(proxy, agent, req, from.slot).await);
+        return respond::explain_in_reason(connect(proxy, agent, req, from).await);
     }
     let uri = req.uri();
     if uri
@@ -303,8 +313,9 @@ async fn connect(
     proxy: Arc<Proxy>,
     agent: String,
     req: Request<Incoming>,
-    slot: Arc<Slot>,
+    from: Peer,
 ) -> Response<ProxyBody> {
+    let Peer { slot, member, .. } = from;
     let authority = req.uri().authority().cloned();
     let Some(authority) = authority else {
         return refuse_early(
@@ -336,7 +347,13 @@ async fn connect(
         if match_connect_plain(&proxy.config, &agent, &host, port).is_some() {
             // Plain HTTP inside the tunnel (`ws://` clients tunnel): read like `http://`.
             return serve_connected(req, slot, move |io| {
-                serve_inner(proxy, agent, (host, port, Scheme::Http), io, false)
+                serve_inner(
+                    proxy,
+                    agent,
+                    (host, port, Scheme::Http),
+                    (io, member),
+                    false,
+                )
             });
         }
         let field = connect_denial_field(&proxy.config, &agent, &host, port);
@@ -346,7 +363,9 @@ async fn connect(
         let route = route.clone();
         return connect_tunnel(proxy, agent, route, (&host, port), req, slot).await;
     }
-    serve_connected(req, slot, move |io| intercept(proxy, agent, host, port, io))
+    serve_connected(req, slot, move |io| {
+        intercept(proxy, agent, host, port, (io, member))
+    })
 }
 
 /// Answers the `CONNECT` with `200` and hands the connection it opens to `serve`.
@@ -400,7 +419,7 @@ async fn intercept(
     agent: String,
     host: String,
     port: u16,
-    io: TokioIo<hyper::upgrade::Upgraded>,
+    (io, member): (TokioIo<hyper::upgrade::Upgraded>, Arc<Member>),
 ) {
     let config = match proxy.authority.server_config(&host) {
         Ok(c) => c,
@@ -413,7 +432,7 @@ async fn intercept(
         return;
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    serve_inner(proxy, agent, (host, port, Scheme::Https), tls, h2).await;
+    serve_inner(proxy, agent, (host, port, Scheme::Https), (tls, member), h2).await;
 }
 
 /// Serves the requests inside a `CONNECT` (after TLS, or plain HTTP) for `host:port`.
@@ -421,11 +440,17 @@ async fn serve_inner<I>(
     proxy: Arc<Proxy>,
     agent: String,
     (host, port, scheme): (String, u16, Scheme),
-    io: I,
+    (io, member): (I, Arc<Member>),
     h2: bool,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
+    // Between requests (HTTP/1) the connection is idle and may make room at the cap; h2
+    // multiplexes, so it counts as busy while open.
+    if !h2 {
+        member.idle();
+    }
+    let m = member.clone();
     let proxy_header_timeout = proxy.config.proxy.header_read_timeout;
     let io = FramingSniffer::new(io);
     let conflict = io.conflict.clone();
@@ -435,6 +460,8 @@ async fn serve_inner<I>(
         let proxy = proxy.clone();
         let agent = agent.clone();
         let host = host.clone();
+        let m = m.clone();
+        m.busy();
         let framing_conflict = conflict.load(Ordering::SeqCst)
             && req.headers().contains_key(header::TRANSFER_ENCODING);
         async move {
@@ -471,7 +498,11 @@ async fn serve_inner<I>(
                     .await
                 }
             };
-            Ok::<_, Infallible>(respond::fit_to_method(head, resp))
+            let resp = respond::fit_to_method(head, resp);
+            Ok::<_, Infallible>(match h2 {
+                true => resp,
+                false => idle_once_sent(resp, m),
+            })
         }
     });
     // The protocol comes from ALPN, so no connection waits unbounded for a preface.
@@ -485,9 +516,11 @@ async fn serve_inner<I>(
     } else {
         builder.http1_only()
     };
-    let _ = builder
-        .serve_connection_with_upgrades(TokioIo::new(io), service)
-        .await;
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::select! {
+        _ = conn => {}
+        () = member.evicted() => {}
+    }
 }
 
 /// The agent's TLS handshake, bounded by `[proxy] tls_handshake_timeout`.

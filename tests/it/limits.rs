@@ -443,3 +443,68 @@ fn a_client_hello_naming_another_host_fails_and_the_connect_host_works() {
     handshake_naming(&daemon, &home, port, "origin.test").unwrap();
     handshake_naming(&daemon, &home, port, "ORIGIN.test").unwrap();
 }
+
+/// Holds an intercepted connection: `CONNECT`, TLS with postern's CA, one request answered,
+/// then silence (HTTP/1 keep-alive) until killed. Prints `ready` once answered.
+const HOLD_INTERCEPTED: &str = r#"
+import socket, ssl, sys, time
+proxy, port, ca = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+s = socket.create_connection(("127.0.0.1", proxy))
+s.sendall(f"CONNECT origin.test:{port} HTTP/1.1\r\nHost: origin.test:{port}\r\n\r\n".encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    head += s.recv(1)
+t = ssl.create_default_context(cafile=ca).wrap_socket(s, server_hostname="origin.test")
+t.sendall(b"GET /held HTTP/1.1\r\nHost: origin.test\r\n\r\n")
+got = t.recv(65536)
+print("ready" if got.startswith(b"HTTP/1.1 200") else "failed", flush=True)
+time.sleep(60)
+"#;
+
+/// An intercepted connection idle between requests makes room at the cap like any other:
+/// agents holding `CONNECT`s open and silent cannot lock the others out.
+#[test]
+fn intercepted_connections_idle_between_requests_make_room_at_the_cap() {
+    use std::io::BufRead;
+    let origin = echo_origin();
+    let home = Home::new();
+    let config = https_config(
+        &origin,
+        "max_connections = 3\nheader_read_timeout = \"60s\"",
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    let port = origin.addr.port().to_string();
+    let ca = home.root().join("certs/ca.pem");
+    let proxy_port = proxy_addr(&daemon)
+        .rsplit(':')
+        .next()
+        .unwrap_or("0")
+        .to_owned();
+    let mut holders = Vec::new();
+    for _ in 0..3 {
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", HOLD_INTERCEPTED, &proxy_port, &port])
+            .arg(&ca)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let stdout = child.stdout.take().unwrap();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        holders.push(child);
+    }
+    let ca = ca.display().to_string();
+    let url = format!("https://origin.test:{port}/new");
+    let (status, body, _) = curl(&["--cacert", &ca, "-x", &daemon.proxy, &url]);
+    for mut h in holders {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+    assert_eq!(
+        status, 200,
+        "locked out by idle intercepted connections: {body}"
+    );
+}
