@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -98,7 +99,18 @@ impl Backoff {
 
 /// A connection's place under the cap; dropping it frees the place.
 #[derive(Debug)]
-pub struct Slot(#[allow(dead_code)] OwnedSemaphorePermit);
+pub struct Slot {
+    _permit: OwnedSemaphorePermit,
+    open: Option<Gauge>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(g) = &self.open {
+            g.dec();
+        }
+    }
+}
 
 /// A listener that admits at most `cap` connections at once.
 pub struct Guarded {
@@ -114,6 +126,8 @@ pub struct Guarded {
     refusal_log: Throttle,
     /// At the cap, the connection idle longest is closed to admit a new one.
     evict: Option<IdleRoster>,
+    /// Connections open now.
+    open: Option<Gauge>,
 }
 
 impl Guarded {
@@ -129,6 +143,7 @@ impl Guarded {
             error_log: Throttle::new(LOG_EVERY),
             refusal_log: Throttle::new(LOG_EVERY),
             evict: None,
+            open: None,
         }
     }
 
@@ -137,6 +152,22 @@ impl Guarded {
     pub fn evicting(mut self, roster: IdleRoster) -> Self {
         self.evict = Some(roster);
         self
+    }
+
+    /// Keeps the number of open connections in this gauge.
+    pub fn count_open(mut self, open: Gauge) -> Self {
+        self.open = Some(open);
+        self
+    }
+
+    fn slot(&self, permit: OwnedSemaphorePermit) -> Slot {
+        if let Some(g) = &self.open {
+            g.inc();
+        }
+        Slot {
+            _permit: permit,
+            open: self.open.clone(),
+        }
     }
 
     /// Counts accept errors in this counter as well.
@@ -159,7 +190,7 @@ impl Guarded {
                 Ok((stream, _)) => {
                     self.backoff = Backoff::default();
                     match self.admit().await {
-                        Some(permit) => return (stream, Slot(permit)),
+                        Some(permit) => return (stream, self.slot(permit)),
                         None => self.refuse(stream),
                     }
                 }

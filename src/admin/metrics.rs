@@ -31,6 +31,10 @@ pub struct FrontMetrics {
     pub budget_streamed: Counter,
     /// Bytes currently reserved from `[proxy] buffer_budget`.
     pub budget_in_use: Gauge,
+    /// Agent connections open on the proxy listener (tunnels included).
+    pub proxy_open: Gauge,
+    /// Tunnels and WebSockets open (each agent's bounded by `max_relays_per_agent`).
+    pub relays_open: Gauge,
 }
 
 /// Builds the registry served at `/metrics`.
@@ -92,11 +96,26 @@ pub fn registry(journal: &JournalMetrics, front: &FrontMetrics) -> Registry {
     for (name, help, counter) in counters {
         registry.register(name, help, counter.clone());
     }
-    registry.register(
-        "postern_buffer_budget_bytes_in_use",
-        "bytes reserved from [proxy] buffer_budget",
-        front.budget_in_use.clone(),
-    );
+    let gauges = [
+        (
+            "postern_buffer_budget_bytes_in_use",
+            "bytes reserved from [proxy] buffer_budget",
+            &front.budget_in_use,
+        ),
+        (
+            "postern_proxy_connections_open",
+            "agent connections open on the proxy listener, tunnels included",
+            &front.proxy_open,
+        ),
+        (
+            "postern_relays_open",
+            "tunnels and WebSockets open",
+            &front.relays_open,
+        ),
+    ];
+    for (name, help, gauge) in gauges {
+        registry.register(name, help, gauge.clone());
+    }
     registry
 }
 

@@ -245,7 +245,7 @@ async fn serve_until_stopped(
         failed_logins: crate::lifecycle::refusals::RefusalRate::failed_logins(),
         refusals: crate::lifecycle::refusals::RefusalRate::refusals(),
         guards: Default::default(),
-        relays: crate::http::relays::Relays::new(relay_limit(&config)),
+        relays: crate::http::relays::Relays::new(relay_limit(&config), front.relays_open.clone()),
     });
     let state = Arc::new(AdminState {
         registry: admin::metrics::registry(journal.metrics(), &front),
@@ -321,7 +321,8 @@ fn guard(
     }
     tracing::info!(proxy = cap, admin = admin_cap, "connection caps");
     let proxy = Guarded::new(proxy, cap, "proxy", front.proxy_refused.clone())
-        .count_errors(front.accept_errors.clone());
+        .count_errors(front.accept_errors.clone())
+        .count_open(front.proxy_open.clone());
     let admin = Guarded::new(admin, admin_cap, "admin", front.admin_refused.clone())
         .count_errors(front.accept_errors.clone());
     (proxy, admin)

@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use prometheus_client::metrics::gauge::Gauge;
+
 use crate::contract::{Code, Envelope};
 use crate::journal::Failure;
 use crate::lifecycle::Invocation;
@@ -13,6 +15,8 @@ use crate::lifecycle::Invocation;
 pub struct Relays {
     limit: usize,
     held: Mutex<HashMap<String, usize>>,
+    /// All agents' relays open now.
+    open: Gauge,
 }
 
 /// One relay of one agent; dropping it frees the place.
@@ -22,10 +26,11 @@ pub struct RelayHold {
 }
 
 impl Relays {
-    pub fn new(limit: usize) -> Arc<Self> {
+    pub fn new(limit: usize, open: Gauge) -> Arc<Self> {
         Arc::new(Self {
             limit: limit.max(1),
             held: Mutex::default(),
+            open,
         })
     }
 
@@ -41,6 +46,7 @@ impl Relays {
             return None;
         }
         *n += 1;
+        self.open.inc();
         Some(RelayHold {
             relays: self.clone(),
             agent: agent.to_owned(),
@@ -66,6 +72,7 @@ pub async fn refuse(inv: &mut Invocation, limit: usize) -> Envelope {
 
 impl Drop for RelayHold {
     fn drop(&mut self) {
+        self.relays.open.dec();
         let mut held = self.relays.held.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = held.get_mut(&self.agent) {
             *n = n.saturating_sub(1);
@@ -82,7 +89,7 @@ mod tests {
 
     #[test]
     fn each_agent_holds_at_most_the_limit_and_a_dropped_hold_frees_its_place() {
-        let relays = Relays::new(2);
+        let relays = Relays::new(2, Gauge::default());
         let a1 = relays.hold("a");
         let a2 = relays.hold("a");
         assert!(a1.is_some() && a2.is_some());

@@ -486,6 +486,15 @@ fn one_agent_holds_at_most_max_relays_per_agent_tunnels() {
     let message = env["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("max_relays_per_agent"), "{env}");
     assert_eq!(origin.connections(), 2, "the refused one connected nowhere");
+    let (_, metrics, _) = curl(&[&daemon.url("/metrics")]);
+    let gauge = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    assert_eq!(gauge("postern_relays_open"), 2.0, "{metrics}");
+    assert!(gauge("postern_proxy_connections_open") >= 2.0, "{metrics}");
 
     drop(held);
     let mut reopened = None;
