@@ -25,7 +25,10 @@ pub fn run(target: &AdminTarget, id: &str, ask: &Ask) -> Result<ExitCode, CliErr
         body["note"] = json!(note);
     }
     let path = format!("/v1/invocations/{}/retry", percent_encode(id));
-    let (status, headers, reply) = match call_headed(target, Method::POST, &path, Some(&body)) {
+    let waiting = still_running_note(id);
+    let answer = call_headed(target, Method::POST, &path, Some(&body));
+    drop(waiting);
+    let (status, headers, reply) = match answer {
         Err(CliError::Unreachable { url, detail }) => {
             // The daemon may have taken the retry before the connection broke; it runs on.
             let detail = format!(
@@ -63,6 +66,26 @@ pub fn run(target: &AdminTarget, id: &str, ask: &Ask) -> Result<ExitCode, CliErr
     }
     outln!("{}", describe(id, &reply, retried));
     Ok(settled(&reply))
+}
+
+/// Says once, after a few seconds without an answer, what the retry may be waiting for
+/// (an approval) and that it goes on without the CLI. Dropping the guard stops it.
+fn still_running_note(id: &str) -> StillRunning {
+    let (done, rx) = std::sync::mpsc::channel::<()>();
+    let id = id.to_owned();
+    std::thread::spawn(move || {
+        let waited = rx.recv_timeout(std::time::Duration::from_secs(3));
+        if matches!(waited, Err(std::sync::mpsc::RecvTimeoutError::Timeout)) {
+            errln!(
+                "postern: {id}: the retry is running (held for approval? `postern approvals list`); it goes on if you stop waiting, and `postern actions show {id}` tells"
+            );
+        }
+    });
+    StillRunning { _done: done }
+}
+
+struct StillRunning {
+    _done: std::sync::mpsc::Sender<()>,
 }
 
 /// A refusal names the verdict and what to do instead; nothing was sent.
