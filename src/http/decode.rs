@@ -10,6 +10,8 @@ use std::io::{self, Write};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, header};
 
+use crate::guard::ReflectionGuard;
+
 /// Marks a response whose body postern withheld.
 pub const POSTERN_BODY: &str = "postern-body";
 
@@ -25,6 +27,8 @@ pub enum Undecodable {
     DecodeError,
     /// The decoded body would pass the size bound.
     TooLarge,
+    /// The body is itself compressed (no `Content-Encoding` says so) and holds the secret.
+    PackedEcho,
 }
 
 impl Undecodable {
@@ -33,6 +37,7 @@ impl Undecodable {
             Self::UnsupportedCoding => "unsupported_coding",
             Self::DecodeError => "decode_error",
             Self::TooLarge => "too_large",
+            Self::PackedEcho => "secret_in_compressed_body",
         }
     }
 }
@@ -122,6 +127,32 @@ pub fn for_guard(
     }
     let cap = usize::try_from(cap).unwrap_or(usize::MAX);
     decode_whole(headers, body, cap).inspect_err(|why| mark_withheld(headers, *why))
+}
+
+/// A body that is itself gzip or zstd (by its magic bytes) though no `Content-Encoding`
+/// says so: an echo packed that way would pass the guard unread, so what it unpacks to is
+/// scanned too. `Err(PackedEcho)` when that holds the secret; a body that does not unpack
+/// (corrupt, or past `cap`) is left as it is.
+pub fn check_packed(guard: &ReflectionGuard, body: &[u8], cap: u64) -> Result<(), Undecodable> {
+    let coding = match body {
+        [0x1f, 0x8b, ..] => "gzip",
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => "zstd",
+        _ => return Ok(()),
+    };
+    let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+    let Ok(mut decoder) = Decoder::new(coding, cap) else {
+        return Ok(());
+    };
+    let Ok(mut unpacked) = decoder.push(body).map(|b| b.to_vec()) else {
+        return Ok(());
+    };
+    if let Ok(rest) = decoder.finish() {
+        unpacked.extend_from_slice(&rest);
+    }
+    match guard.redact(&unpacked).1 {
+        0 => Ok(()),
+        _ => Err(Undecodable::PackedEcho),
+    }
 }
 
 /// Says in the head that the body is withheld, and why.

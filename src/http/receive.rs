@@ -97,7 +97,14 @@ impl Exchange {
         let resolution = head.resolution;
         let guarded = !head.guard.is_empty() && !bodiless;
         let cap = journal.buffer_limit.max(journal.max_result_bytes);
-        let decoded = decode::for_guard(guarded, &mut parts.headers, &body, cap);
+        let mut decoded = decode::for_guard(guarded, &mut parts.headers, &body, cap);
+        if let Ok(plain) = &decoded
+            && guarded
+            && let Err(why) = decode::check_packed(&head.guard, plain, cap)
+        {
+            decode::mark_withheld(&mut parts.headers, why);
+            decoded = Err(why);
+        }
         let (delivered, body_hits) = head.guard.redact(decoded.as_ref().unwrap_or(&Bytes::new()));
         // A withheld body is recorded by the digest and length of what the origin sent.
         let body = if decoded.is_ok() {

@@ -193,6 +193,15 @@ fn echo_origin() -> Origin {
             }
             "/stream" => stream_events(s, &value),
             "/escaped-stream" => escaped_events(s, &secret),
+            // The echo packed as a file, no `Content-Encoding` saying so.
+            "/packed" => {
+                let head = vec!["content-type: application/gzip".to_owned()];
+                respond(s, "OK", &head, &compress("gzip", req.as_bytes()))
+            }
+            "/packed-clean" => {
+                let head = vec!["content-type: application/gzip".to_owned()];
+                respond(s, "OK", &head, &compress("gzip", b"nothing secret in here"))
+            }
             "/bomb" => {
                 let zeros = vec![0u8; 8 << 20];
                 let g = Some("gzip".to_owned());
@@ -504,6 +513,7 @@ fn undecodable_and_oversized_bodies_are_withheld_not_relayed() {
     for (path, reason) in [
         ("/echo?coding=compress", "unsupported_coding"),
         ("/bomb", "too_large"),
+        ("/packed", "secret_in_compressed_body"),
     ] {
         let (status, body, head) = s.get(path, &[]);
         assert_eq!((status, body.as_str()), (200, ""), "{path}: {head}");
@@ -524,6 +534,23 @@ fn undecodable_and_oversized_bodies_are_withheld_not_relayed() {
         );
         assert_clean("the read-back views", &s.read_back(&id));
     }
+}
+
+/// A compressed file that holds no secret passes as it came, still compressed.
+#[test]
+fn a_compressed_body_without_the_secret_is_delivered_as_it_came() {
+    let s = setup();
+    let out = s.home.dir.path().join("packed.gz");
+    let url = format!("http://origin.test:{}/packed-clean", s.port);
+    let got = std::process::Command::new("curl")
+        .args(["-sS", "-x", &s.daemon.proxy, "-o"])
+        .arg(&out)
+        .arg(&url)
+        .output()
+        .expect("curl");
+    assert!(got.status.success(), "{got:?}");
+    let bytes = std::fs::read(&out).unwrap_or_default();
+    assert_eq!(bytes, compress("gzip", b"nothing secret in here"));
 }
 
 #[test]
