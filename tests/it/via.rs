@@ -10,7 +10,7 @@ use base64::Engine;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::origins::{self, read_request};
+use crate::origins::{self, Origin, read_request};
 use crate::support::{Daemon, Home, curl, get_json, secret_set};
 use crate::tls_origin::{self, Counting};
 
@@ -283,6 +283,15 @@ fn counting_origin() -> Counting {
     )
 }
 
+/// An `http` route to `origin` through `hop`; `extra` lines go into the route.
+fn http_route(origin: &Origin, hop: &HopProxy, extra: &str) -> String {
+    format!(
+        "match = {{ scheme = \"http\", host = \"origin.test\", port = {} }}\nvia = \"http://{}\"\nallow_private = true\n{extra}",
+        origin.port(),
+        hop.addr
+    )
+}
+
 #[test]
 fn https_goes_through_a_connect_tunnel_each_credential_reaching_only_its_own_party() {
     let origin = counting_origin();
@@ -361,11 +370,7 @@ fn https_goes_through_a_connect_tunnel_each_credential_reaching_only_its_own_par
 fn http_goes_to_the_hop_in_absolute_form_and_the_origin_never_sees_the_hop_credential() {
     let origin = origins::echoes_request();
     let hop = HopProxy::start(Script::Forward);
-    let route = format!(
-        "match = {{ scheme = \"http\", host = \"origin.test\", port = {} }}\nvia = \"http://{}\"\nallow_private = true\ncredential = \"api\"\n",
-        origin.port(),
-        hop.addr
-    );
+    let route = http_route(&origin, &hop, "credential = \"api\"\n");
     let s = start(&route);
     let url = format!("http://origin.test:{}/items?n=1", origin.port());
     let (status, body, head) = curl(&["-x", &s.daemon.proxy, &url]);
@@ -433,11 +438,7 @@ fn a_hop_refusing_the_tunnel_is_proxy_tunnel_refused_before_dispatch() {
 fn a_hop_error_after_the_request_was_written_is_upstream_hop_error() {
     let origin = origins::echoes_request();
     let hop = HopProxy::start(Script::HopError);
-    let route = format!(
-        "match = {{ scheme = \"http\", host = \"origin.test\", port = {} }}\nvia = \"http://{}\"\nallow_private = true\n",
-        origin.port(),
-        hop.addr
-    );
+    let route = http_route(&origin, &hop, "");
     let s = start(&route);
     let url = format!("http://origin.test:{}/pay", origin.port());
     let (status, body, head) = curl(&["-x", &s.daemon.proxy, "-X", "POST", "-d", "x=1", &url]);
@@ -573,11 +574,7 @@ fn neither_secret_surfaces_in_records_events_results_metrics_or_logs() {
 fn a_hop_echoing_its_credential_is_redacted_like_an_origin_echo() {
     let origin = origins::echoes_request();
     let hop = HopProxy::start(Script::EchoHead);
-    let route = format!(
-        "match = {{ scheme = \"http\", host = \"origin.test\", port = {} }}\nvia = \"http://{}\"\nallow_private = true\ncredential = \"api\"\n",
-        origin.port(),
-        hop.addr
-    );
+    let route = http_route(&origin, &hop, "credential = \"api\"\n");
     let s = start(&route);
     let url = format!("http://origin.test:{}/debug", origin.port());
     let (status, body, head) = curl(&["-x", &s.daemon.proxy, &url]);
@@ -609,11 +606,7 @@ fn a_hop_echoing_its_credential_is_redacted_like_an_origin_echo() {
 fn a_bare_407_from_the_hop_is_the_hops_error_not_the_origins_answer() {
     let origin = origins::echoes_request();
     let hop = HopProxy::start(Script::DemandAuth);
-    let route = format!(
-        "match = {{ scheme = \"http\", host = \"origin.test\", port = {} }}\nvia = \"http://{}\"\nallow_private = true\n",
-        origin.port(),
-        hop.addr
-    );
+    let route = http_route(&origin, &hop, "");
     let s = start(&route);
     let url = format!("http://origin.test:{}/pay", origin.port());
     let (status, body, head) = curl(&["-x", &s.daemon.proxy, "-X", "POST", "-d", "x=1", &url]);
