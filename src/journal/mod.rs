@@ -352,6 +352,15 @@ impl Journal {
         Ok(request.filter(|r| r.expires_at_ms > now))
     }
 
+    /// The kept request whether or not its retention has ended (until the sweep removes
+    /// it), to say why it cannot be sent again.
+    pub fn request_as_kept(
+        &self,
+        invocation_id: &str,
+    ) -> Result<Option<StoredRequest>, StoreError> {
+        self.store.request(invocation_id)
+    }
+
     /// Keeps a request for `postern retry`. No ack: it is queued before the invocation's
     /// next append, so it is durable once that append's sync is (`DISPATCH_STARTED` syncs).
     pub async fn keep_request(&self, request: StoredRequest) {

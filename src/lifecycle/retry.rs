@@ -152,6 +152,27 @@ pub async fn retry(
 }
 
 const STOP: &str = "The verdict is STOP_FOR_CORRECTION: this invocation is not repeated. Correct the request, route or credential and send a new request.";
+/// Why the invocation's request is not kept whole, as far as the journal can tell.
+fn not_kept(journal: &Journal, record: &Record) -> String {
+    let id = &record.invocation_id;
+    let exec = record.protocol == Protocol::Ssh;
+    if record.method.as_deref() == Some("CONNECT") {
+        return "It was a tunnel, whose bytes postern never reads".into();
+    }
+    let kept = journal.request_as_kept(id).ok().flatten();
+    let now = crate::journal::unix_ms(journal.now());
+    match kept {
+        None if exec => "The stdin this exec's command got is not known whole (it had not ended when the exec failed or postern restarted, or it was larger than journal.max_result_bytes): run the command again as a new exec once you know what the first one did".into(),
+        None => "Its request was not kept (a request from an older postern, or refused before its preflight)".into(),
+        Some(r) if r.expires_at_ms <= now => "Its request passed its retention (journal.result_retention)".into(),
+        Some(r) if r.headers_incomplete => "It carried a credential of the agent's own (Authorization, a cookie or another credential-like header), which postern never stores, or it was a WebSocket handshake".into(),
+        Some(r) => format!(
+            "Its body ({} bytes) was larger than journal.max_result_bytes, so it was not kept",
+            r.body_bytes
+        ),
+    }
+}
+
 fn budget_spent(id: &str) -> String {
     format!(
         "This invocation used up its retry budget: postern repeats it no more, not even when vouched for; nothing was sent. Find out at the remote whether it happened and record it with `postern reconcile {id} --outcome committed|rejected --note …`; to act again, send a new request."
@@ -224,21 +245,12 @@ async fn resend_generation(
     let id = record.invocation_id.clone();
     let request = match journal.request(&id) {
         Ok(Some(r)) if r.resendable() => r,
-        Ok(_) if record.protocol == Protocol::Ssh => {
-            let message = "The stdin this exec's remote command got is not known whole (the exec failed before its stdin had ended, postern restarted while it ran, its stdin was larger than max_result_bytes, or it expired): run the command again as a new exec once you know what the first one did.";
-            return RetryAnswer::Refused {
-                verdict: None,
-                code: "REQUEST_NOT_KEPT",
-                message: message.into(),
-                record: Box::new(record),
-            };
-        }
         Ok(_) => {
-            let message = "The request of this invocation was not kept whole (it carried the agent's own Authorization, cookie or another credential-like header, which postern never stores; its body was larger than max_result_bytes; it expired; it was a tunnel, whose bytes postern never reads, or a WebSocket handshake; or it came from an older postern): send it again as a new request.";
+            let why = not_kept(journal, &record);
             return RetryAnswer::Refused {
                 verdict: None,
                 code: "REQUEST_NOT_KEPT",
-                message: message.into(),
+                message: format!("{why}: postern cannot send it again; nothing was sent."),
                 record: Box::new(record),
             };
         }

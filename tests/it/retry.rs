@@ -424,7 +424,8 @@ fn an_agents_own_credential_headers_are_never_kept_so_that_request_is_not_resent
         let out = s.retry(&[&id]);
         assert_eq!(out.status.code(), Some(1), "{out:?}");
         assert!(
-            stderr(&out).contains("REQUEST_NOT_KEPT"),
+            stderr(&out).contains("REQUEST_NOT_KEPT")
+                && stderr(&out).contains("credential of the agent's own"),
             "{name}: {}",
             stderr(&out)
         );
