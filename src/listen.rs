@@ -8,6 +8,7 @@
 //! listeners and the admin API answerable when the proxy is full.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -235,28 +236,47 @@ impl Guarded {
 const EVICTION_WAIT: Duration = Duration::from_millis(500);
 
 /// The connections of one listener and since when each is idle (no request running).
-#[derive(Debug, Clone, Default)]
-pub struct IdleRoster(Arc<Mutex<Roster>>);
+/// Joining and leaving take the lock; a request starting or ending is one atomic store.
+#[derive(Debug, Clone)]
+pub struct IdleRoster(Arc<Mutex<Roster>>, Instant);
+
+impl Default for IdleRoster {
+    fn default() -> Self {
+        Self(Arc::default(), Instant::now())
+    }
+}
 
 #[derive(Debug, Default)]
 struct Roster {
     next: u64,
-    members: HashMap<u64, (Option<Instant>, Arc<Notify>)>,
+    members: HashMap<u64, (Arc<AtomicU64>, Arc<Notify>)>,
 }
+
+/// The `since` of a connection with a request running.
+const BUSY: u64 = 0;
 
 impl IdleRoster {
     /// A new connection, idle from now.
     pub fn join(&self) -> Member {
         let close = Arc::new(Notify::new());
+        let since = Arc::new(AtomicU64::new(self.now()));
         let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
         r.next += 1;
         let id = r.next;
-        r.members.insert(id, (Some(Instant::now()), close.clone()));
+        r.members.insert(id, (since.clone(), close.clone()));
         Member {
             roster: self.clone(),
             id,
+            since,
             close,
         }
+    }
+
+    /// Nanoseconds since the roster began, never `BUSY`.
+    fn now(&self) -> u64 {
+        u64::try_from(self.1.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 
     /// Tells the connection idle longest to close; false if none is idle.
@@ -265,7 +285,8 @@ impl IdleRoster {
         let idlest = r
             .members
             .iter()
-            .filter_map(|(id, (since, _))| since.map(|t| (t, *id)))
+            .map(|(id, (since, _))| (since.load(Ordering::Relaxed), *id))
+            .filter(|(since, _)| *since != BUSY)
             .min();
         let Some((_, id)) = idlest else {
             return false;
@@ -275,13 +296,6 @@ impl IdleRoster {
         }
         true
     }
-
-    fn set(&self, id: u64, since: Option<Instant>) {
-        let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(entry) = r.members.get_mut(&id) {
-            entry.0 = since;
-        }
-    }
 }
 
 /// One connection on an `IdleRoster`; leaves it when dropped.
@@ -289,18 +303,19 @@ impl IdleRoster {
 pub struct Member {
     roster: IdleRoster,
     id: u64,
+    since: Arc<AtomicU64>,
     close: Arc<Notify>,
 }
 
 impl Member {
     /// A request is running: not to be evicted.
     pub fn busy(&self) {
-        self.roster.set(self.id, None);
+        self.since.store(BUSY, Ordering::Relaxed);
     }
 
     /// The request finished: idle from now.
     pub fn idle(&self) {
-        self.roster.set(self.id, Some(Instant::now()));
+        self.since.store(self.roster.now(), Ordering::Relaxed);
     }
 
     /// Resolves when the listener needs this connection's place.
