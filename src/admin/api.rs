@@ -264,6 +264,12 @@ fn list(state: &AdminState, query: &str) -> Reply {
         Ok(q) => q,
         Err(r) => return *r,
     };
+    if let Some(c) = &q.cursor
+        && !matches!(state.journal.record(c), Ok(Some(_)))
+    {
+        let msg = "cursor names no invocation (use the `next` of the previous page)";
+        return error(StatusCode::BAD_REQUEST, "BAD_QUERY", msg);
+    }
     let mut found: Vec<Record> = Vec::new();
     let mut cursor = q.cursor.clone();
     let mut exhausted = false;

@@ -33,8 +33,9 @@ pub struct FrontMetrics {
     pub budget_in_use: Gauge,
     /// Agent connections open on the proxy listener (tunnels included).
     pub proxy_open: Gauge,
-    /// Tunnels and WebSockets open (each agent's bounded by `max_relays_per_agent`).
-    pub relays_open: Gauge,
+    /// Connections agents keep busy: requests running, tunnels and WebSockets open (each
+    /// agent's bounded by `max_busy_per_agent`).
+    pub busy: Gauge,
 }
 
 /// Builds the registry served at `/metrics`.
@@ -108,9 +109,9 @@ pub fn registry(journal: &JournalMetrics, front: &FrontMetrics) -> Registry {
             &front.proxy_open,
         ),
         (
-            "postern_relays_open",
-            "tunnels and WebSockets open",
-            &front.relays_open,
+            "postern_agent_busy_connections",
+            "connections agents keep busy: requests running, tunnels and WebSockets open",
+            &front.busy,
         ),
     ];
     for (name, help, gauge) in gauges {

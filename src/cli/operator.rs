@@ -40,16 +40,17 @@ pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode
             json,
         } => {
             let mut q = format!("limit={limit}");
-            let filters = [
-                ("agent", agent),
-                ("outcome", outcome),
-                ("phase", phase),
-                ("cursor", cursor),
-            ];
+            // The same filters page on: the hint repeats them.
+            let mut again = format!("postern actions list --limit {limit}");
+            let filters = [("agent", agent), ("outcome", outcome), ("phase", phase)];
             for (k, v) in filters {
                 if let Some(v) = v {
                     q.push_str(&format!("&{k}={}", percent_encode(&v)));
+                    again.push_str(&format!(" --{k} {v}"));
                 }
+            }
+            if let Some(c) = cursor {
+                q.push_str(&format!("&cursor={}", percent_encode(&c)));
             }
             let body = get(target, &format!("/v1/invocations?{q}"))?;
             if json {
@@ -78,7 +79,7 @@ pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode
                 );
             }
             if let Some(next) = body["next"].as_str() {
-                errln!("postern: more invocations: `postern actions list --cursor {next}`");
+                errln!("postern: more invocations: `{again} --cursor {next}`");
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -245,7 +245,7 @@ async fn serve_until_stopped(
         failed_logins: crate::lifecycle::refusals::RefusalRate::failed_logins(),
         refusals: crate::lifecycle::refusals::RefusalRate::refusals(),
         guards: Default::default(),
-        relays: crate::http::relays::Relays::new(relay_limit(&config), front.relays_open.clone()),
+        busy: crate::http::busy::BusyPerAgent::new(busy_limit(&config), front.busy.clone()),
     });
     let state = Arc::new(AdminState {
         registry: admin::metrics::registry(journal.metrics(), &front),
@@ -328,9 +328,9 @@ fn guard(
     (proxy, admin)
 }
 
-/// Relays one agent may hold: configured, or a quarter of the proxy's connection cap.
-fn relay_limit(config: &Config) -> usize {
-    config.proxy.max_relays_per_agent.unwrap_or_else(|| {
+/// Connections one agent may keep busy: configured, or a quarter of the connection cap.
+fn busy_limit(config: &Config) -> usize {
+    config.proxy.max_busy_per_agent.unwrap_or_else(|| {
         let cap = listen::proxy_cap(
             config.proxy.max_connections,
             listen::raise_nofile(),

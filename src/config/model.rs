@@ -59,8 +59,9 @@ pub struct ProxyConfig {
     pub max_request_bytes: u64,
     /// Open agent connections; `None`: derived from `RLIMIT_NOFILE` at start.
     pub max_connections: Option<usize>,
-    /// Tunnels and WebSockets one agent may hold open; `None`: a quarter of the cap.
-    pub max_relays_per_agent: Option<usize>,
+    /// Connections one agent may keep busy (requests running, tunnels, WebSockets);
+    /// `None`: a quarter of the cap.
+    pub max_busy_per_agent: Option<usize>,
     /// Longest wait for a complete request head (also the HTTP/1 keep-alive idle time).
     pub header_read_timeout: Duration,
     /// Longest wait for the agent's TLS handshake after `CONNECT … 200`.

@@ -12,7 +12,7 @@ pub struct RawProxy {
     pub listen: Option<String>,
     pub max_request_bytes: Option<Quantity>,
     pub max_connections: Option<u32>,
-    pub max_relays_per_agent: Option<u32>,
+    pub max_busy_per_agent: Option<u32>,
     pub header_read_timeout: Option<Quantity>,
     pub tls_handshake_timeout: Option<Quantity>,
     pub request_body_timeout: Option<Quantity>,

@@ -315,9 +315,9 @@ fn proxy_config(c: &mut Checker<'_>, p: &RawProxy) -> ProxyConfig {
         max_connections: p
             .max_connections
             .map(|n| c.count("proxy.max_connections", Some(n), 1)),
-        max_relays_per_agent: p
-            .max_relays_per_agent
-            .map(|n| c.count("proxy.max_relays_per_agent", Some(n), 1)),
+        max_busy_per_agent: p
+            .max_busy_per_agent
+            .map(|n| c.count("proxy.max_busy_per_agent", Some(n), 1)),
         header_read_timeout: c.timeout(
             "proxy.header_read_timeout",
             &p.header_read_timeout,

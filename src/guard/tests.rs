@@ -130,7 +130,7 @@ fn base64_wrapped_at_any_width_is_redacted() {
     let g = guard();
     let doc = STANDARD.encode(format!("xx{SECRET}yy Bearer {SECRET}"));
     for width in [4, 16, 64, 76] {
-        for eol in ["\n", "\r\n"] {
+        for eol in ["\n", "\r\n", "\n  ", "\r\n\t"] {
             let wrapped = doc
                 .as_bytes()
                 .chunks(width)

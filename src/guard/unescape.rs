@@ -11,8 +11,9 @@
 //! - `%XX`, also encoded again up to twice (`%2541`, `%252541`);
 //! - HTML `&#NN;`, `&#xHH;`, `&amp; &lt; &gt; &quot; &apos;` (any ASCII case).
 //!
-//! - a line break (`\n`, `\r\n`) between two base64 characters decodes to nothing: base64
-//!   wrapped at 76 or 64 columns (MIME, PEM, `base64`) reads whole. At the end of the bytes
+//! - a line break (`\n`, `\r\n`, with the next line's indentation) between two base64
+//!   characters decodes to nothing: base64 wrapped at 76 or 64 columns (MIME, PEM,
+//!   `base64`, folded or indented) reads whole. At the end of the bytes
 //!   it stays itself (a stream never waits on a line end).
 //!
 //! `+` stays `+`: decoding it as a space would break every secret that holds a `+`.
@@ -77,10 +78,15 @@ fn is_base64(b: u8) -> bool {
 /// itself.
 fn line_break(raw: &[u8], t: usize) -> Step {
     let before = t.checked_sub(1).and_then(|i| raw.get(i));
-    let len = match raw.get(t..t + 2) {
+    let mut len = match raw.get(t..t + 2) {
         Some(b"\r\n") => 2,
         _ => 1,
     };
+    // A folded or indented line (email headers, YAML, pretty-printed JSON) goes on after
+    // its indentation.
+    while matches!(raw.get(t + len), Some(b' ' | b'\t')) {
+        len += 1;
+    }
     let after = raw.get(t + len);
     match (before, after) {
         (Some(&b), Some(&a)) if is_base64(b) && is_base64(a) => Step::Decoded(len, Value::Nothing),

@@ -44,6 +44,8 @@ impl Exchange {
             // the whole representation comes back, and is guarded whole.
             headers.remove(header::RANGE);
             headers.remove(header::IF_RANGE);
+            // The pre-standard name some servers (Apache httpd) still honour.
+            headers.remove("request-range");
         }
         if let Some((name, value)) = &self.added_key {
             headers.insert(name.clone(), value.clone());

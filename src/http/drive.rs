@@ -192,9 +192,10 @@ impl Exchange {
             if !drafts.is_empty() && self.inv.record(drafts).await.is_err() {
                 return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
             }
-            let relays = self.proxy.relays.clone();
-            let Some(hold) = relays.hold(&self.agent) else {
-                let env = super::relays::refuse(&mut self.inv, relays.limit()).await;
+            // The relay after the switch keeps this request's place (a retry has none).
+            let busy = self.proxy.busy.clone();
+            let Some(hold) = self.busy.take().or_else(|| busy.hold(&self.agent)) else {
+                let env = super::busy::refuse(&mut self.inv, busy.limit()).await;
                 return Outgoing::Respond(respond::envelope(&env));
             };
             return self.websocket(route, &parts, (agent, hold), reply).await;
@@ -328,9 +329,15 @@ impl Exchange {
     }
 }
 
-/// Runs the exchange in its own task so a departing agent cannot cut it short.
+/// Runs the exchange in its own task so a departing agent cannot cut it short. It keeps
+/// the agent's connection busy until it ends (delivered, failed, or its relay closed).
 pub async fn handle(proxy: Arc<Proxy>, inbound: Inbound) -> Response<ProxyBody> {
-    let ex = Exchange::new(proxy, &inbound);
+    let Some(busy) = proxy.busy.hold(&inbound.agent) else {
+        proxy.metrics.refusals_unjournaled.inc();
+        return super::busy::over_limit_answer(proxy.busy.limit());
+    };
+    let mut ex = Exchange::new(proxy, &inbound);
+    ex.busy = Some(busy);
     run_spawned(ex, inbound).await
 }
 

@@ -56,6 +56,8 @@ pub(super) struct Exchange {
     pub(super) flush: Option<FlushWatch>,
     /// The agent asked for a WebSocket: its side of the switch, once the origin agrees.
     pub(super) agent_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    /// The agent's place under `max_busy_per_agent`, held while the exchange runs.
+    pub(super) busy: Option<super::busy::Busy>,
 }
 
 impl Exchange {
@@ -121,6 +123,7 @@ impl Exchange {
             added_key: None,
             flush: None,
             agent_upgrade: None,
+            busy: None,
         }
     }
 

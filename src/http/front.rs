@@ -421,6 +421,8 @@ async fn intercept(
     port: u16,
     (io, member): (TokioIo<hyper::upgrade::Upgraded>, Arc<Member>),
 ) {
+    // No request runs before the agent's TLS handshake: a silent `CONNECT` makes room too.
+    member.idle();
     let config = match proxy.authority.server_config(&host) {
         Ok(c) => c,
         Err(e) => {

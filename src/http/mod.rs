@@ -14,6 +14,7 @@
 mod approval;
 mod body;
 pub mod budget;
+pub mod busy;
 mod decode;
 mod dispatch;
 mod drive;
@@ -29,7 +30,6 @@ pub mod mitm;
 mod pool;
 mod receive;
 mod relay;
-pub mod relays;
 pub mod respond;
 pub mod retry;
 mod sniff;
@@ -70,6 +70,6 @@ pub struct Proxy {
     pub guards: crate::guard::GuardCache,
     /// Memory for buffered bodies, shared by requests and responses.
     pub budget: budget::Budget,
-    /// Tunnels and WebSockets each agent holds open.
-    pub relays: Arc<relays::Relays>,
+    /// Connections each agent keeps busy (requests, tunnels, WebSockets).
+    pub busy: Arc<busy::BusyPerAgent>,
 }

@@ -75,8 +75,8 @@ struct Tunnel {
     proxy: Arc<Proxy>,
     opening: Opening,
     inv: Invocation,
-    /// Its place under the agent's relay limit, held until the tunnel ends.
-    relay: Option<super::relays::RelayHold>,
+    /// Its place under the agent's busy limit, held until the tunnel ends.
+    relay: Option<super::busy::Busy>,
 }
 
 type Reply = oneshot::Sender<Response<ProxyBody>>;
@@ -128,9 +128,9 @@ impl Tunnel {
             let failure = Failure::of(Code::JournalUnavailable);
             return Err(self.inv.fail(vec![], failure).await);
         }
-        let relays = self.proxy.relays.clone();
-        let Some(hold) = relays.hold(&self.opening.agent) else {
-            return Err(super::relays::refuse(&mut self.inv, relays.limit()).await);
+        let busy = self.proxy.busy.clone();
+        let Some(hold) = busy.hold(&self.opening.agent) else {
+            return Err(super::busy::refuse(&mut self.inv, busy.limit()).await);
         };
         self.relay = Some(hold);
         let route = &self.opening.route;

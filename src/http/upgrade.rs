@@ -19,13 +19,13 @@ use hyper_util::rt::TokioIo;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
+use super::busy::Busy;
 use super::dispatch::HeadError;
 use super::drive::Outgoing;
 use super::exchange::Exchange;
 use super::headers::{redact_headers, strip_hop_by_hop};
 use super::pool::Sender;
 use super::relay::{self, Downstream};
-use super::relays::RelayHold;
 use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed};
 use super::tap::Tap;
 use super::upstream::{Offer, dial_offering};
@@ -65,8 +65,8 @@ pub(super) struct Switch {
     origin: OnUpgrade,
     guard: Arc<ReflectionGuard>,
     idle: Duration,
-    /// The agent's place under its relay limit, held until the relay ends.
-    _relay: RelayHold,
+    /// The agent's place under its busy limit, held until the relay ends.
+    _busy: Busy,
 }
 
 impl Exchange {
@@ -75,7 +75,7 @@ impl Exchange {
         &mut self,
         route: &Route,
         parts: &http::request::Parts,
-        agent: (OnUpgrade, RelayHold),
+        agent: (OnUpgrade, Busy),
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
         let (tls, dns) = (&self.proxy.tls, &self.proxy.dns);
@@ -84,7 +84,7 @@ impl Exchange {
             Ok(d) => d,
             Err(f) => {
                 let drafts = self.inv.attempt_drafts(&f.attempts);
-                return Outgoing::Respond(self.fail(drafts, Failure::of(f.code)).await);
+                return Outgoing::Respond(self.fail(drafts, f.failure()).await);
             }
         };
         let Some(mut req) = self.upstream_request(parts, &Bytes::new(), false) else {
@@ -131,7 +131,7 @@ impl Exchange {
         &mut self,
         route: &Route,
         mut resp: Response<Incoming>,
-        agent: (OnUpgrade, RelayHold),
+        agent: (OnUpgrade, Busy),
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
@@ -149,7 +149,7 @@ impl Exchange {
         mut switch: Switch,
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
-        let Some(guard) = self.guard() else {
+        let Some(guard) = self.response_guard() else {
             let diag = "the reflection guard could not be built".to_owned();
             let code = Code::RemoteOutcomeUnknown;
             return Outgoing::Respond(self.remote_failure(code, diag).await);
@@ -222,14 +222,6 @@ impl Exchange {
         }
     }
 
-    /// The guard for this exchange's credential (none: a guard that finds nothing).
-    fn guard(&self) -> Option<Arc<ReflectionGuard>> {
-        match &self.injection {
-            Some(injection) => injection.guard(&self.proxy.guards),
-            None => Some(Arc::new(ReflectionGuard::default())),
-        }
-    }
-
     /// After the agent got its `101`: bytes both ways until the relay ends, then what it
     /// carried is recorded with the delivery.
     pub(super) async fn relay_switched(&mut self, switch: Switch) {
@@ -259,13 +251,13 @@ impl Exchange {
 }
 
 impl Switch {
-    fn new((agent, relay): (OnUpgrade, RelayHold), origin: OnUpgrade, route: &Route) -> Self {
+    fn new((agent, busy): (OnUpgrade, Busy), origin: OnUpgrade, route: &Route) -> Self {
         Self {
             agent,
             origin,
             guard: Arc::new(ReflectionGuard::default()),
             idle: route.idle_timeout,
-            _relay: relay,
+            _busy: busy,
         }
     }
 }

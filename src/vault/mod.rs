@@ -77,6 +77,10 @@ struct VaultFile {
     salt: String,
     check: Sealed,
     secrets: BTreeMap<String, Entry>,
+    /// The last version of each removed name: set again, it goes on from there, so a held
+    /// request bound to the old value still sees a rotation.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    removed: BTreeMap<String, u64>,
 }
 
 /// What identifies one version of the file: a rewrite renames a new inode into place.
@@ -288,11 +292,13 @@ impl Vault {
                     salt: b64(&salt),
                     check,
                     secrets: BTreeMap::new(),
+                    removed: BTreeMap::new(),
                 };
                 (file, cipher)
             }
         };
-        let version = file.secrets.get(name).map_or(1, |e| e.version + 1);
+        let last = file.secrets.get(name).map(|e| e.version);
+        let version = last.or(file.removed.remove(name)).map_or(1, |v| v + 1);
         let sealed = seal(&cipher, &aad(name, version), value.as_bytes())?;
         file.secrets
             .insert(name.to_owned(), Entry { version, sealed });
@@ -306,11 +312,12 @@ impl Vault {
             return Ok(false);
         };
         self.unlock(&file)?;
-        let had = file.secrets.remove(name).is_some();
-        if had {
-            self.write(&file)?;
-        }
-        Ok(had)
+        let Some(gone) = file.secrets.remove(name) else {
+            return Ok(false);
+        };
+        file.removed.insert(name.to_owned(), gone.version);
+        self.write(&file)?;
+        Ok(true)
     }
 
     fn write(&self, file: &VaultFile) -> Result<(), VaultError> {
@@ -354,6 +361,9 @@ mod tests {
         );
         assert!(v.remove("gh").unwrap());
         assert_eq!(v.get("gh").err(), Some(VaultError::Missing("gh".into())));
+        // Set again after a removal: the version goes on, so the value counts as rotated.
+        assert_eq!(v.set("gh", "canary-3").unwrap(), 3);
+        assert_eq!(v.list().unwrap(), vec![("gh".to_owned(), 3)]);
     }
 
     #[test]

@@ -457,18 +457,18 @@ fn a_tunnel_route_with_methods_path_prefix_or_a_credential_is_a_config_error() {
     }
 }
 
-/// One agent cannot hold every connection postern has: past `max_relays_per_agent` open
+/// One agent cannot hold every connection postern has: past `max_busy_per_agent` open
 /// tunnels its next `CONNECT` is refused before any connection (a capacity code with a
 /// message naming the limit); a closed tunnel frees its place.
 #[test]
-fn one_agent_holds_at_most_max_relays_per_agent_tunnels() {
+fn one_agent_holds_at_most_max_busy_per_agent_tunnels() {
     let origin = Origin::raw(|s, _| {
         let mut buf = [0u8; 64];
         while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
     });
     let text = config(origin.port(), PRIVATE).replacen(
         "[proxy]\n",
-        "[proxy]\nmax_relays_per_agent = 2\n",
+        "[proxy]\nmax_busy_per_agent = 2\n",
         1,
     );
     let home = Home::new();
@@ -484,7 +484,7 @@ fn one_agent_holds_at_most_max_relays_per_agent_tunnels() {
     assert_eq!(env["error"]["field"], "agent", "{env}");
     assert_eq!(env["error"]["retry"], "backoff", "{env}");
     let message = env["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("max_relays_per_agent"), "{env}");
+    assert!(message.contains("max_busy_per_agent"), "{env}");
     assert_eq!(origin.connections(), 2, "the refused one connected nowhere");
     let (_, metrics, _) = curl(&[&daemon.url("/metrics")]);
     let gauge = |name: &str| {
@@ -493,7 +493,7 @@ fn one_agent_holds_at_most_max_relays_per_agent_tunnels() {
             .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
             .unwrap_or(-1.0)
     };
-    assert_eq!(gauge("postern_relays_open"), 2.0, "{metrics}");
+    assert_eq!(gauge("postern_agent_busy_connections"), 2.0, "{metrics}");
     assert!(gauge("postern_proxy_connections_open") >= 2.0, "{metrics}");
 
     drop(held);

@@ -83,7 +83,7 @@ fn parse(text: &str) -> Result<(String, u16), String> {
                 .into(),
         );
     }
-    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() || text.contains('#') {
         return Err("must be a proxy URL without path or query (\"http://host:port\")".into());
     }
     let host = authority
@@ -94,7 +94,19 @@ fn parse(text: &str) -> Result<(String, u16), String> {
     if host.is_empty() {
         return Err("names no host".into());
     }
-    Ok((host, authority.port_u16().unwrap_or(80)))
+    // Read from the text: `http::Uri` takes `:99999` as a host without a port.
+    let after_host = authority
+        .as_str()
+        .rsplit_once(']')
+        .map_or(authority.as_str(), |(_, rest)| rest);
+    let port = match after_host.rsplit_once(':') {
+        None => 80,
+        Some((_, p)) => match p.parse::<u16>() {
+            Ok(n) if n > 0 => n,
+            _ => return Err(format!("names port `{p}`, not 1..65535")),
+        },
+    };
+    Ok((host, port))
 }
 
 #[cfg(test)]
@@ -118,6 +130,9 @@ mod tests {
             "http://p:1/x",
             "http://p:1?q",
             "p:1",
+            "http://p:99999",
+            "http://p:0",
+            "http://p:1#frag",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
