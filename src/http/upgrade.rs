@@ -156,8 +156,8 @@ impl Exchange {
         };
         let (mut parts, _) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        // Not offered: a compressed payload would pass the guard unread.
-        parts.headers.remove(EXTENSIONS);
+        // Not offered: frames it compresses would pass the guard unread, so none is relayed.
+        let forced = parts.headers.remove(EXTENSIONS).is_some();
         let header_hits = redact_headers(&guard, &mut parts.headers);
         let status = StatusCode::SWITCHING_PROTOCOLS;
         let resolution = classify_upgrade();
@@ -202,6 +202,17 @@ impl Exchange {
             Ok(outcome) => outcome,
             Err(out) => return out,
         };
+        if forced {
+            let mut failure = Failure::of(Code::ResultDeliveryFailed);
+            failure.diagnostic = Some(
+                "the origin switched with a Sec-WebSocket-Extensions postern did not offer; its frames could hide the secret from the guard, so nothing was relayed".into(),
+            );
+            failure
+                .evidence
+                .insert("extension_forced".into(), true.into());
+            let env = self.inv.fail(vec![], failure).await;
+            return Outgoing::Respond(respond::envelope(&env));
+        }
         let mut out = Response::new(respond::full(&b""[..]));
         *out.status_mut() = status;
         *out.headers_mut() = parts.headers;

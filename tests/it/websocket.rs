@@ -83,6 +83,13 @@ where
         seen.lock().unwrap().push(headers);
         let value = req.headers().get("authorization");
         *a.lock().unwrap() = value.and_then(|v| v.to_str().ok()).unwrap_or("").into();
+        if req.uri().path() == "/deflate" {
+            // Hostile: compression nobody offered.
+            let mut resp = resp;
+            let ext = http::HeaderValue::from_static("permessage-deflate");
+            resp.headers_mut().insert("sec-websocket-extensions", ext);
+            return Ok(resp);
+        }
         if req.uri().path() == "/forbidden" {
             // Framed by its length: a close-delimited body could be cut off unseen.
             let mut no = ErrorResponse::new(None);
@@ -348,4 +355,22 @@ fn a_plain_ws_client_tunnelling_through_connect_is_served_on_the_http_route() {
         record["evidence"]["upgrade"]["protocol"], "websocket",
         "{record}"
     );
+}
+
+/// An origin that switches with compression nobody offered could hide the secret in
+/// compressed frames: the handshake is committed (the origin did switch), nothing relayed.
+#[test]
+fn an_origin_forcing_an_extension_gets_no_relay() {
+    let s = setup();
+    let (lines, said) = s.client("/deflate", &["secret?"]);
+    let status = lines.first().map(|l| l["status"].clone());
+    assert!(
+        status.is_some_and(|s| s.as_u64().is_some_and(|n| n >= 500)),
+        "{said}"
+    );
+    let record = s.newest();
+    assert_eq!(record["outcome"], "committed", "{record}");
+    assert_eq!(record["code"], "RESULT_DELIVERY_FAILED", "{record}");
+    assert_eq!(record["evidence"]["extension_forced"], true, "{record}");
+    assert!(!said.contains(CANARY), "{said}");
 }
