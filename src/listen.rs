@@ -268,6 +268,7 @@ impl IdleRoster {
             roster: self.clone(),
             id,
             since,
+            running: AtomicU64::new(0),
             close,
         }
     }
@@ -298,24 +299,36 @@ impl IdleRoster {
     }
 }
 
-/// One connection on an `IdleRoster`; leaves it when dropped.
+/// One connection on an `IdleRoster`; leaves it when dropped. Requests are counted, so
+/// an h2 connection with several streams is idle only once the last one ended.
 #[derive(Debug)]
 pub struct Member {
     roster: IdleRoster,
     id: u64,
     since: Arc<AtomicU64>,
+    running: AtomicU64,
     close: Arc<Notify>,
 }
 
 impl Member {
-    /// A request is running: not to be evicted.
+    /// A request started: not to be evicted while it runs.
     pub fn busy(&self) {
+        self.running.fetch_add(1, Ordering::Relaxed);
         self.since.store(BUSY, Ordering::Relaxed);
     }
 
-    /// The request finished: idle from now.
+    /// A request ended (or the connection waits for its first): idle from now once no
+    /// other request runs.
     pub fn idle(&self) {
-        self.since.store(self.roster.now(), Ordering::Relaxed);
+        let before = self
+            .running
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            })
+            .unwrap_or(0);
+        if before <= 1 {
+            self.since.store(self.roster.now(), Ordering::Relaxed);
+        }
     }
 
     /// Resolves when the listener needs this connection's place.
@@ -355,6 +368,19 @@ mod tests {
             assert_eq!(t.hit(start + Duration::from_millis(i)), None);
         }
         assert_eq!(t.hit(start + Duration::from_secs(5)), Some(1001));
+    }
+
+    #[test]
+    fn a_connection_is_idle_only_once_its_last_request_ended() {
+        let roster = IdleRoster::default();
+        let m = roster.join();
+        m.busy();
+        m.busy();
+        m.idle();
+        assert!(!roster.evict_idlest(), "one stream still runs");
+        m.idle();
+        m.idle();
+        assert!(roster.evict_idlest(), "idle once none runs");
     }
 
     #[test]

@@ -447,11 +447,9 @@ async fn serve_inner<I>(
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
-    // Between requests (HTTP/1) the connection is idle and may make room at the cap; h2
-    // multiplexes, so it counts as busy while open.
-    if !h2 {
-        member.idle();
-    }
+    // Between requests (HTTP/1), or with no stream open (h2), the connection is idle and
+    // may make room at the cap.
+    member.idle();
     let m = member.clone();
     let proxy_header_timeout = proxy.config.proxy.header_read_timeout;
     let io = FramingSniffer::new(io);
@@ -501,10 +499,7 @@ async fn serve_inner<I>(
                 }
             };
             let resp = respond::fit_to_method(head, resp);
-            Ok::<_, Infallible>(match h2 {
-                true => resp,
-                false => idle_once_sent(resp, m),
-            })
+            Ok::<_, Infallible>(idle_once_sent(resp, m))
         }
     });
     // The protocol comes from ALPN, so no connection waits unbounded for a preface.
