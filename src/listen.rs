@@ -17,6 +17,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
+use crate::contract::{Code, Envelope, unjournaled_refusal};
+
 /// Descriptors kept outside both caps: journal files, listeners, DNS, logs.
 pub const FD_RESERVE: u64 = 64;
 
@@ -344,6 +346,76 @@ impl Drop for Member {
     }
 }
 
+/// How many connections each agent keeps busy at once (requests running, tunnels and
+/// WebSockets open, SSH sessions), bounded by `[proxy] max_busy_per_agent` (default: a
+/// quarter of the connection cap). Idle connections make room at the cap; busy ones cannot,
+/// so without a bound one agent could keep every connection busy and lock the others out.
+pub struct BusyPerAgent {
+    limit: usize,
+    held: Mutex<HashMap<String, usize>>,
+    /// All agents' busy connections now.
+    open: Gauge,
+}
+
+/// One busy connection of one agent; dropping it frees the place.
+pub struct Busy {
+    busy: Arc<BusyPerAgent>,
+    agent: String,
+}
+
+impl BusyPerAgent {
+    pub fn new(limit: usize, open: Gauge) -> Arc<Self> {
+        Arc::new(Self {
+            limit: limit.max(1),
+            held: Mutex::default(),
+            open,
+        })
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// A place for one more busy connection of `agent`, or `None` at its limit.
+    pub fn hold(self: &Arc<Self>, agent: &str) -> Option<Busy> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let n = held.entry(agent.to_owned()).or_default();
+        if *n >= self.limit {
+            return None;
+        }
+        *n += 1;
+        self.open.inc();
+        Some(Busy {
+            busy: self.clone(),
+            agent: agent.to_owned(),
+        })
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.busy.open.dec();
+        let mut held = self.busy.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = held.get_mut(&self.agent) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.remove(&self.agent);
+            }
+        }
+    }
+}
+
+/// The refusal of an agent over its limit, unjournaled (a flood of them writes nothing):
+/// the code for a capacity postern ran out of (`JOURNAL_UNAVAILABLE`, `backoff`), field
+/// `agent`, a message naming the limit.
+pub fn over_busy_limit(limit: usize) -> Envelope {
+    let mut env = unjournaled_refusal(Code::JournalUnavailable, "agent");
+    env.error.message = format!(
+        "This agent already keeps {limit} connections busy (requests running, tunnels, WebSockets and SSH sessions open), the most [proxy] max_busy_per_agent allows; let one finish, or retry later."
+    );
+    env
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -398,5 +470,17 @@ mod tests {
         assert_eq!(proxy_cap(Some(7), Some(1024), 32), 7);
         assert_eq!(proxy_cap(None, Some(512), 32), (512 - 32 - 64) / 2);
         assert_eq!(proxy_cap(None, Some(10), 32), 1);
+    }
+
+    #[test]
+    fn each_agent_keeps_at_most_the_limit_busy_and_a_dropped_hold_frees_its_place() {
+        let busy = BusyPerAgent::new(2, Gauge::default());
+        let a1 = busy.hold("a");
+        let a2 = busy.hold("a");
+        assert!(a1.is_some() && a2.is_some());
+        assert!(busy.hold("a").is_none(), "a third for the same agent");
+        assert!(busy.hold("b").is_some(), "another agent has its own");
+        drop(a1);
+        assert!(busy.hold("a").is_some());
     }
 }

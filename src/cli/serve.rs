@@ -225,11 +225,14 @@ async fn serve_until_stopped(
         dns: dns.clone(),
         guards: Default::default(),
     });
+    // One bound per agent over HTTP and SSH alike.
+    let busy = crate::listen::BusyPerAgent::new(busy_limit(&config), front.busy.clone());
     let ssh_front = Arc::new(crate::ssh::SshFront::new(
         config.clone(),
         journal.clone(),
         host_key,
         exec.clone(),
+        busy.clone(),
     ));
     let proxy = Arc::new(Proxy {
         config: config.clone(),
@@ -245,7 +248,7 @@ async fn serve_until_stopped(
         failed_logins: crate::lifecycle::refusals::RefusalRate::failed_logins(),
         refusals: crate::lifecycle::refusals::RefusalRate::refusals(),
         guards: Default::default(),
-        busy: crate::http::busy::BusyPerAgent::new(busy_limit(&config), front.busy.clone()),
+        busy,
     });
     let state = Arc::new(AdminState {
         registry: admin::metrics::registry(journal.metrics(), &front),

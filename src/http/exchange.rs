@@ -57,7 +57,7 @@ pub(super) struct Exchange {
     /// The agent asked for a WebSocket: its side of the switch, once the origin agrees.
     pub(super) agent_upgrade: Option<hyper::upgrade::OnUpgrade>,
     /// The agent's place under `max_busy_per_agent`, held while the exchange runs.
-    pub(super) busy: Option<super::busy::Busy>,
+    pub(super) busy: Option<crate::listen::Busy>,
 }
 
 impl Exchange {

@@ -71,5 +71,5 @@ pub struct Proxy {
     /// Memory for buffered bodies, shared by requests and responses.
     pub budget: budget::Budget,
     /// Connections each agent keeps busy (requests, tunnels, WebSockets).
-    pub busy: Arc<busy::BusyPerAgent>,
+    pub busy: Arc<crate::listen::BusyPerAgent>,
 }

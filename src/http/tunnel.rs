@@ -76,7 +76,7 @@ struct Tunnel {
     opening: Opening,
     inv: Invocation,
     /// Its place under the agent's busy limit, held until the tunnel ends.
-    relay: Option<super::busy::Busy>,
+    relay: Option<crate::listen::Busy>,
 }
 
 type Reply = oneshot::Sender<Response<ProxyBody>>;

@@ -19,7 +19,6 @@ use hyper_util::rt::TokioIo;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
-use super::busy::Busy;
 use super::dispatch::HeadError;
 use super::drive::Outgoing;
 use super::exchange::Exchange;
@@ -35,6 +34,7 @@ use crate::guard::{Mask, Paced, ReflectionGuard};
 use crate::journal::{
     Body, Dispatch, Draft, Failure, ResponseStarted, ResultCommitted, Source, sha256_tagged_digest,
 };
+use crate::listen::Busy;
 
 const WEBSOCKET: &str = "websocket";
 const EXTENSIONS: &str = "sec-websocket-extensions";

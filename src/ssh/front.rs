@@ -29,6 +29,7 @@ pub const OVER_CAP: &[u8] =
     b"ERR postern: the SSH front is at its connection cap ([proxy] max_connections); retry later\n";
 
 use crate::lifecycle::refusals::{RefusalRate, UNAUTHENTICATED};
+use crate::listen::{BusyPerAgent, over_busy_limit};
 
 /// Everything an agent connection needs.
 pub struct SshFront {
@@ -38,6 +39,8 @@ pub struct SshFront {
     server: Arc<russh::server::Config>,
     /// Wrong-token preambles journaled per source address (bounded), as for HTTP.
     failed_logins: RefusalRate,
+    /// Connections each agent keeps busy, shared with the HTTP proxy.
+    busy: Arc<BusyPerAgent>,
 }
 
 impl SshFront {
@@ -46,6 +49,7 @@ impl SshFront {
         journal: crate::journal::Journal,
         host_key: PrivateKey,
         dispatch: Arc<dyn ExecDispatch>,
+        busy: Arc<BusyPerAgent>,
     ) -> Self {
         let server = russh::server::Config {
             keys: vec![host_key],
@@ -58,6 +62,7 @@ impl SshFront {
         };
         Self {
             failed_logins: RefusalRate::failed_logins(),
+            busy,
             config,
             journal,
             dispatch,
@@ -90,11 +95,20 @@ async fn connection(front: Arc<SshFront>, stream: TcpStream) {
             return;
         }
     };
-    let admitted = admit(&front, &line, source).await;
+    let mut admitted = admit(&front, &line, source).await;
+    // The session keeps its agent's connection busy as long as it lasts.
+    let mut busy = None;
+    if let Ok((agent, _)) = &admitted {
+        busy = front.busy.hold(agent);
+        if busy.is_none() {
+            admitted = Err(over_busy_limit(front.busy.limit()));
+        }
+    }
     let ok = admitted.is_ok();
     let Some((agent, target)) = answer(&mut stream, admitted).await.filter(|_| ok) else {
         return;
     };
+    let _busy = busy;
     let handler = AgentSession {
         journal: front.journal.clone(),
         dispatch: front.dispatch.clone(),

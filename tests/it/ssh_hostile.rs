@@ -497,3 +497,39 @@ fn never_answers_exec_is_a_response_timeout_even_with_a_shorter_idle_timeout() {
     let out = f.ssh(TOKEN, &["--", "", "make deploy"]);
     assert_unknown(&f, &out, "REMOTE_TIMEOUT");
 }
+
+/// One agent keeps at most `max_busy_per_agent` connections busy, SSH sessions included:
+/// past it the next session is refused in the preamble, before any login upstream.
+#[test]
+fn an_agent_over_max_busy_per_agent_gets_no_more_ssh_sessions() {
+    let f = crate::ssh::Front::start_with(
+        "",
+        |text| text.replacen("[proxy]\n", "[proxy]\nmax_busy_per_agent = 1\n", 1),
+        &[],
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("running");
+    let hold = format!("touch {}; sleep 3", marker.display());
+    let mut first = f
+        .ssh_command(crate::ssh::TOKEN, &["-n", "--", "", &hold])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("ssh");
+    for _ in 0..200 {
+        if marker.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    assert!(marker.exists(), "the first session runs");
+    let second = f.ssh(crate::ssh::TOKEN, &["-n", "--", "", "echo hi"]);
+    let said = crate::support::stderr(&second);
+    let _ = first.wait();
+    assert_ne!(second.status.code(), Some(0), "{said}");
+    let env = crate::ssh::envelope(&said);
+    assert_eq!(env["error"]["code"], "JOURNAL_UNAVAILABLE", "{said}");
+    assert!(said.contains("max_busy_per_agent"), "{said}");
+    let again = f.ssh(crate::ssh::TOKEN, &["-n", "--", "", "echo hi"]);
+    assert_eq!(again.status.code(), Some(0), "the place came back");
+}
