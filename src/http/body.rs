@@ -7,17 +7,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::oneshot;
 
-use super::flushed::FlushWatch;
-
-/// How delivery to the agent ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeliveryEnd {
-    /// The last byte was handed to the connection (toward the agent: and flushed, when
-    /// the body knows the agent's connection).
-    Delivered,
-    /// The agent's connection went away first.
-    Dropped,
-}
+use super::flushed::{DeliveryEnd, FlushWatch};
 
 /// A complete body handed over once (to the agent, or to the origin); reports whether
 /// all of it was taken.

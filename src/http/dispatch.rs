@@ -10,13 +10,13 @@ use hyper::body::Incoming;
 
 use tokio::sync::oneshot;
 
-use super::body::DeliveryEnd;
 use super::body::{UpBody, attach_body};
 use super::budget::Reservation;
 use super::decode;
-use super::drive::Outgoing;
 use super::exchange::Exchange;
+use super::flushed::DeliveryEnd;
 use super::headers::strip_hop_by_hop;
+use super::outgoing::Outgoing;
 use super::pool::{Conn, SendFailure, Sender};
 use super::respond::{self, ProxyBody};
 use super::tap::Tap;

@@ -9,15 +9,16 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use tokio::sync::oneshot;
 
 use super::Proxy;
-use super::body::DeliveryEnd;
 use super::exchange::{Exchange, Inbound};
+use super::flushed::DeliveryEnd;
 use super::headers::query_has;
 use super::inject::Injection;
 use super::intake::AgentBody;
+use super::outgoing::Outgoing;
 use super::pool::Pool;
 use super::respond::{self, POSTERN_CREDENTIAL, ProxyBody};
-use super::stream::{StreamEnd, StreamPlan};
-use super::upgrade::{Switch, take_websocket};
+use super::stream::StreamEnd;
+use super::upgrade::take_websocket;
 use super::upstream::{Hop, dial};
 use crate::config::{Approval, Config, Inject, Route};
 use crate::contract::{Code, unjournaled_refusal};
@@ -445,26 +446,4 @@ fn select_credential<'r>(route: &'r Route, headers: &HeaderMap) -> Result<Option
                 "headers.postern-credential",
             )),
     }
-}
-
-/// What the exchange hands back to the front.
-pub(super) enum Outgoing {
-    Respond(Response<ProxyBody>),
-    /// A streamed response: the head goes out now, the pump feeds the body.
-    Stream {
-        resp: Response<ProxyBody>,
-        done: oneshot::Receiver<DeliveryEnd>,
-        plan: Box<StreamPlan>,
-    },
-    Deliver {
-        resp: Response<ProxyBody>,
-        done: oneshot::Receiver<DeliveryEnd>,
-    },
-    /// A committed `101`: the head goes out, then the relay runs.
-    Switch {
-        resp: Response<ProxyBody>,
-        switch: Box<Switch>,
-    },
-    /// The agent left; the result is committed and fetchable.
-    Gone,
 }

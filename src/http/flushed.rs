@@ -23,7 +23,15 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 
-use super::body::DeliveryEnd;
+/// How delivery to the agent ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryEnd {
+    /// The last byte was handed to the connection (toward the agent: and flushed, when
+    /// the body knows the agent's connection).
+    Delivered,
+    /// The agent's connection went away first.
+    Dropped,
+}
 
 /// One agent connection's flushes (and, h2, stream ends), shared by the bodies sent on it.
 #[derive(Clone)]

@@ -27,6 +27,7 @@ mod intake;
 mod internal;
 mod keyed;
 pub mod mitm;
+mod outgoing;
 mod pool;
 mod receive;
 mod relay;

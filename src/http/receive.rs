@@ -13,13 +13,13 @@ use tokio::sync::oneshot;
 
 use super::body::DeliveryBody;
 use super::decode;
-use super::drive::Outgoing;
 use super::exchange::Exchange;
 use super::headers::{
     bodiless, delivery_mode, framing, intermediary_error, redact_headers, stored_headers,
     strip_error_proxy_status, strip_hop_by_hop,
 };
 use super::intake::Collected;
+use super::outgoing::Outgoing;
 use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody, Relayed};
 use super::stream::StreamStart;
 use crate::config::{Delivery, Route};

@@ -11,11 +11,11 @@ use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::body::DeliveryEnd;
 use super::body::body_error;
 use super::body::{ChannelBody, Chunk};
 use super::decode::{self, Decoder, Undecodable};
 use super::exchange::Exchange;
+use super::flushed::DeliveryEnd;
 use super::headers::stored_headers;
 use super::respond::ProxyBody;
 use super::respond::{POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME, Relayed};

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 
-use super::body::DeliveryEnd;
+use super::flushed::DeliveryEnd;
 use super::upstream::Io;
 
 pub struct Tap {

@@ -9,7 +9,6 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
@@ -20,9 +19,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
 use super::dispatch::HeadError;
-use super::drive::Outgoing;
 use super::exchange::Exchange;
 use super::headers::{redact_headers, strip_hop_by_hop};
+use super::outgoing::{Outgoing, Switch};
 use super::pool::Sender;
 use super::relay::{self, Downstream};
 use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed};
@@ -57,16 +56,6 @@ fn lists(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case(token))
-}
-
-/// What runs once the agent has its `101`.
-pub(super) struct Switch {
-    agent: OnUpgrade,
-    origin: OnUpgrade,
-    guard: Arc<ReflectionGuard>,
-    idle: Duration,
-    /// The agent's place under its busy limit, held until the relay ends.
-    _busy: Busy,
 }
 
 impl Exchange {
@@ -257,18 +246,6 @@ impl Exchange {
         match relayed.delivered {
             true => self.inv.delivered_upgrade(upgrade).await,
             false => self.inv.delivery_failed_upgrade(upgrade).await,
-        }
-    }
-}
-
-impl Switch {
-    fn new((agent, busy): (OnUpgrade, Busy), origin: OnUpgrade, route: &Route) -> Self {
-        Self {
-            agent,
-            origin,
-            guard: Arc::new(ReflectionGuard::default()),
-            idle: route.idle_timeout,
-            _busy: busy,
         }
     }
 }
