@@ -69,6 +69,18 @@ fn ok_origin() -> Origin {
     origins::responds("200 OK", &[], "hello")
 }
 
+/// `n` connections, each with a GET to the origin running (raw sockets, kept open).
+fn requests_running(daemon: &Daemon, port: u16, n: usize) -> Vec<TcpStream> {
+    let request = format!("GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\n\r\n");
+    (0..n)
+        .map(|_| {
+            let mut s = open(daemon);
+            s.write_all(request.as_bytes()).unwrap();
+            s
+        })
+        .collect()
+}
+
 fn through(daemon: &Daemon, port: u16) -> u16 {
     curl(&["-x", &daemon.proxy, &format!("http://origin.test:{port}/")]).0
 }
@@ -84,17 +96,7 @@ fn the_connection_cap_refuses_quickly_and_the_admin_still_answers() {
         "max_connections = 4\nmax_busy_per_agent = 4\nheader_read_timeout = \"60s\"",
     );
     let daemon = Daemon::start(&home, Some(&config));
-    let request = format!(
-        "GET http://origin.test:{}/ HTTP/1.1\r\nHost: origin.test\r\n\r\n",
-        origin.port()
-    );
-    let busy: Vec<TcpStream> = (0..4)
-        .map(|_| {
-            let mut s = open(&daemon);
-            s.write_all(request.as_bytes()).unwrap();
-            s
-        })
-        .collect();
+    let busy = requests_running(&daemon, origin.port(), 4);
     std::thread::sleep(Duration::from_millis(500));
 
     let mut extra = open(&daemon);
@@ -521,17 +523,7 @@ fn one_agent_keeps_at_most_max_busy_per_agent_requests_running() {
     let home = Home::new();
     let config = http_config(origin.port(), "max_busy_per_agent = 2");
     let daemon = Daemon::start(&home, Some(&config));
-    let request = format!(
-        "GET http://origin.test:{}/ HTTP/1.1\r\nHost: origin.test\r\n\r\n",
-        origin.port()
-    );
-    let busy: Vec<TcpStream> = (0..2)
-        .map(|_| {
-            let mut s = open(&daemon);
-            s.write_all(request.as_bytes()).unwrap();
-            s
-        })
-        .collect();
+    let busy = requests_running(&daemon, origin.port(), 2);
     std::thread::sleep(Duration::from_millis(500));
     let (status, body, head) = curl(&[
         "-x",
