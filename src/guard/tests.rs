@@ -149,6 +149,25 @@ fn base64_wrapped_at_any_width_is_redacted() {
     }
 }
 
+/// Base64 wrapped inside a JSON or HTML string: the line breaks are escapes.
+#[test]
+fn base64_wrapped_with_escaped_line_breaks_is_redacted() {
+    let g = guard();
+    let doc = STANDARD.encode(format!("{}{SECRET}", "Z".repeat(40)));
+    for eol in ["\\n", "\\r\\n", "\\n    ", "\\u000a", "&#10;"] {
+        for width in [64, 76] {
+            let wrapped = doc
+                .as_bytes()
+                .chunks(width)
+                .map(|l| String::from_utf8_lossy(l).into_owned())
+                .collect::<Vec<_>>()
+                .join(eol);
+            let (out, hits) = clean(&g, format!("{{\"pem\":\"{wrapped}\"}}").as_bytes());
+            assert!(hits >= 1, "{eol} {width}: {out}");
+        }
+    }
+}
+
 #[test]
 fn a_line_break_outside_base64_is_kept_and_an_sse_stream_not_held() {
     let g = guard();

@@ -128,7 +128,7 @@ impl Decoded {
             self.literal(raw, i, t);
             let step = match raw[t] {
                 b'\n' | b'\r' => line_break(raw, t),
-                _ => escape(&raw[t..], at_end),
+                _ => self.wrapped(raw, t, escape(&raw[t..], at_end)),
             };
             match step {
                 Step::Decoded(len, value) => {
@@ -151,6 +151,23 @@ impl Decoded {
             escape: false,
         });
         i
+    }
+
+    /// An escaped line break (`\n` in a JSON string, `\u000a`, `&#10;`) right after base64
+    /// decodes to nothing, with the next line's indentation: base64 wrapped inside a JSON
+    /// or HTML string reads whole too.
+    fn wrapped(&self, raw: &[u8], t: usize, step: Step) -> Step {
+        let Step::Decoded(mut len, value) = step else {
+            return step;
+        };
+        let breaks = matches!(value, Value::Byte(b'\n' | b'\r') | Value::Char('\n' | '\r'));
+        if !breaks || !self.text.last().is_some_and(|&b| is_base64(b)) {
+            return step;
+        }
+        while matches!(raw.get(t + len), Some(b' ' | b'\t')) {
+            len += 1;
+        }
+        Step::Decoded(len, Value::Nothing)
     }
 
     fn literal(&mut self, raw: &[u8], from: usize, to: usize) {

@@ -131,28 +131,44 @@ pub fn for_guard(
 
 /// A body that is itself gzip or zstd (by its magic bytes) though no `Content-Encoding`
 /// says so: an echo packed that way would pass the guard unread, so what it unpacks to is
-/// scanned too. `Err(PackedEcho)` when that holds the secret; a body that does not unpack
-/// (corrupt, or past `cap`) is left as it is.
+/// scanned too — also what unpacked before trailing bytes a decoder stops at (tools skip
+/// them), and an archive packed again, a few layers deep. `Err(PackedEcho)` when that
+/// holds the secret; a body past `cap` unpacked is scanned as far as it got.
 pub fn check_packed(guard: &ReflectionGuard, body: &[u8], cap: u64) -> Result<(), Undecodable> {
+    let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+    let mut layer = body.to_vec();
+    for _ in 0..PACKED_LAYERS {
+        let Some(unpacked) = unpack(&layer, cap) else {
+            return Ok(());
+        };
+        if guard.redact(&unpacked).1 > 0 {
+            return Err(Undecodable::PackedEcho);
+        }
+        layer = unpacked;
+    }
+    Ok(())
+}
+
+/// How many archives inside archives are unpacked for the scan.
+const PACKED_LAYERS: usize = 3;
+
+/// What a gzip or zstd body unpacks to, as far as it decodes; `None` if it is neither.
+fn unpack(body: &[u8], cap: usize) -> Option<Vec<u8>> {
     let coding = match body {
         [0x1f, 0x8b, ..] => "gzip",
         [0x28, 0xb5, 0x2f, 0xfd, ..] => "zstd",
-        _ => return Ok(()),
+        _ => return None,
     };
-    let cap = usize::try_from(cap).unwrap_or(usize::MAX);
-    let Ok(mut decoder) = Decoder::new(coding, cap) else {
-        return Ok(());
-    };
-    let Ok(mut unpacked) = decoder.push(body).map(|b| b.to_vec()) else {
-        return Ok(());
+    let mut decoder = Decoder::new(coding, cap).ok()?;
+    let mut unpacked = match decoder.push(body) {
+        Ok(b) => b.to_vec(),
+        // Trailing bytes or a cut: what decoded before them is what a tool shows.
+        Err(_) => decoder.take().to_vec(),
     };
     if let Ok(rest) = decoder.finish() {
         unpacked.extend_from_slice(&rest);
     }
-    match guard.redact(&unpacked).1 {
-        0 => Ok(()),
-        _ => Err(Undecodable::PackedEcho),
-    }
+    Some(unpacked)
 }
 
 /// Says in the head that the body is withheld, and why.
@@ -269,6 +285,29 @@ impl Write for Sink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_packed_echo_is_found_behind_trailing_bytes_and_inside_another_archive() {
+        let secret = b"OrigSecret-ABCdef1234567890xyz";
+        let Some(guard) = ReflectionGuard::new(secret, secret) else {
+            panic!("guard");
+        };
+        let mut plain = vec![b'a'; 6000];
+        plain.extend_from_slice(b"hello OrigSecret-ABCdef1234567890xyz bye");
+        let mut trailing = coded("gzip", &plain);
+        trailing.extend_from_slice(b"TRAILINGJUNK");
+        let twice = coded("gzip", &coded("gzip", &plain));
+        let mut zstd_trailing = coded("zstd", &plain);
+        zstd_trailing.extend_from_slice(b"JUNKJUNK");
+        for body in [trailing, twice, zstd_trailing] {
+            assert_eq!(
+                check_packed(&guard, &body, 1 << 20),
+                Err(Undecodable::PackedEcho)
+            );
+        }
+        let clean = coded("gzip", b"nothing to see");
+        assert_eq!(check_packed(&guard, &clean, 1 << 20), Ok(()));
+    }
 
     fn coded(coding: &str, plain: &[u8]) -> Vec<u8> {
         use std::io::Read;

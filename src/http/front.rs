@@ -430,7 +430,11 @@ async fn intercept(
             return;
         }
     };
-    let Some(tls) = handshake(&proxy, config, io).await else {
+    let tls = tokio::select! {
+        tls = handshake(&proxy, config, io) => tls,
+        () = member.evicted() => None,
+    };
+    let Some(tls) = tls else {
         return;
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");

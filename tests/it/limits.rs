@@ -544,3 +544,35 @@ fn one_agent_keeps_at_most_max_busy_per_agent_requests_running() {
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(through(&daemon, origin.port()), 200, "places come back");
 }
+
+/// A `CONNECT` answered `200` whose agent never starts TLS has no request running: at the
+/// cap it makes room before its `tls_handshake_timeout`.
+#[test]
+fn connects_that_never_start_tls_make_room_at_the_cap() {
+    let origin = echo_origin();
+    let home = Home::new();
+    let config = https_config(
+        &origin,
+        "max_connections = 3\ntls_handshake_timeout = \"60s\"",
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    let port = origin.addr.port();
+    let silent: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let mut s = open(&daemon);
+            write!(
+                s,
+                "CONNECT origin.test:{port} HTTP/1.1\r\nHost: origin.test:{port}\r\n\r\n"
+            )
+            .unwrap();
+            let head = read_head(&mut s);
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            s
+        })
+        .collect();
+    let ca = home.root().join("certs/ca.pem").display().to_string();
+    let url = format!("https://origin.test:{port}/new");
+    let (status, body, _) = curl(&["--cacert", &ca, "-x", &daemon.proxy, &url]);
+    drop(silent);
+    assert_eq!(status, 200, "locked out by silent CONNECTs: {body}");
+}
