@@ -123,6 +123,15 @@ fn base64_at_every_alignment_leaves_only_boundary_characters() {
     }
 }
 
+/// `doc` in lines of `width` characters joined by `eol`.
+fn wrap(doc: &str, width: usize, eol: &str) -> String {
+    doc.as_bytes()
+        .chunks(width)
+        .map(|l| String::from_utf8_lossy(l).into_owned())
+        .collect::<Vec<_>>()
+        .join(eol)
+}
+
 /// MIME, PEM and `base64` wrap their output: a line break may fall inside the secret's
 /// base64, at any column.
 #[test]
@@ -131,12 +140,7 @@ fn base64_wrapped_at_any_width_is_redacted() {
     let doc = STANDARD.encode(format!("xx{SECRET}yy Bearer {SECRET}"));
     for width in [4, 16, 64, 76] {
         for eol in ["\n", "\r\n", "\n  ", "\r\n\t"] {
-            let wrapped = doc
-                .as_bytes()
-                .chunks(width)
-                .map(|l| String::from_utf8_lossy(l).into_owned())
-                .collect::<Vec<_>>()
-                .join(eol);
+            let wrapped = wrap(&doc, width, eol);
             let (out, hits) = clean(&g, wrapped.as_bytes());
             assert!(hits >= 2, "{width}: {out}");
             assert!(
@@ -156,12 +160,7 @@ fn base64_wrapped_with_escaped_line_breaks_is_redacted() {
     let doc = STANDARD.encode(format!("{}{SECRET}", "Z".repeat(40)));
     for eol in ["\\n", "\\r\\n", "\\n    ", "\\u000a", "&#10;"] {
         for width in [64, 76] {
-            let wrapped = doc
-                .as_bytes()
-                .chunks(width)
-                .map(|l| String::from_utf8_lossy(l).into_owned())
-                .collect::<Vec<_>>()
-                .join(eol);
+            let wrapped = wrap(&doc, width, eol);
             let (out, hits) = clean(&g, format!("{{\"pem\":\"{wrapped}\"}}").as_bytes());
             assert!(hits >= 1, "{eol} {width}: {out}");
         }
