@@ -102,7 +102,7 @@ fn parse(text: &str) -> Result<(String, u16), String> {
     let port = match after_host.rsplit_once(':') {
         None => 80,
         Some((_, p)) => match p.parse::<u16>() {
-            Ok(n) if n > 0 => n,
+            Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
             _ => return Err(format!("names port `{p}`, not 1..65535")),
         },
     };
@@ -133,6 +133,7 @@ mod tests {
             "http://p:99999",
             "http://p:0",
             "http://p:1#frag",
+            "http://p:+3128",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
