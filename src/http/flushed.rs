@@ -320,14 +320,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn http1_an_end_is_delivered_by_the_first_flush_after_it() {
+    async fn http1_an_end_is_delivered_by_the_first_flush_after_it() -> std::io::Result<()> {
         let (mut io, watch) = Flushed::new(Gate { open: true }, false);
-        io.write_all(b"head and body").await.unwrap();
+        io.write_all(b"head and body").await?;
         let (tx, mut rx) = oneshot::channel();
         watch.deliver_when_flushed(tx);
         assert_eq!(now(&mut rx), None, "handed over is not flushed");
-        io.flush().await.unwrap();
+        io.flush().await?;
         assert_eq!(now(&mut rx), Some(DeliveryEnd::Delivered));
+        Ok(())
     }
 
     /// An h2 frame head: length, type, flags, stream id.
@@ -339,23 +340,25 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn h2_an_end_needs_a_stream_ending_frame_written_whole_then_a_flush() {
+    async fn h2_an_end_needs_a_stream_ending_frame_written_whole_then_a_flush()
+    -> std::io::Result<()> {
         let (mut io, watch) = Flushed::new(Gate { open: true }, true);
         let (tx, mut rx) = oneshot::channel();
         watch.deliver_when_flushed(tx);
         // Data still on its way (no END_STREAM), flushed: not the end.
-        io.write_all(&frame(0, 0, 1, b"part")).await.unwrap();
-        io.flush().await.unwrap();
+        io.write_all(&frame(0, 0, 1, b"part")).await?;
+        io.flush().await?;
         assert_eq!(now(&mut rx), None);
         // The END_STREAM frame, its payload cut across writes.
         let last = frame(0, 1, 1, b"rest");
-        io.write_all(&last[..11]).await.unwrap();
-        io.flush().await.unwrap();
+        io.write_all(&last[..11]).await?;
+        io.flush().await?;
         assert_eq!(now(&mut rx), None, "half a frame is not its end");
-        io.write_all(&last[11..]).await.unwrap();
+        io.write_all(&last[11..]).await?;
         assert_eq!(now(&mut rx), None, "written, not yet flushed");
-        io.flush().await.unwrap();
+        io.flush().await?;
         assert_eq!(now(&mut rx), Some(DeliveryEnd::Delivered));
+        Ok(())
     }
 
     #[test]

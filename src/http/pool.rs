@@ -162,16 +162,16 @@ mod tests {
     use crate::config::Scheme;
 
     #[test]
-    fn the_hop_is_part_of_the_key() {
+    fn the_hop_is_part_of_the_key() -> Result<(), Box<dyn std::error::Error>> {
         let text = "[[routes]]\nid = \"r\"\nmatch = { host = \"o.test\" }\n";
-        let direct = crate::config::parse(text, None, &|_| None).unwrap();
+        let direct = crate::config::parse(text, None, &|_| None)?;
         let hopped = crate::config::parse(
             &format!("{text}via = \"http://10.0.0.1:3128\"\n"),
             None,
             &|_| None,
-        )
-        .unwrap();
-        let target = Target::new(Scheme::Https, "o.test", None, "/").unwrap();
+        )?;
+        let target = Target::new(Scheme::Https, "o.test", None, "/")
+            .map_err(|e| format!("target: {}", e.field))?;
         let (d, h) = (&direct.routes[0], &hopped.routes[0]);
         let hop = h.via.clone().map(|v| Hop::new(v, None));
         assert_eq!(d.id, h.id);
@@ -180,5 +180,6 @@ mod tests {
             Pool::key(h, &target, hop.as_ref()),
             "a direct connection is never handed to a hopped request, nor the reverse"
         );
+        Ok(())
     }
 }

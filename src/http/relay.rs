@@ -280,23 +280,24 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn half_closes_travel_and_both_directions_are_counted() {
+    async fn half_closes_travel_and_both_directions_are_counted() -> std::io::Result<()> {
         let (mut agent, mut origin, run) = wired(Duration::from_secs(30));
-        agent.write_all(b"hello").await.unwrap();
-        agent.shutdown().await.unwrap();
+        agent.write_all(b"hello").await?;
+        agent.shutdown().await?;
         let mut got = Vec::new();
-        origin.read_to_end(&mut got).await.unwrap();
+        origin.read_to_end(&mut got).await?;
         assert_eq!(got, b"hello", "the agent's end of input reached the origin");
         // The origin still answers after the agent's half-close (more than the pipes
         // hold, so the agent reads while the origin writes).
         let answer = async {
-            origin.write_all(&[7u8; 1000]).await.unwrap();
-            origin.shutdown().await.unwrap();
+            origin.write_all(&[7u8; 1000]).await?;
+            origin.shutdown().await
         };
         let mut back = Vec::new();
-        let (_, read) = tokio::join!(answer, agent.read_to_end(&mut back));
-        assert_eq!(read.unwrap(), 1000);
-        let r = run.await.unwrap();
+        let (answered, read) = tokio::join!(answer, agent.read_to_end(&mut back));
+        answered?;
+        assert_eq!(read?, 1000);
+        let r = run.await.map_err(std::io::Error::other)?;
         assert_eq!(
             r.tunnel,
             TunnelEvidence {
@@ -307,56 +308,56 @@ mod tests {
         );
         assert!(r.delivered && r.clean);
         assert_eq!(r.digest, crate::journal::sha256_tagged(&[7u8; 1000]));
+        Ok(())
     }
 
     #[tokio::test]
-    async fn the_side_that_ends_first_closed_it() {
+    async fn the_side_that_ends_first_closed_it() -> std::io::Result<()> {
         let (mut agent, mut origin, run) = wired(Duration::from_secs(30));
-        origin.write_all(b"bye").await.unwrap();
-        origin.shutdown().await.unwrap();
+        origin.write_all(b"bye").await?;
+        origin.shutdown().await?;
         let mut back = Vec::new();
-        agent.read_to_end(&mut back).await.unwrap();
-        agent.shutdown().await.unwrap();
-        let r = run.await.unwrap();
+        agent.read_to_end(&mut back).await?;
+        agent.shutdown().await?;
+        let r = run.await.map_err(std::io::Error::other)?;
         assert_eq!(r.tunnel.closed_by, ClosedBy::Origin);
         assert_eq!((r.tunnel.bytes_up, r.tunnel.bytes_down), (0, 3));
+        Ok(())
     }
 
     #[tokio::test]
-    async fn an_idle_tunnel_is_closed_by_postern_after_the_idle_timeout() {
+    async fn an_idle_tunnel_is_closed_by_postern_after_the_idle_timeout() -> std::io::Result<()> {
         // Real time (tokio's test-util is not enabled): margins of 400 ms either way.
         let (idle, pause) = (Duration::from_secs(1), Duration::from_millis(600));
         let (mut agent, mut origin, run) = wired(idle);
-        agent.write_all(b"ping").await.unwrap();
+        agent.write_all(b"ping").await?;
         let mut four = [0u8; 4];
-        origin.read_exact(&mut four).await.unwrap();
+        origin.read_exact(&mut four).await?;
         tokio::time::sleep(pause).await;
-        origin.write_all(b"pong").await.unwrap();
-        agent.read_exact(&mut four).await.unwrap();
+        origin.write_all(b"pong").await?;
+        agent.read_exact(&mut four).await?;
         // 1.2 s after the ping, but only 0.6 s after the pong: a byte re-arms the timeout.
         tokio::time::sleep(pause).await;
         assert!(!run.is_finished(), "a byte did not re-arm the idle timeout");
-        let r = run.await.unwrap();
+        let r = run.await.map_err(std::io::Error::other)?;
         assert_eq!(r.tunnel.closed_by, ClosedBy::Postern);
         assert_eq!((r.tunnel.bytes_up, r.tunnel.bytes_down), (4, 4));
         assert!(!r.clean);
         let mut rest = Vec::new();
-        assert_eq!(
-            agent.read_to_end(&mut rest).await.unwrap(),
-            0,
-            "agent side closed"
-        );
+        assert_eq!(agent.read_to_end(&mut rest).await?, 0, "agent side closed");
+        Ok(())
     }
 
     #[tokio::test]
-    async fn an_agent_that_stops_reading_is_a_failed_delivery() {
+    async fn an_agent_that_stops_reading_is_a_failed_delivery() -> std::io::Result<()> {
         let (agent, mut origin, run) = wired(Duration::from_secs(30));
         drop(agent);
         // The write to the gone agent fails; the origin's bytes were not delivered.
         let _ = origin.write_all(b"late answer").await;
-        let r = run.await.unwrap();
+        let r = run.await.map_err(std::io::Error::other)?;
         assert_eq!(r.tunnel.closed_by, ClosedBy::Agent);
         assert_eq!(r.tunnel.bytes_down, 11);
         assert!(!r.clean && !r.delivered);
+        Ok(())
     }
 }
