@@ -271,7 +271,6 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Flushed<T> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
