@@ -24,7 +24,8 @@ use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, Pr
 use super::stream::StreamStart;
 use crate::config::{Delivery, Route};
 use crate::contract::{
-    Code, Outcome, Phase, ResponseFacts, StatusResolution, classify_status, postern_outcome,
+    Code, Completion, Outcome, Phase, ResponseFacts, StatusResolution, classify_status,
+    postern_outcome,
 };
 use crate::guard::ReflectionGuard;
 use crate::journal::{
@@ -149,20 +150,12 @@ impl Exchange {
         }))
         .source(Source::RemoteResponse)
         .hop("origin");
-        let committed = Draft::observed(Body::ResultCommitted(ResultCommitted {
-            outcome: resolution.outcome,
-            retry: resolution.retry,
-            status: Some(status.as_u16()),
-            exit_status: None,
-            exit_signal: None,
+        let whole = Whole {
             digest,
             bytes: body.len() as u64,
-            complete: true,
-            completion: Some(completion),
-            evidence,
-        }))
-        .source(Source::RemoteResponse)
-        .hop("origin");
+            completion,
+        };
+        let committed = origin_committed(resolution, status, whole, evidence);
         let drafts = vec![started, complete, committed];
         let outcome = match self
             .commit_for_agent(drafts, stored, resolution, reply)
@@ -317,6 +310,36 @@ impl Exchange {
             expires_at_ms: self.inv.journal().result_expiry_ms(),
         }
     }
+}
+
+/// What a complete response was: digest and length of its body, and what ended it.
+pub(super) struct Whole {
+    pub digest: String,
+    pub bytes: u64,
+    pub completion: Completion,
+}
+
+/// `RESULT_COMMITTED` for a complete response from the origin.
+pub(super) fn origin_committed(
+    resolution: StatusResolution,
+    status: StatusCode,
+    whole: Whole,
+    evidence: serde_json::Map<String, serde_json::Value>,
+) -> Draft {
+    Draft::observed(Body::ResultCommitted(ResultCommitted {
+        outcome: resolution.outcome,
+        retry: resolution.retry,
+        status: Some(status.as_u16()),
+        exit_status: None,
+        exit_signal: None,
+        digest: whole.digest,
+        bytes: whole.bytes,
+        complete: true,
+        completion: Some(whole.completion),
+        evidence,
+    }))
+    .source(Source::RemoteResponse)
+    .hop("origin")
 }
 
 /// A classified response head: its resolution and the reflection guard for its body.

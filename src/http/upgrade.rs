@@ -23,6 +23,7 @@ use super::exchange::Exchange;
 use super::headers::{redact_headers, strip_hop_by_hop};
 use super::outgoing::{Outgoing, Switch};
 use super::pool::Sender;
+use super::receive::{Whole, origin_committed};
 use super::relay::{self, Downstream};
 use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed};
 use super::tap::Tap;
@@ -31,7 +32,7 @@ use crate::config::Route;
 use crate::contract::{Code, Completion, UpgradeEvidence, classify_upgrade};
 use crate::guard::{Mask, Paced, ReflectionGuard};
 use crate::journal::{
-    Body, Dispatch, Draft, Failure, ResponseStarted, ResultCommitted, Source, sha256_tagged_digest,
+    Body, Dispatch, Draft, Failure, ResponseStarted, Source, sha256_tagged_digest,
 };
 use crate::listen::Busy;
 
@@ -163,26 +164,17 @@ impl Exchange {
         if header_hits > 0 {
             evidence.insert("redactions".into(), header_hits.into());
         }
-        let origin_said = |body| {
-            Draft::observed(body)
-                .source(Source::RemoteResponse)
-                .hop("origin")
-        };
-        let started = origin_said(Body::RemoteResponseStarted(ResponseStarted {
+        let started = Draft::observed(Body::RemoteResponseStarted(ResponseStarted {
             status: Some(status.as_u16()),
-        }));
-        let committed = origin_said(Body::ResultCommitted(ResultCommitted {
-            outcome: resolution.outcome,
-            retry: resolution.retry,
-            status: Some(status.as_u16()),
-            exit_status: None,
-            exit_signal: None,
+        }))
+        .source(Source::RemoteResponse)
+        .hop("origin");
+        let whole = Whole {
             digest,
             bytes: 0,
-            complete: true,
-            completion: Some(Completion::None),
-            evidence,
-        }));
+            completion: Completion::None,
+        };
+        let committed = origin_committed(resolution, status, whole, evidence);
         let drafts = vec![started, committed];
         let outcome = match self
             .commit_for_agent(drafts, stored, resolution, reply)
