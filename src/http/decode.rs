@@ -10,7 +10,7 @@ use std::io::{self, Write};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, header};
 
-use crate::guard::ReflectionGuard;
+use crate::guard::{Carry, ReflectionGuard};
 
 /// Marks a response whose body postern withheld.
 pub const POSTERN_BODY: &str = "postern-body";
@@ -133,42 +133,117 @@ pub fn for_guard(
 /// says so: an echo packed that way would pass the guard unread, so what it unpacks to is
 /// scanned too — also what unpacked before trailing bytes a decoder stops at (tools skip
 /// them), and an archive packed again, a few layers deep. `Err(PackedEcho)` when that
-/// holds the secret; a body past `cap` unpacked is scanned as far as it got.
+/// holds the secret. It runs a slice at a time, holding one slice's output, never the
+/// whole; the scan stops (the body passes) past `cap` unpacked bytes.
 pub fn check_packed(guard: &ReflectionGuard, body: &[u8], cap: u64) -> Result<(), Undecodable> {
-    let cap = usize::try_from(cap).unwrap_or(usize::MAX);
-    let mut layer = body.to_vec();
-    for _ in 0..PACKED_LAYERS {
-        let Some(unpacked) = unpack(&layer, cap) else {
-            return Ok(());
-        };
-        if guard.redact(&unpacked).1 > 0 {
-            return Err(Undecodable::PackedEcho);
-        }
-        layer = unpacked;
+    if packing(body).is_none() {
+        return Ok(());
     }
-    Ok(())
+    let mut layers = Layers {
+        decoders: Vec::new(),
+        innermost_fresh: true,
+        carry: Carry::default(),
+        scanned: 0,
+        cap: usize::try_from(cap).unwrap_or(usize::MAX),
+    };
+    for slice in body.chunks(SLICE) {
+        layers.feed(guard, 0, slice)?;
+    }
+    layers.finish(guard)
 }
 
 /// How many archives inside archives are unpacked for the scan.
 const PACKED_LAYERS: usize = 3;
+/// Packed bytes fed at once; one slice's output is what the scan holds.
+const SLICE: usize = 16 << 10;
+/// The most one slice may unpack to (past it the layer is read as far as it got).
+const SLICE_OUTPUT: usize = 4 << 20;
 
-/// What a gzip or zstd body unpacks to, as far as it decodes; `None` if it is neither.
-fn unpack(body: &[u8], cap: usize) -> Option<Vec<u8>> {
-    let coding = match body {
-        [0x1f, 0x8b, ..] => "gzip",
-        [0x28, 0xb5, 0x2f, 0xfd, ..] => "zstd",
-        _ => return None,
-    };
-    let mut decoder = Decoder::new(coding, cap).ok()?;
-    let mut unpacked = match decoder.push(body) {
-        Ok(b) => b.to_vec(),
-        // Trailing bytes or a cut: what decoded before them is what a tool shows.
-        Err(_) => decoder.take().to_vec(),
-    };
-    if let Ok(rest) = decoder.finish() {
-        unpacked.extend_from_slice(&rest);
+/// gzip or zstd, by the magic bytes.
+fn packing(bytes: &[u8]) -> Option<&'static str> {
+    match bytes {
+        [0x1f, 0x8b, ..] => Some("gzip"),
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => Some("zstd"),
+        _ => None,
     }
-    Some(unpacked)
+}
+
+/// The decoders of the layers found so far, and the scan of the innermost output.
+struct Layers {
+    /// `None` once a layer stopped (trailing bytes, corrupt data): it yields no more.
+    decoders: Vec<Option<Decoder>>,
+    /// The innermost layer has produced nothing yet (so it may be an archive itself).
+    innermost_fresh: bool,
+    carry: Carry,
+    scanned: usize,
+    cap: usize,
+}
+
+impl Layers {
+    fn feed(
+        &mut self,
+        guard: &ReflectionGuard,
+        level: usize,
+        bytes: &[u8],
+    ) -> Result<(), Undecodable> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        if level == self.decoders.len() {
+            let coding = (level == 0 || self.innermost_fresh)
+                .then(|| packing(bytes))
+                .flatten()
+                .filter(|_| level < PACKED_LAYERS);
+            if let Some(coding) = coding {
+                self.decoders.push(Decoder::new(coding, SLICE_OUTPUT).ok());
+                self.innermost_fresh = true;
+            } else {
+                return self.scan(guard, bytes);
+            }
+        }
+        let Some(Some(decoder)) = self.decoders.get_mut(level) else {
+            return Ok(());
+        };
+        let out = match decoder.push(bytes) {
+            Ok(out) => out,
+            Err(_) => {
+                // What decoded before the stop is what a tool shows; nothing after it.
+                let out = decoder.take();
+                self.decoders[level] = None;
+                out
+            }
+        };
+        self.feed(guard, level + 1, &out)
+    }
+
+    fn scan(&mut self, guard: &ReflectionGuard, bytes: &[u8]) -> Result<(), Undecodable> {
+        self.innermost_fresh = false;
+        if self.scanned >= self.cap {
+            return Ok(());
+        }
+        self.scanned += bytes.len();
+        match guard.redact_stream(&mut self.carry, bytes).1 {
+            0 => Ok(()),
+            _ => Err(Undecodable::PackedEcho),
+        }
+    }
+
+    /// The ends of the layers, outermost first, then the scan's held-back tail.
+    fn finish(mut self, guard: &ReflectionGuard) -> Result<(), Undecodable> {
+        // A layer found while finishing the one around it is finished in turn.
+        let mut level = 0;
+        while level < self.decoders.len() {
+            if let Some(Some(d)) = self.decoders.get_mut(level) {
+                let rest = d.finish().unwrap_or_else(|_| d.take());
+                self.feed(guard, level + 1, &rest)?;
+            }
+            level += 1;
+        }
+        match guard.finish(&mut self.carry).1 {
+            0 => Ok(()),
+            _ => Err(Undecodable::PackedEcho),
+        }
+    }
 }
 
 /// Says in the head that the body is withheld, and why.
@@ -305,6 +380,23 @@ mod tests {
                 Err(Undecodable::PackedEcho)
             );
         }
+        // Packed bytes over several slices, the echo at the end.
+        let mut x = 0x2545_f491_u32;
+        let mut noise: Vec<u8> = (0..60_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        noise.extend_from_slice(b"hello OrigSecret-ABCdef1234567890xyz bye");
+        let long = coded("gzip", &noise);
+        assert!(long.len() > 2 * SLICE, "{}", long.len());
+        assert_eq!(
+            check_packed(&guard, &long, 1 << 20),
+            Err(Undecodable::PackedEcho)
+        );
         let clean = coded("gzip", b"nothing to see");
         assert_eq!(check_packed(&guard, &clean, 1 << 20), Ok(()));
     }
