@@ -41,6 +41,46 @@ pub fn lines(home: &Home, proxy: SocketAddr, identity: Option<&Identity>) -> Vec
     out
 }
 
+/// SPEC §3.7: what an SDK is given as its API key. Each credential the agent's routes
+/// inject (every route's, without an agent) exports its placeholder under the variables its
+/// `placeholder_env` names; one without them gets a comment naming its placeholder.
+pub fn placeholder_lines(config: &Config, agent: Option<&str>) -> Vec<String> {
+    let mut ids: Vec<&str> = Vec::new();
+    for route in &config.routes {
+        let for_agent =
+            agent.is_none_or(|a| route.agents.is_empty() || route.agents.iter().any(|r| r == a));
+        if for_agent {
+            for id in &route.credentials {
+                if !ids.contains(&id.as_str()) {
+                    ids.push(id);
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for cred in config
+        .credentials
+        .iter()
+        .filter(|c| ids.contains(&c.id.as_str()))
+    {
+        let Some(place) = crate::policy::placeholder::Place::of(&cred.inject) else {
+            continue;
+        };
+        if cred.placeholder_env.is_empty() {
+            out.push(format!(
+                "# credential {}: send {} as its key ({}); postern puts the secret there",
+                cred.id,
+                cred.placeholder,
+                place.field()
+            ));
+        }
+        for name in &cred.placeholder_env {
+            out.push(export(name, &cred.placeholder));
+        }
+    }
+    out
+}
+
 /// One `export NAME=value` line that survives `eval` (paths may hold spaces).
 fn export(name: &str, value: &str) -> String {
     let plain = value
@@ -75,6 +115,9 @@ pub fn run(
         }
     };
     for line in lines(home, config.proxy.listen, identity.as_ref()) {
+        outln!("{line}");
+    }
+    for line in placeholder_lines(&config, agent) {
         outln!("{line}");
     }
     Ok(ExitCode::SUCCESS)

@@ -115,6 +115,11 @@ pub struct Credential {
     /// The vault entry's name (not its value).
     pub secret: String,
     pub inject: Inject,
+    /// What an agent sends where the secret goes (SPEC §3.7); not secret.
+    pub placeholder: String,
+    /// Environment variables an SDK reads its key from, set to the placeholder by
+    /// `postern env --agent` (e.g. `OPENAI_API_KEY`).
+    pub placeholder_env: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -64,6 +64,8 @@ pub struct RawCredential {
     pub id: String,
     pub secret: String,
     pub inject: RawInject,
+    pub placeholder: Option<String>,
+    pub placeholder_env: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

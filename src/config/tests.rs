@@ -184,6 +184,40 @@ inject = { basic = { user = "u" } }
 }
 
 #[test]
+fn placeholders_are_long_distinct_and_their_variables_are_names() {
+    let text = r#"
+[[credentials]]
+id = "a"
+secret = "s"
+inject = { header = "Authorization" }
+placeholder = "short"
+[[credentials]]
+id = "b"
+secret = "s"
+inject = { header = "Authorization" }
+placeholder = "postern:c"
+placeholder_env = ["OPENAI_API_KEY", "1BAD", "A-B"]
+[[credentials]]
+id = "c"
+secret = "s"
+inject = { header = "X-Api-Key" }
+"#;
+    assert_eq!(
+        paths(text),
+        [
+            "credentials[0].placeholder",
+            "credentials[1].placeholder_env[1]",
+            "credentials[1].placeholder_env[2]",
+            "credentials[2].placeholder",
+        ]
+    );
+    let ok = "[[credentials]]\nid = \"openai\"\nsecret = \"s\"\ninject = { header = \"Authorization\" }\n";
+    let config = parse(ok, None, &env);
+    let placeholder = config.ok().map(|c| c.credentials[0].placeholder.clone());
+    assert_eq!(placeholder.as_deref(), Some("postern:openai"));
+}
+
+#[test]
 fn secrets_never_show_in_debug_output() {
     let text = "[[agents]]\nid = \"a\"\ntoken = \"canary-5f3a\"\n[admin]\ntoken = \"env:POSTERN_ADMIN_TOKEN\"\n";
     let c = parse(text, None, &env).ok();

@@ -254,6 +254,7 @@ pub fn parse(
     };
     let agent_ids = c.unique("agents", agents.iter().map(|a| a.id.as_str()));
     let cred_ids = c.unique("credentials", credentials.iter().map(|a| a.id.as_str()));
+    distinct_placeholders(&mut c, &config.credentials);
     c.unique("routes", routes.iter().map(|r| r.id.as_str()));
     c.unique("ssh_targets", ssh_targets.iter().map(|r| r.id.as_str()));
     let refs = Refs {
@@ -428,7 +429,55 @@ fn credential(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> Option<Crede
         id: cr.id.clone(),
         secret: cr.secret.clone(),
         inject,
+        placeholder: placeholder(c, i, cr),
+        placeholder_env: placeholder_env(c, i, cr),
     })
+}
+
+/// SPEC §3.7: `postern:<id>` unless the credential names its own (8 or more visible
+/// characters, so it cannot be mistaken for a short real value).
+fn placeholder(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> String {
+    let Some(p) = &cr.placeholder else {
+        return format!("postern:{}", cr.id);
+    };
+    if p.len() < 8 || !p.bytes().all(|b| b.is_ascii_graphic()) {
+        c.bad(
+            format!("credentials[{i}].placeholder"),
+            "must be at least 8 visible ASCII characters (no spaces)",
+        );
+    }
+    p.clone()
+}
+
+/// Two credentials with one placeholder would let an agent's value pick either.
+fn distinct_placeholders(c: &mut Checker<'_>, credentials: &[Credential]) {
+    let mut seen = BTreeSet::new();
+    for (i, cr) in credentials.iter().enumerate() {
+        if !seen.insert(cr.placeholder.as_str()) {
+            c.bad(
+                format!("credentials[{i}].placeholder"),
+                format!("`{}` is another credential's placeholder", cr.placeholder),
+            );
+        }
+    }
+}
+
+/// Variable names only: `postern env` prints `export NAME=<placeholder>`.
+fn placeholder_env(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> Vec<String> {
+    let names = cr.placeholder_env.clone().unwrap_or_default();
+    for (j, name) in names.iter().enumerate() {
+        let first_ok = name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
+        if !first_ok || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            c.bad(
+                format!("credentials[{i}].placeholder_env[{j}]"),
+                format!("`{name}` is not an environment variable name"),
+            );
+        }
+    }
+    names
 }
 
 struct Refs<'a> {

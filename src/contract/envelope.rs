@@ -61,6 +61,9 @@ pub struct Evidence {
     pub result_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<CredentialEvidence>,
+    /// The agent sent the credential's placeholder, replaced by the secret (SPEC §3.7).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_placeholder: Option<bool>,
     /// Further evidence a transport recorded (`connection_id`, `remote_request_id`, …).
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,

@@ -6,6 +6,7 @@
 mod codes;
 mod decide;
 mod envelope;
+mod hints;
 mod resolve;
 mod status;
 mod tunnel;
@@ -16,6 +17,7 @@ pub use envelope::{
     AttemptEvidence, Completion, CredentialEvidence, Envelope, ErrorBody, Evidence,
     IdempotencyEvidence, Stage, postern_outcome, proxy_status, unjournaled_refusal,
 };
+pub use hints::{should_retry, should_retry_value};
 pub use resolve::{
     FailureContext, Generations, KeyWindow, OperationFacts, RecoveryFacts, Resolution, is_resolved,
     recovery_code, resolve_failure, retry_for_unknown,

@@ -2,6 +2,7 @@
 //! lookup or secret), preflight with the credential bound, approval, connection or pooled
 //! connection, then delivery — and how delivery ended, for the journal.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
@@ -11,7 +12,6 @@ use tokio::sync::oneshot;
 use super::Proxy;
 use super::exchange::{Exchange, Inbound};
 use super::flushed::DeliveryEnd;
-use super::headers::query_has;
 use super::inject::Injection;
 use super::intake::AgentBody;
 use super::outgoing::Outgoing;
@@ -20,11 +20,13 @@ use super::respond::{self, POSTERN_CREDENTIAL, ProxyBody};
 use super::stream::StreamEnd;
 use super::upgrade::take_websocket;
 use super::upstream::{Hop, dial};
-use crate::config::{Approval, Config, Inject, Route};
+use crate::config::{Approval, Config, Route};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Body, Draft, Failure, Preflight};
 use crate::lifecycle::Invocation;
-use crate::policy::{covered_headers, denial_field, fingerprint, match_route, route_is_built};
+use crate::policy::{
+    covered_headers, denial_field, fingerprint, match_route, placeholder, route_is_built,
+};
 
 impl Exchange {
     pub(super) async fn run(
@@ -101,6 +103,10 @@ impl Exchange {
             Ok(c) => c,
             Err(r) => return Outgoing::Respond(self.refused(r).await),
         };
+        let placeholder = match self.placeholder(&config, route, credential, &parts.headers) {
+            Ok(p) => p,
+            Err(r) => return Outgoing::Respond(self.refused(r).await),
+        };
         let body = match self.intake(body, &parts.headers).await {
             Ok(b) => b,
             Err(resp) => return Outgoing::Respond(resp),
@@ -134,6 +140,7 @@ impl Exchange {
             idempotency: binding.as_ref().map(|b| b.evidence.clone()),
             safe_until_ms: binding.as_ref().map(|b| b.safe_until_ms),
             retry_budget: Some(route.retry_budget),
+            credential_placeholder: placeholder,
         };
         let mut drafts = Vec::new();
         let mut refusal = None;
@@ -242,13 +249,13 @@ impl Exchange {
     /// A refusal before anything was sent. One before any journal write is journaled at a
     /// bounded rate per agent, with its target capped (else answered unjournaled).
     async fn refused(&mut self, r: Refuse) -> Response<ProxyBody> {
-        let field = r.field.unwrap_or("target");
+        let field = r.field.unwrap_or(Cow::Borrowed("target"));
         let mut failure = Failure::of(r.code);
-        failure.field = Some(field.to_owned());
+        failure.field = Some(field.clone().into_owned());
         if self.inv.unrecorded() {
             if !self.proxy.refusals.may_journal(&self.agent) {
                 self.proxy.metrics.refusals_unjournaled.inc();
-                return respond::envelope(&unjournaled_refusal(r.code, field));
+                return respond::envelope(&unjournaled_refusal(r.code, &field));
             }
             if self.inv.cap_target() {
                 failure
@@ -299,34 +306,31 @@ impl Exchange {
         if !route_is_built(route, self.target.scheme) {
             return Err(refuse(Code::UnsupportedAction, "route"));
         }
-        for cred_id in &route.credentials {
-            let Some(cred) = config.credentials.iter().find(|c| &c.id == cred_id) else {
-                continue;
-            };
-            let forbidden = match &cred.inject {
-                Inject::Header { name, .. } => Some(name.to_ascii_lowercase()),
-                Inject::Basic { .. } => Some("authorization".to_owned()),
-                Inject::Query { .. } | Inject::SshKey | Inject::SshPassword => None,
-            };
-            if let Some(name) = forbidden
-                && headers.contains_key(name.as_str())
-            {
-                return Err(Refuse {
-                    code: Code::ForbiddenHeader,
-                    field: Some(if name == "authorization" {
-                        "headers.authorization"
-                    } else {
-                        "headers"
-                    }),
-                });
-            }
-            if let Inject::Query { param } = &cred.inject
-                && query_has(&self.target.path_and_query, param)
-            {
-                return Err(refuse(Code::ForbiddenHeader, "target.query"));
-            }
-        }
         Ok(route)
+    }
+}
+
+impl Exchange {
+    /// SPEC §3.7: where the route injects, the agent may send only the used credential's
+    /// placeholder (`true`: it did, and the secret replaces it); any other value there is a
+    /// credential of its own, `FORBIDDEN_HEADER`.
+    fn placeholder(
+        &self,
+        config: &Config,
+        route: &Route,
+        used: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Result<bool, Refuse> {
+        let find = |id: &str| config.credentials.iter().find(|c| c.id == id);
+        let offered: Vec<_> = route.credentials.iter().filter_map(|id| find(id)).collect();
+        let used = used.and_then(find);
+        match placeholder::presented(&offered, used, headers, &self.target.path_and_query) {
+            Ok(p) => Ok(p == placeholder::Presented::Placeholder),
+            Err(field) => Err(Refuse {
+                code: Code::ForbiddenHeader,
+                field: Some(field.into()),
+            }),
+        }
     }
 }
 
@@ -376,7 +380,7 @@ async fn run_spawned(mut ex: Exchange, inbound: Inbound) -> Response<ProxyBody> 
 /// Why the request stopped before dispatch, as the front observed it.
 struct Refuse {
     code: Code,
-    field: Option<&'static str>,
+    field: Option<Cow<'static, str>>,
 }
 
 /// A credential that could not be had. The secret's name goes only to the event's internal
@@ -427,7 +431,7 @@ pub(super) fn bind_hop(
 fn refuse(code: Code, field: &'static str) -> Refuse {
     Refuse {
         code,
-        field: Some(field),
+        field: Some(field.into()),
     }
 }
 

@@ -67,7 +67,7 @@ pub async fn serve(listener: Guarded, proxy: Arc<Proxy>) {
                     if connect && resp.status().is_success() {
                         return Ok::<_, Infallible>(resp);
                     }
-                    Ok(idle_once_sent(resp, m))
+                    Ok(idle_once_sent(respond::with_retry_hint(resp), m))
                 }
             });
             let conn = hyper::server::conn::http1::Builder::new()
@@ -502,7 +502,7 @@ async fn serve_inner<I>(
                     .await
                 }
             };
-            let resp = respond::fit_to_method(head, resp);
+            let resp = respond::fit_to_method(head, respond::with_retry_hint(resp));
             Ok::<_, Infallible>(idle_once_sent(resp, m))
         }
     });

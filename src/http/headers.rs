@@ -84,13 +84,6 @@ pub(super) fn framing(headers: &HeaderMap, version: http::Version) -> Completion
     }
 }
 
-pub(super) fn query_has(path_and_query: &str, param: &str) -> bool {
-    path_and_query
-        .split_once('?')
-        .map(|(_, q)| q.split('&').any(|kv| kv.split('=').next() == Some(param)))
-        .unwrap_or(false)
-}
-
 /// Responses that never carry a body (RFC 9110 §6.4.1).
 pub(super) fn bodiless(method: &str, status: StatusCode) -> bool {
     method == "HEAD"

@@ -74,6 +74,8 @@ impl Injection {
                 headers.insert(header::AUTHORIZATION, v);
             }
             Inject::Query { param } => {
+                // A placeholder the agent sent there gives way to the secret.
+                without_param(path_and_query, param);
                 let sep = if path_and_query.contains('?') {
                     '&'
                 } else {
@@ -142,6 +144,25 @@ impl Injection {
             Inject::Query { .. } | Inject::SshKey | Inject::SshPassword => value.clone(),
         }
     }
+}
+
+/// Removes every `param=…` from the query (names compared decoded, as the placeholder
+/// check reads them).
+fn without_param(path_and_query: &mut String, param: &str) {
+    let Some((path, query)) = path_and_query.split_once('?') else {
+        return;
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|kv| {
+            let name = kv.split_once('=').map_or(*kv, |(k, _)| k);
+            !crate::policy::placeholder::same_name(name, param)
+        })
+        .collect();
+    *path_and_query = match kept.is_empty() {
+        true => path.to_owned(),
+        false => format!("{path}?{}", kept.join("&")),
+    };
 }
 
 /// Percent-encodes everything but unreserved characters (RFC 3986).

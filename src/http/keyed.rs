@@ -13,7 +13,7 @@ use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody};
 use crate::config::{Idempotency, Route};
 use crate::contract::{
     Code, Envelope, FailureContext, OperationFacts, Outcome, Phase, ResponseFacts, Retry,
-    classify_status, postern_outcome, resolve_failure,
+    classify_status, postern_outcome, resolve_failure, should_retry_value,
 };
 use crate::journal::{
     Failure, JournalError, KeySlot, Payload, Refusal, State, StoredResult, unb64,
@@ -226,6 +226,7 @@ impl Exchange {
                 *resp.headers_mut() = headers;
                 set(&mut resp, POSTERN_INVOCATION, id);
                 set(&mut resp, POSTERN_OUTCOME, &outcome);
+                respond::hint_retry(resp.headers_mut(), should_retry_value(retry, None));
                 resp
             }
             None => respond::envelope(&unreplayable(state)),

@@ -25,7 +25,7 @@ use super::stream::StreamStart;
 use crate::config::{Delivery, Route};
 use crate::contract::{
     Code, Completion, Outcome, Phase, ResponseFacts, StatusResolution, classify_status,
-    postern_outcome,
+    postern_outcome, should_retry_value,
 };
 use crate::guard::ReflectionGuard;
 use crate::journal::{
@@ -121,6 +121,9 @@ impl Exchange {
         if let Err(why) = &decoded {
             evidence.insert("body_withheld".into(), why.as_str().into());
         }
+        if let Some(hint) = respond::origin_retry_hint(&parts.headers) {
+            evidence.insert("origin_should_retry".into(), hint.into());
+        }
         for name in ["location", "operation-location"] {
             if status == StatusCode::ACCEPTED
                 && let Some(v) = parts.headers.get(name).and_then(|v| v.to_str().ok())
@@ -178,6 +181,10 @@ impl Exchange {
         if let Ok(v) = HeaderValue::from_str(&outcome) {
             out.headers_mut().insert(POSTERN_OUTCOME, v);
         }
+        respond::hint_retry(
+            out.headers_mut(),
+            should_retry_value(resolution.retry, None),
+        );
         Outgoing::Deliver { resp: out, done }
     }
 

@@ -4,7 +4,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 
-use crate::contract::Envelope;
+use crate::contract::{Code, Envelope, should_retry_value};
 
 /// Every response body postern sends toward an agent.
 pub type ProxyBody = BoxBody<Bytes, std::io::Error>;
@@ -14,6 +14,9 @@ pub const POSTERN_OUTCOME: &str = "postern-outcome";
 pub const POSTERN_DELIVERY: &str = "postern-delivery";
 pub const POSTERN_CREDENTIAL: &str = "postern-credential";
 pub const PROXY_STATUS: &str = "proxy-status";
+/// SDK retry hints (SPEC §3.7): Stainless-generated SDKs read the first, Stripe's the second.
+pub const X_SHOULD_RETRY: &str = "x-should-retry";
+pub const STRIPE_SHOULD_RETRY: &str = "stripe-should-retry";
 
 /// Marks a response whose head and body are the origin's.
 #[derive(Debug, Clone, Copy)]
@@ -59,12 +62,50 @@ pub fn envelope(env: &Envelope) -> Response<ProxyBody> {
     }
     set(&mut resp, POSTERN_OUTCOME, &env.postern_outcome());
     set(&mut resp, PROXY_STATUS, &env.proxy_status());
-    if env.error.code == crate::contract::Code::AgentUnauthenticated {
+    let code = Some(env.error.code);
+    hint_retry(
+        resp.headers_mut(),
+        should_retry_value(env.error.retry, code),
+    );
+    if env.error.code == Code::AttemptInProgress {
+        // The SDK's next try comes after this; the running attempt may have ended by then.
+        resp.headers_mut()
+            .entry(header::RETRY_AFTER)
+            .or_insert(HeaderValue::from_static("1"));
+    }
+    if env.error.code == Code::AgentUnauthenticated {
         resp.headers_mut().insert(
             header::PROXY_AUTHENTICATE,
             HeaderValue::from_static("Basic realm=\"postern\""),
         );
     }
+    resp
+}
+
+/// Sets both SDK retry hints to `value`. An origin's own hint stands (the remote's promise
+/// about its own operation): where it sent one of the two, the other says the same.
+pub fn hint_retry(headers: &mut http::HeaderMap, value: &'static str) {
+    let origin = [X_SHOULD_RETRY, STRIPE_SHOULD_RETRY]
+        .iter()
+        .find_map(|name| headers.get(*name).cloned());
+    let value = origin.unwrap_or(HeaderValue::from_static(value));
+    for name in [X_SHOULD_RETRY, STRIPE_SHOULD_RETRY] {
+        headers.entry(name).or_insert_with(|| value.clone());
+    }
+}
+
+/// The hint an origin sent itself, if any (evidence: the remote's own promise).
+pub fn origin_retry_hint(headers: &http::HeaderMap) -> Option<String> {
+    [X_SHOULD_RETRY, STRIPE_SHOULD_RETRY]
+        .iter()
+        .find_map(|name| headers.get(*name)?.to_str().ok().map(str::to_owned))
+}
+
+/// The last word on a response leaving for the agent: one that carries no hint yet (a
+/// streamed head, whose outcome is not known; postern's internal answers) says `false`,
+/// which never permits a repeat the record would not.
+pub fn with_retry_hint(mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
+    hint_retry(resp.headers_mut(), "false");
     resp
 }
 

@@ -193,6 +193,9 @@ pub struct Preflight {
     /// invocation may have. Absent in events written before it was bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_budget: Option<u32>,
+    /// The agent sent the credential's placeholder where it is injected (SPEC §3.7).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub credential_placeholder: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

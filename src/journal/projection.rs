@@ -235,6 +235,7 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             r.evidence.idempotent = Some(pf.idempotent);
             p.safe_until_ms = pf.safe_until_ms;
             p.retry_budget = pf.retry_budget;
+            r.evidence.credential_placeholder = pf.credential_placeholder.then_some(true);
             reach(p, Phase::CredentialInjection);
         }
         Body::CredentialAuthorized(cred) => {

@@ -34,6 +34,7 @@ fn preflight(idempotent: bool) -> Draft {
         idempotency: None,
         safe_until_ms: None,
         retry_budget: None,
+        credential_placeholder: false,
     }))
 }
 

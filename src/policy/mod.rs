@@ -6,6 +6,7 @@ mod agents;
 pub mod approvals;
 mod fingerprint;
 mod path;
+pub mod placeholder;
 mod routes;
 
 pub use agents::{AgentAuth, acts_now, authenticate, authenticate_pair};

@@ -39,6 +39,12 @@ inject = { basic = { user = "deployer" } }
 id = "ghost"
 secret = "never-set"
 inject = { query = "api_key" }
+[[credentials]]
+id = "maps"
+secret = "maps-key"
+inject = { query = "key" }
+placeholder = "sdk-placeholder-maps"
+placeholder_env = ["MAPS_API_KEY"]
 "#;
 
 struct Setup {
@@ -55,6 +61,7 @@ fn setup(extra_route: &str, key: Option<&str>) -> Setup {
             ("github-token", CANARY),
             ("read-key", "read-key-value-1"),
             ("write-key", "write-key-value-1"),
+            ("maps-key", "maps-key-value-1"),
         ] {
             assert!(secret_set(&home, name, value, key).status.success());
         }
@@ -344,4 +351,135 @@ fn secret_commands_need_the_key_and_show_names_only() {
         String::from_utf8_lossy(&home.cli(&["secret", "list"], &[]).stdout),
         ""
     );
+}
+
+fn header_of(head: &str, name: &str) -> Option<String> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| v.trim().to_owned())
+    })
+}
+
+fn refused_field(body: &str) -> (String, String) {
+    let e: Value = serde_json::from_str(body).unwrap_or_default();
+    (
+        e["error"]["code"].as_str().unwrap_or_default().to_owned(),
+        e["error"]["field"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[test]
+fn an_sdk_s_placeholder_key_is_replaced_by_the_injected_credential() {
+    let s = setup("credential = \"gh\"", Some(VAULT_KEY));
+    for sent in ["Bearer postern:gh", "postern:gh", "token postern:gh"] {
+        let auth = format!("Authorization: {sent}");
+        let (status, body, _) = s.get("/sdk", &["-H", &auth]);
+        assert_eq!(status, 200, "{sent}: {body}");
+        let echo: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            echo["authorization"], "Bearer [postern:redacted]",
+            "{sent}: the origin got the secret in the route's format, not the placeholder"
+        );
+        let r = newest(&s.daemon);
+        assert_eq!(r["evidence"]["credential_placeholder"], true, "{r}");
+    }
+    // Without a placeholder the evidence says nothing of one.
+    let (status, _, _) = s.get("/plain", &[]);
+    assert_eq!(status, 200);
+    assert!(newest(&s.daemon)["evidence"]["credential_placeholder"].is_null());
+}
+
+#[test]
+fn another_credential_s_placeholder_or_a_real_looking_key_is_forbidden_and_nothing_is_sent() {
+    let s = setup("credentials = [\"gh\", \"read\"]", Some(VAULT_KEY));
+    for (header, field) in [
+        (
+            "Authorization: Bearer postern:read",
+            "headers.authorization",
+        ),
+        (
+            "Authorization: Bearer sk-live-4f9a8b7c6d5e",
+            "headers.authorization",
+        ),
+        (
+            "Authorization: Bearer postern:gh-typo",
+            "headers.authorization",
+        ),
+        // The used credential's placeholder in the other credential's place.
+        ("X-Api-Key: postern:gh", "headers.x-api-key"),
+    ] {
+        let (status, body, head) = s.get("/sdk", &["-H", header]);
+        assert_eq!(status, 403, "{header}: {body}");
+        assert_eq!(
+            refused_field(&body),
+            ("FORBIDDEN_HEADER".into(), field.into()),
+            "{header}"
+        );
+        assert_eq!(header_of(&head, "x-should-retry").as_deref(), Some("false"));
+        let r = newest(&s.daemon);
+        assert_eq!(r["evidence"]["dispatch_started"], false, "{header}: {r}");
+    }
+    // The other credential, picked, takes its own placeholder in its own place.
+    let (status, body, _) = s.get(
+        "/sdk",
+        &[
+            "-H",
+            "Postern-Credential: read",
+            "-H",
+            "X-Api-Key: postern:read",
+        ],
+    );
+    assert_eq!(status, 200, "{body}");
+    let echo: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(echo["x-api-key"], "[postern:redacted]");
+}
+
+#[test]
+fn basic_and_query_modes_take_the_placeholder_and_elsewhere_it_is_forwarded_unchanged() {
+    let s = setup("credential = \"write\"", Some(VAULT_KEY));
+    let (status, body, _) = s.get("/b", &["-u", "whoever:postern:write"]);
+    assert_eq!(status, 200, "{body}");
+    let echo: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(echo["authorization"], "Basic [postern:redacted]", "{echo}");
+    let (status, body, _) = s.get("/b", &["-u", "postern:write:extra"]);
+    assert_eq!(status, 403, "{body}");
+
+    let s = setup("credential = \"maps\"", Some(VAULT_KEY));
+    let (status, body, _) = s.get(
+        "/geo?q=1&key=sdk-placeholder-maps",
+        &["-H", "X-Note: sdk-placeholder-maps"],
+    );
+    assert_eq!(status, 200, "{body}");
+    let echo: Value = serde_json::from_str(&body).unwrap();
+    let path = echo["path"].as_str().unwrap_or_default();
+    assert!(path.starts_with("/geo?q=1&key="), "{path}");
+    assert!(!path.contains("sdk-placeholder-maps"), "replaced: {path}");
+    assert_eq!(path.matches("key=").count(), 1, "{path}");
+    let (status, body, _) = s.get("/geo?key=maps-real-key", &[]);
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(
+        refused_field(&body),
+        ("FORBIDDEN_HEADER".into(), "query.key".into())
+    );
+    // The default placeholder `postern:maps` is not this credential's: it names its own.
+    let (status, _, _) = s.get("/geo?key=postern:maps", &[]);
+    assert_eq!(status, 403);
+}
+
+#[test]
+fn postern_env_gives_an_sdk_its_placeholder_key() {
+    let s = setup("credential = \"maps\"", Some(VAULT_KEY));
+    let config = s.home.dir.path().join("postern.toml");
+    let out = s
+        .home
+        .cli(&["env", "--config", config.to_str().unwrap()], &[]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.lines()
+            .any(|l| l == "export MAPS_API_KEY=sdk-placeholder-maps"),
+        "{text}"
+    );
+    assert!(!text.contains("maps-key-value-1"));
 }
