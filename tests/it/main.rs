@@ -20,6 +20,7 @@ mod origins;
 mod precedence;
 mod reflection;
 mod retry;
+mod retry_hints;
 mod retry_origins;
 mod serve;
 mod ssh;
