@@ -41,6 +41,21 @@ pub fn lines(home: &Home, proxy: SocketAddr, identity: Option<&Identity>) -> Vec
     out
 }
 
+/// The CA files are public, but a state directory made by an older postern (or moved with
+/// other modes) may keep them from an agent under another user: say so now, not as a TLS
+/// error in the agent.
+fn warn_unreadable(home: &Home) {
+    for file in ["bundle.pem", "ca.pem"] {
+        let path = home.certs_dir().join(file);
+        if let Err(e) = std::fs::File::open(&path) {
+            errln!(
+                "postern env: {} is not readable by this user ({e}); an agent running as this user cannot trust postern",
+                path.display()
+            );
+        }
+    }
+}
+
 /// SPEC §3.7: what an SDK is given as its API key. Each credential the agent's routes
 /// inject (every route's, without an agent) exports its placeholder under the variables its
 /// `placeholder_env` names; one without them gets a comment naming its placeholder.
@@ -120,6 +135,7 @@ pub fn run(
     for line in placeholder_lines(&config, agent) {
         outln!("{line}");
     }
+    warn_unreadable(home);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -50,16 +50,19 @@ impl Home {
         self.root.join("ssh")
     }
 
-    /// Creates the directories (mode 0700: they hold keys and the journal).
+    /// Creates the directories. The journal and SSH keys are the daemon user's alone (0700);
+    /// the state directory can be passed through but not listed (0711) and `certs/` read
+    /// (0755), so an agent under another user reaches the public CA certificate and bundle
+    /// by their paths. The vault and the CA key are files of mode 0600.
     pub fn create(&self) -> std::io::Result<()> {
-        for dir in [
-            &self.root,
-            &self.journal_dir(),
-            &self.certs_dir(),
-            &self.ssh_dir(),
+        for (dir, mode) in [
+            (&self.root, 0o711),
+            (&self.journal_dir(), 0o700),
+            (&self.certs_dir(), 0o755),
+            (&self.ssh_dir(), 0o700),
         ] {
             std::fs::create_dir_all(dir)?;
-            restrict(dir)?;
+            set_mode(dir, mode)?;
         }
         Ok(())
     }
@@ -82,12 +85,25 @@ pub fn refuse_wrong_key(vault: &crate::vault::Vault) -> Result<(), super::CliErr
 }
 
 #[cfg(unix)]
-fn restrict(dir: &Path) -> std::io::Result<()> {
+fn set_mode(dir: &Path, mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
 }
 
 #[cfg(not(unix))]
-fn restrict(_dir: &Path) -> std::io::Result<()> {
+fn set_mode(_dir: &Path, _mode: u32) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// SPEC §5.3: like `ssh-agent`, a process holding the vault key is not dumpable, so no
+/// other process of the same user reads its memory, environment or descriptors through
+/// `/proc` or ptrace.
+pub fn not_dumpable() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::process::{DumpableBehavior, set_dumpable_behavior};
+        set_dumpable_behavior(DumpableBehavior::NotDumpable)
+            .map_err(|e| format!("cannot make the process non-dumpable: {e}"))?;
+    }
     Ok(())
 }

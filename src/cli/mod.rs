@@ -323,7 +323,10 @@ fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
         Command::Serve => serve::run(config, home, env),
         Command::Init => serve::init(config, home, env),
         Command::Env { agent } => env::run(config, home, agent.as_deref(), env),
-        Command::Secret { command } => secret::run(home, env("POSTERN_VAULT_KEY"), command),
+        Command::Secret { command } => {
+            let named = env("POSTERN_HOME").is_some_and(|h| !h.is_empty());
+            secret::run(home, named, env("POSTERN_VAULT_KEY"), command)
+        }
         Command::SshConnect(args) => ssh::connect(config, &args, env),
         Command::SshConfig => ssh::config(config, home, env),
         Command::Actions { command, admin } => operator::actions(&target(admin), command),

@@ -6,11 +6,23 @@ use std::process::ExitCode;
 use super::{CliError, Home, SecretCommand};
 use crate::vault::Vault;
 
+/// `home_named`: `POSTERN_HOME` names the state directory. Without it, `./.postern` is
+/// used only where it exists: a secret set from another directory would otherwise go
+/// into a fresh vault that the running daemon never reads.
 pub fn run(
     home: &Home,
+    home_named: bool,
     passphrase: Option<String>,
     command: SecretCommand,
 ) -> Result<ExitCode, CliError> {
+    super::home::not_dumpable().map_err(CliError::Failed)?;
+    if !home_named && !home.root.is_dir() {
+        return Err(CliError::Failed(format!(
+            "no state directory at {} (POSTERN_HOME is not set, so postern looked in the current directory); \
+             set POSTERN_HOME to the daemon's state directory, or run `postern init` here first",
+            home.root.display()
+        )));
+    }
     if matches!(command, SecretCommand::Set { .. }) {
         home.create()
             .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", home.root.display())))?;

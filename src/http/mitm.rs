@@ -89,6 +89,7 @@ impl Authority {
             write_private(&paths.key, key.serialize_pem().as_bytes())?;
             std::fs::write(&paths.cert, cert.pem()).map_err(|e| file_err(&paths.cert, e))?;
         }
+        public(&paths.cert)?;
         let key_pem = std::fs::read_to_string(&paths.key).map_err(|e| file_err(&paths.key, e))?;
         let cert_pem =
             std::fs::read_to_string(&paths.cert).map_err(|e| file_err(&paths.cert, e))?;
@@ -98,6 +99,7 @@ impl Authority {
         let der = rustls::pki_types::pem::PemObject::from_pem_slice(cert_pem.as_bytes())
             .map_err(|e: rustls::pki_types::pem::Error| file_err(&paths.cert, e))?;
         write_bundle(&paths.bundle, &cert_pem)?;
+        public(&paths.bundle)?;
         Ok(Self {
             issuer,
             ca_der: der,
@@ -204,6 +206,18 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), MitmError> {
     let mut f = options.open(path).map_err(|e| file_err(path, e))?;
     f.write_all(bytes).map_err(|e| file_err(path, e))?;
     f.sync_all().map_err(|e| file_err(path, e))
+}
+
+/// The CA certificate and the bundle are public (SPEC §5.3): an agent under another OS
+/// user must be able to trust postern. Mode 0644 whatever the umask.
+fn public(path: &Path) -> Result<(), MitmError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| file_err(path, e))?;
+    }
+    Ok(())
 }
 
 /// System roots plus postern's CA, for clients that take one bundle file.

@@ -10,6 +10,7 @@ mod crash_http;
 mod crash_ssh;
 mod credentials;
 mod dns;
+mod first_day;
 mod git;
 mod hostile_agents;
 mod http;

@@ -22,7 +22,14 @@ struct Answer {
 
 fn send(daemon: &Daemon, port: u16, method: &str, extra: &[&str]) -> Answer {
     let url = format!("http://origin.test:{port}/op");
-    let mut args = vec!["-x", daemon.proxy.as_str(), "-X", method, "--max-time", "20"];
+    let mut args = vec![
+        "-x",
+        daemon.proxy.as_str(),
+        "-X",
+        method,
+        "--max-time",
+        "20",
+    ];
     args.extend_from_slice(extra);
     args.push(&url);
     let (status, _body, head) = curl(&args);
@@ -73,10 +80,20 @@ fn a_429_with_retry_after_says_true_only_for_an_idempotent_method() {
     let home = Home::new();
     let daemon = Daemon::start(&home, Some(&route(origin.port(), "")));
     let get = send(&daemon, origin.port(), "GET", &[]);
-    assert_eq!((get.status, get.hint.as_str()), (429, "true"), "{}", get.head);
+    assert_eq!(
+        (get.status, get.hint.as_str()),
+        (429, "true"),
+        "{}",
+        get.head
+    );
     assert!(get.head.to_ascii_lowercase().contains("retry-after: 2"));
     let post = send(&daemon, origin.port(), "POST", &[]);
-    assert_eq!((post.status, post.hint.as_str()), (429, "false"), "{}", post.head);
+    assert_eq!(
+        (post.status, post.hint.as_str()),
+        (429, "false"),
+        "{}",
+        post.head
+    );
 }
 
 #[test]
@@ -85,17 +102,41 @@ fn an_unknown_outcome_says_true_for_get_and_false_for_post() {
     let home = Home::new();
     let daemon = Daemon::start(&home, Some(&route(origin.port(), "")));
     let get = send(&daemon, origin.port(), "GET", &[]);
-    assert_eq!((get.status, get.hint.as_str()), (502, "true"), "{}", get.head);
+    assert_eq!(
+        (get.status, get.hint.as_str()),
+        (502, "true"),
+        "{}",
+        get.head
+    );
     let post = send(&daemon, origin.port(), "POST", &[]);
-    assert_eq!((post.status, post.hint.as_str()), (502, "false"), "{}", post.head);
+    assert_eq!(
+        (post.status, post.hint.as_str()),
+        (502, "false"),
+        "{}",
+        post.head
+    );
     assert!(post.head.contains("retry=reconcile"), "{}", post.head);
     // Under a remote idempotency contract the same request is a same-key retry: true.
     let contract = "idempotency = { header = \"Idempotency-Key\", scope = \"s\", retention = \"1h\", safe_margin = \"1m\" }";
     let home = Home::new();
     let daemon = Daemon::start(&home, Some(&route(origin.port(), contract)));
-    let keyed = send(&daemon, origin.port(), "POST", &["-H", "Idempotency-Key: k-9"]);
-    assert_eq!((keyed.status, keyed.hint.as_str()), (502, "true"), "{}", keyed.head);
-    assert!(keyed.head.contains("retry=same_idempotency_key"), "{}", keyed.head);
+    let keyed = send(
+        &daemon,
+        origin.port(),
+        "POST",
+        &["-H", "Idempotency-Key: k-9"],
+    );
+    assert_eq!(
+        (keyed.status, keyed.hint.as_str()),
+        (502, "true"),
+        "{}",
+        keyed.head
+    );
+    assert!(
+        keyed.head.contains("retry=same_idempotency_key"),
+        "{}",
+        keyed.head
+    );
 }
 
 #[test]
@@ -117,7 +158,11 @@ fn connection_setup_says_true_for_backoff_and_false_for_after_correction() {
     };
     assert_eq!(denied.0, 403);
     assert!(denied.1.contains("x-should-retry: false"), "{}", denied.1);
-    assert!(denied.1.contains("stripe-should-retry: false"), "{}", denied.1);
+    assert!(
+        denied.1.contains("stripe-should-retry: false"),
+        "{}",
+        denied.1
+    );
 }
 
 #[test]
@@ -129,7 +174,10 @@ fn the_origin_s_own_hint_stands_and_is_recorded() {
     assert_eq!((a.status, a.hint.as_str()), (500, "true"), "{}", a.head);
     let (_, list) = crate::support::get_json(&daemon.url("/v1/invocations?limit=1"), &[]);
     let record = &list["invocations"][0];
-    assert_eq!(record["evidence"]["origin_should_retry"], "true", "{record}");
+    assert_eq!(
+        record["evidence"]["origin_should_retry"], "true",
+        "{record}"
+    );
 }
 
 #[test]
@@ -143,18 +191,35 @@ fn an_attempt_in_progress_says_true_with_retry_after() {
         let port = origin.port();
         std::thread::spawn(move || {
             let url = format!("http://origin.test:{port}/op");
-            curl(&["-x", &proxy, "-X", "POST", "-H", "Idempotency-Key: k-1", &url])
+            curl(&[
+                "-x",
+                &proxy,
+                "-X",
+                "POST",
+                "-H",
+                "Idempotency-Key: k-1",
+                &url,
+            ])
         })
     };
     std::thread::sleep(Duration::from_millis(800));
-    let second = send(&daemon, origin.port(), "POST", &["-H", "Idempotency-Key: k-1"]);
+    let second = send(
+        &daemon,
+        origin.port(),
+        "POST",
+        &["-H", "Idempotency-Key: k-1"],
+    );
     assert_eq!(
         (second.status, second.hint.as_str()),
         (409, "true"),
         "{}",
         second.head
     );
-    assert!(second.head.contains("code=ATTEMPT_IN_PROGRESS"), "{}", second.head);
+    assert!(
+        second.head.contains("code=ATTEMPT_IN_PROGRESS"),
+        "{}",
+        second.head
+    );
     assert!(
         second.head.to_ascii_lowercase().contains("retry-after: 1"),
         "{}",
