@@ -21,6 +21,7 @@ mod precedence;
 mod reflection;
 mod retry;
 mod retry_origins;
+mod sdk;
 mod serve;
 mod ssh;
 mod ssh_hostile;
