@@ -328,13 +328,20 @@ mod tests {
             let retry = sdk_fp(OPENAI_PY_FIRST, &[("x-stainless-retry-count", n)], None);
             assert_eq!(first, retry, "retry {n}");
         }
-        for other in [("openai-organization", "org-B"), ("openai-project", "proj-B")] {
+        for other in [
+            ("openai-organization", "org-B"),
+            ("openai-project", "proj-B"),
+        ] {
             assert_ne!(first, sdk_fp(OPENAI_PY_FIRST, &[other], None), "{other:?}");
         }
         // Stable on every try, so covered: a client with another timeout is another request.
         assert_ne!(
             first,
-            sdk_fp(OPENAI_PY_FIRST, &[("x-stainless-read-timeout", "1.0")], None)
+            sdk_fp(
+                OPENAI_PY_FIRST,
+                &[("x-stainless-read-timeout", "1.0")],
+                None
+            )
         );
     }
 
@@ -343,21 +350,36 @@ mod tests {
         let first = sdk_fp(OPENAI_NODE_FIRST, &[], None);
         let retry = sdk_fp(OPENAI_NODE_FIRST, &[("x-stainless-retry-count", "2")], None);
         assert_eq!(first, retry);
-        for other in [("openai-organization", "org-B"), ("openai-project", "proj-B")] {
-            assert_ne!(first, sdk_fp(OPENAI_NODE_FIRST, &[other], None), "{other:?}");
+        for other in [
+            ("openai-organization", "org-B"),
+            ("openai-project", "proj-B"),
+        ] {
+            assert_ne!(
+                first,
+                sdk_fp(OPENAI_NODE_FIRST, &[other], None),
+                "{other:?}"
+            );
         }
     }
 
     #[test]
     fn anthropic_python_retry_is_the_same_request_and_its_version_headers_are_not() {
         let first = sdk_fp(ANTHROPIC_PY_FIRST, &[], None);
-        let retry = sdk_fp(ANTHROPIC_PY_FIRST, &[("x-stainless-retry-count", "1")], None);
+        let retry = sdk_fp(
+            ANTHROPIC_PY_FIRST,
+            &[("x-stainless-retry-count", "1")],
+            None,
+        );
         assert_eq!(first, retry);
         for other in [
             ("anthropic-version", "2023-06-01"),
             ("anthropic-beta", "other-2025-01-01"),
         ] {
-            assert_ne!(first, sdk_fp(ANTHROPIC_PY_FIRST, &[other], None), "{other:?}");
+            assert_ne!(
+                first,
+                sdk_fp(ANTHROPIC_PY_FIRST, &[other], None),
+                "{other:?}"
+            );
         }
     }
 
