@@ -35,8 +35,11 @@ const EXCLUDED: &[&str] = &[
     "x-request-id",
     "x-amzn-trace-id",
     "sentry-trace",
-    // Per-try counters and telemetry that SDKs change on each of their own retries (the
-    // Stainless SDKs of LLM APIs; Stripe's SDKs report the previous try's timing).
+    // Measured (tests/sdk/measure.py): the only headers the vendor SDKs change between tries
+    // of one operation. Stainless SDKs (openai, anthropic; Python and Node) count their own
+    // retries; Stripe's reports the previous call's request id and duration, so the agent's
+    // resend under the same key carries a new value. Their timeout headers
+    // (`x-stainless-read-timeout`, `x-stainless-timeout`) stay the same on every try.
     "x-stainless-retry-count",
     "x-stripe-client-telemetry",
 ];
@@ -199,5 +202,213 @@ mod tests {
             ("stripe-account", "acct_A"),
         ]);
         assert_eq!(base, noisy);
+    }
+
+    // Header sets as the SDKs sent them to a loopback origin (tests/sdk/measure.py):
+    // the first try, and what changes on a retry. Host values are the capture's.
+
+    const OPENAI_PY_FIRST: &[(&str, &str)] = &[
+        ("Host", "127.0.0.1:44041"),
+        ("Accept-Encoding", "gzip, deflate"),
+        ("Connection", "keep-alive"),
+        ("authorization", "Bearer sk-test"),
+        ("accept", "application/json"),
+        ("content-type", "application/json"),
+        ("user-agent", "OpenAI/Python 3.60.0"),
+        ("x-stainless-lang", "python"),
+        ("x-stainless-package-version", "3.60.0"),
+        ("x-stainless-os", "Linux"),
+        ("x-stainless-arch", "x64"),
+        ("x-stainless-runtime", "CPython"),
+        ("x-stainless-runtime-version", "3.11.7"),
+        ("x-stainless-async", "false"),
+        ("openai-organization", "org-A"),
+        ("openai-project", "proj-A"),
+        ("x-stainless-retry-count", "0"),
+        ("x-stainless-read-timeout", "600"),
+        ("Content-Length", "67"),
+    ];
+
+    const OPENAI_NODE_FIRST: &[(&str, &str)] = &[
+        ("host", "127.0.0.1:35957"),
+        ("connection", "keep-alive"),
+        ("accept", "application/json"),
+        ("user-agent", "OpenAI/JS 6.49.0"),
+        ("x-stainless-retry-count", "0"),
+        ("x-stainless-lang", "js"),
+        ("x-stainless-package-version", "6.49.0"),
+        ("x-stainless-os", "Linux"),
+        ("x-stainless-arch", "x64"),
+        ("x-stainless-runtime", "node"),
+        ("x-stainless-runtime-version", "v20.20.2"),
+        ("openai-organization", "org-A"),
+        ("openai-project", "proj-A"),
+        ("authorization", "Bearer sk-test"),
+        ("content-type", "application/json"),
+        ("accept-language", "*"),
+        ("sec-fetch-mode", "cors"),
+        ("accept-encoding", "gzip, deflate"),
+        ("content-length", "67"),
+    ];
+
+    const ANTHROPIC_PY_FIRST: &[(&str, &str)] = &[
+        ("Host", "127.0.0.1:45373"),
+        ("Accept-Encoding", "gzip, deflate"),
+        ("Connection", "keep-alive"),
+        ("x-stainless-timeout", "600"),
+        ("x-stainless-retry-count", "0"),
+        ("x-stainless-read-timeout", "600"),
+        ("Accept", "application/json"),
+        ("Content-Type", "application/json"),
+        ("User-Agent", "Anthropic/Python 2.16.0"),
+        ("X-Stainless-Lang", "python"),
+        ("X-Stainless-Package-Version", "2.16.0"),
+        ("X-Stainless-OS", "Linux"),
+        ("X-Stainless-Arch", "x64"),
+        ("X-Stainless-Runtime", "CPython"),
+        ("X-Stainless-Runtime-Version", "3.11.7"),
+        ("Authorization", "Bearer sk-ant-test"),
+        ("X-Stainless-Async", "false"),
+        ("anthropic-version", "2026-10-21"),
+        ("anthropic-beta", "tools-2024-04-04"),
+        ("Content-Length", "89"),
+    ];
+
+    const STRIPE_PY_FIRST: &[(&str, &str)] = &[
+        ("Host", "127.0.0.1:38731"),
+        ("User-Agent", "Stripe/v1 PythonBindings/16.1.0"),
+        ("Accept-Encoding", "gzip, deflate"),
+        ("Accept", "*/*"),
+        ("Connection", "keep-alive"),
+        (
+            "X-Stripe-Client-User-Agent",
+            r#"{"bindings_version": "16.1.0", "lang": "python", "httplib": "requests", "telemetry_id": "de45166ed3825a555d9fe8c5a8b927bf", "lang_version": "3.11.7", "platform": "Linux-6.18.44-fc-v1147-x86_64-with-glibc2.36"}"#,
+        ),
+        ("Authorization", "Bearer sk_test_x"),
+        ("Stripe-Account", "acct_A"),
+        ("Idempotency-Key", "13b99f8f-8caf-2a40-f2eb-487b0e19f44f"),
+        ("Content-Type", "application/x-www-form-urlencoded"),
+        ("Stripe-Version", "2026-10-28.endive"),
+        ("Content-Length", "21"),
+    ];
+
+    /// `first` with each of `changes` replacing (or, absent, adding) that header's value.
+    fn varied(first: &[(&str, &str)], changes: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in first {
+            let name = http::HeaderName::from_bytes(k.as_bytes()).expect("name");
+            let value = changes
+                .iter()
+                .find(|(c, _)| c.eq_ignore_ascii_case(k))
+                .map_or(*v, |(_, c)| *c);
+            m.append(name, HeaderValue::from_str(value).expect("value"));
+        }
+        for (k, v) in changes {
+            if !first.iter().any(|(f, _)| f.eq_ignore_ascii_case(k)) {
+                let name = http::HeaderName::from_bytes(k.as_bytes()).expect("name");
+                m.append(name, HeaderValue::from_str(v).expect("value"));
+            }
+        }
+        m
+    }
+
+    fn sdk_fp(first: &[(&str, &str)], changes: &[(&str, &str)], key: Option<&str>) -> String {
+        fingerprint(
+            "POST",
+            "https://api.test/v1/x",
+            &covered_headers(&varied(first, changes), key),
+            b"{}",
+        )
+    }
+
+    #[test]
+    fn openai_python_retry_is_the_same_request_and_its_account_headers_are_not() {
+        let first = sdk_fp(OPENAI_PY_FIRST, &[], None);
+        for n in ["1", "2"] {
+            let retry = sdk_fp(OPENAI_PY_FIRST, &[("x-stainless-retry-count", n)], None);
+            assert_eq!(first, retry, "retry {n}");
+        }
+        for other in [
+            ("openai-organization", "org-B"),
+            ("openai-project", "proj-B"),
+        ] {
+            assert_ne!(first, sdk_fp(OPENAI_PY_FIRST, &[other], None), "{other:?}");
+        }
+        // Stable on every try, so covered: a client with another timeout is another request.
+        assert_ne!(
+            first,
+            sdk_fp(
+                OPENAI_PY_FIRST,
+                &[("x-stainless-read-timeout", "1.0")],
+                None
+            )
+        );
+    }
+
+    #[test]
+    fn openai_node_retry_is_the_same_request_and_its_account_headers_are_not() {
+        let first = sdk_fp(OPENAI_NODE_FIRST, &[], None);
+        let retry = sdk_fp(OPENAI_NODE_FIRST, &[("x-stainless-retry-count", "2")], None);
+        assert_eq!(first, retry);
+        for other in [
+            ("openai-organization", "org-B"),
+            ("openai-project", "proj-B"),
+        ] {
+            assert_ne!(
+                first,
+                sdk_fp(OPENAI_NODE_FIRST, &[other], None),
+                "{other:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn anthropic_python_retry_is_the_same_request_and_its_version_headers_are_not() {
+        let first = sdk_fp(ANTHROPIC_PY_FIRST, &[], None);
+        let retry = sdk_fp(
+            ANTHROPIC_PY_FIRST,
+            &[("x-stainless-retry-count", "1")],
+            None,
+        );
+        assert_eq!(first, retry);
+        for other in [
+            ("anthropic-version", "2023-06-01"),
+            ("anthropic-beta", "other-2025-01-01"),
+        ] {
+            assert_ne!(
+                first,
+                sdk_fp(ANTHROPIC_PY_FIRST, &[other], None),
+                "{other:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn stripe_python_retry_and_resend_are_the_same_request_and_its_account_is_not() {
+        let key = Some("Idempotency-Key");
+        let first = sdk_fp(STRIPE_PY_FIRST, &[], key);
+        // Its own retries repeat every header; the agent's resend under the same key adds
+        // the telemetry of the call before.
+        assert_eq!(first, sdk_fp(STRIPE_PY_FIRST, &[], key));
+        let telemetry = (
+            "X-Stripe-Client-Telemetry",
+            r#"{"last_request_metrics": {"request_id": "req_1", "request_duration_ms": 12}}"#,
+        );
+        assert_eq!(first, sdk_fp(STRIPE_PY_FIRST, &[telemetry], key));
+        for other in [
+            ("Stripe-Account", "acct_B"),
+            ("Stripe-Version", "2024-06-20"),
+        ] {
+            assert_ne!(first, sdk_fp(STRIPE_PY_FIRST, &[other], key), "{other:?}");
+        }
+        // On a route without a key contract, Stripe's own key is a header like any other.
+        assert_ne!(
+            sdk_fp(STRIPE_PY_FIRST, &[], None),
+            sdk_fp(
+                STRIPE_PY_FIRST,
+                &[("Idempotency-Key", "ffffffff-8caf-2a40-f2eb-487b0e19f44f")],
+                None
+            )
+        );
     }
 }

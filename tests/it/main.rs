@@ -23,6 +23,7 @@ mod reflection;
 mod retry;
 mod retry_hints;
 mod retry_origins;
+mod sdk;
 mod serve;
 mod ssh;
 mod ssh_hostile;
