@@ -50,6 +50,9 @@ impl Exchange {
         if let Some((name, value)) = &self.added_key {
             headers.insert(name.clone(), value.clone());
         }
+        if self.grpc && h2 {
+            super::grpc::prepare_request(&mut headers, self.injection.is_some());
+        }
         let uri = if h2 {
             format!("{}://{}{path_and_query}", "https", self.target.authority())
         } else if let Some(hop) = self.plain_hop() {
