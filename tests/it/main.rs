@@ -11,6 +11,7 @@ mod crash_ssh;
 mod credentials;
 mod dns;
 mod git;
+mod grpc;
 mod hostile_agents;
 mod http;
 mod https;
