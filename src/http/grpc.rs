@@ -207,7 +207,10 @@ mod tests {
         );
         let end = end(HeaderMap::new(), Some(trailers), &guard).unwrap();
         assert_eq!(end.hits, 1);
-        assert_eq!(end.trailers["grpc-message"], "not for [postern:redacted]");
+        assert_eq!(
+            end.trailers["grpc-message"],
+            "not for Bearer%20[postern:redacted]"
+        );
 
         let mut message = vec![0, 0, 0, 0, 24];
         message.extend_from_slice(b"you sent s3cret-value-42");
