@@ -212,6 +212,9 @@ fn a_unary_call_carries_the_credential_and_the_origins_trailers_reach_the_agent(
     assert_eq!(stored["grpc_status"], 0, "{stored}");
     let trailers = stored["trailers"].to_string();
     assert!(trailers.contains("x-origin"), "{stored}");
+    // The h2 connection went back to the pool when the call's head came.
+    let again = s.record(&s.call("/t.Svc/Unary", "again", false));
+    assert_eq!(again["evidence"]["reused_connection"], true, "{again}");
 }
 
 #[test]
