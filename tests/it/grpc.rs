@@ -293,12 +293,8 @@ fn server_streaming_messages_reach_the_agent_as_they_come() {
         .iter()
         .filter_map(Value::as_i64)
         .collect();
-    for pair in at.windows(2) {
-        assert!(
-            pair[1] - pair[0] >= 250,
-            "each as it came, not at once: {at:?}"
-        );
-    }
+    // 1.2 s from the first to the last at the origin; buffered, they would come at once.
+    assert!(at[3] - at[0] >= 800, "each as it came, not at once: {at:?}");
     assert_eq!(call["initial"]["postern-delivery"], "streamed");
     let r = s.record(&call);
     assert_eq!(r["outcome"], "committed", "{r}");
