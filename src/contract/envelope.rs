@@ -108,6 +108,9 @@ pub enum Completion {
     ContentLength,
     LastChunk,
     EndStream,
+    /// A gRPC call ended (END_STREAM) with its `grpc-status` (in trailers, or in a
+    /// trailers-only head).
+    GrpcStatus,
     ExitStatus,
     /// No framing marker: e.g. a body that ended at connection close, where
     /// truncation is undetectable.

@@ -23,6 +23,7 @@ pub use resolve::{
     recovery_code, resolve_failure, retry_for_unknown,
 };
 pub use status::{
-    ResponseFacts, StatusOverrides, StatusResolution, classify_exit, classify_status,
+    ResponseFacts, StatusOverrides, StatusResolution, classify_exit, classify_grpc_status,
+    classify_status, parse_grpc_status,
 };
 pub use tunnel::{ClosedBy, TunnelEvidence, UpgradeEvidence, classify_tunnel, classify_upgrade};

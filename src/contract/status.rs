@@ -1,4 +1,5 @@
-//! HTTP status → outcome for complete upstream responses (SPEC §1.5).
+//! HTTP status → outcome for complete upstream responses (SPEC §1.5), and a gRPC
+//! call's `grpc-status` → outcome (SPEC §3.2).
 
 use std::collections::BTreeMap;
 
@@ -48,6 +49,36 @@ pub fn classify_status(
     Some(StatusResolution { outcome, retry })
 }
 
+/// SPEC §3.2: the `grpc-status` that ended a gRPC call (with END_STREAM) resolves it by its
+/// class. Codes that say the server refused the call as sent are `rejected`; `OK` and every
+/// other code (`UNKNOWN`, `INTERNAL`, `UNAVAILABLE`, `DEADLINE_EXCEEDED`, `ABORTED`, …, and
+/// numbers gRPC does not define) are `committed`: the application may have acted.
+pub fn classify_grpc_status(code: u32) -> StatusResolution {
+    // INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, RESOURCE_EXHAUSTED,
+    // FAILED_PRECONDITION, OUT_OF_RANGE, UNIMPLEMENTED, UNAUTHENTICATED.
+    const REJECTED: &[u32] = &[3, 5, 6, 7, 8, 9, 11, 12, 16];
+    if REJECTED.contains(&code) {
+        StatusResolution {
+            outcome: Outcome::Rejected,
+            retry: Retry::AfterCorrection,
+        }
+    } else {
+        StatusResolution {
+            outcome: Outcome::Committed,
+            retry: Retry::Never,
+        }
+    }
+}
+
+/// A `grpc-status` value: a non-negative decimal number (gRPC's PROTOCOL-HTTP2), else `None`
+/// (no status was given, and the call is not complete).
+pub fn parse_grpc_status(value: &[u8]) -> Option<u32> {
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
 /// SPEC §4: an `exit-status` or `exit-signal` resolves an SSH exec as `committed`, whatever
 /// the code (exit 23 is a complete, authoritative result, not a failure postern can judge).
 pub fn classify_exit() -> StatusResolution {
@@ -66,6 +97,35 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn grpc_statuses_resolve_by_class() {
+        use Outcome::*;
+        use Retry::*;
+        let rejected = [3, 5, 6, 7, 8, 9, 11, 12, 16];
+        for code in 0..=40 {
+            let r = classify_grpc_status(code);
+            let want = if rejected.contains(&code) {
+                (Rejected, AfterCorrection)
+            } else {
+                (Committed, Never)
+            };
+            assert_eq!((r.outcome, r.retry), want, "grpc-status {code}");
+        }
+        // OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, ABORTED, INTERNAL, UNAVAILABLE, DATA_LOSS.
+        for code in [0, 1, 2, 4, 10, 13, 14, 15] {
+            assert_eq!(classify_grpc_status(code).outcome, Committed, "{code}");
+        }
+    }
+
+    #[test]
+    fn a_grpc_status_is_a_decimal_number_or_none() {
+        assert_eq!(parse_grpc_status(b"0"), Some(0));
+        assert_eq!(parse_grpc_status(b"14"), Some(14));
+        for bad in [&b""[..], b" 7", b"-1", b"7a", b"OK", b"99999999999"] {
+            assert_eq!(parse_grpc_status(bad), None, "{bad:?}");
+        }
+    }
 
     fn classify(status: u16, retry_after: bool, idempotent: bool) -> Option<(Outcome, Retry)> {
         let facts = ResponseFacts {

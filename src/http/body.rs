@@ -13,6 +13,8 @@ use super::flushed::{DeliveryEnd, FlushWatch};
 /// all of it was taken.
 pub struct DeliveryBody {
     data: Option<Bytes>,
+    /// Sent after the data, as the body's end (a gRPC response's status).
+    trailers: Option<http::HeaderMap>,
     len: u64,
     done: Option<oneshot::Sender<DeliveryEnd>>,
     /// The agent's connection: its end counts once that connection flushed it.
@@ -34,12 +36,21 @@ impl DeliveryBody {
         (
             Self {
                 data: Some(data).filter(|d| !d.is_empty()),
+                trailers: None,
                 len,
                 done: Some(tx),
                 watch,
             },
             rx,
         )
+    }
+}
+
+impl DeliveryBody {
+    /// The body ends with `trailers` instead of an empty end.
+    pub fn with_trailers(mut self, trailers: http::HeaderMap) -> Self {
+        self.trailers = Some(trailers);
+        self
     }
 }
 
@@ -76,7 +87,11 @@ impl Body for DeliveryBody {
         if let Some(done) = self.done.take() {
             handed_over(done, self.watch.as_ref());
         }
-        Poll::Ready(None)
+        match self.trailers.take() {
+            // hyper ends the stream with them and polls no further.
+            Some(t) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
+            None => Poll::Ready(None),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
@@ -111,7 +126,7 @@ pub enum Chunk {
     Data(Bytes),
     /// The last data; the stream ends after it.
     Last(Bytes),
-    /// `Postern-Outcome` (and nothing else) as trailers; the stream ends after them.
+    /// The trailers (`Postern-Outcome`, after a gRPC response's own); the stream ends after them.
     Trailers(http::HeaderMap),
     /// The upstream broke: abort the agent's stream, never end it cleanly.
     Abort,

@@ -50,6 +50,9 @@ impl Exchange {
         if let Some((name, value)) = &self.added_key {
             headers.insert(name.clone(), value.clone());
         }
+        if self.grpc && h2 {
+            super::grpc::prepare_request(&mut headers, self.injection.is_some());
+        }
         let uri = if h2 {
             format!("{}://{}{path_and_query}", "https", self.target.authority())
         } else if let Some(hop) = self.plain_hop() {
@@ -203,8 +206,12 @@ impl Exchange {
         // The request body was handed over: its bytes are no longer held.
         self.held = Reservation::default();
         let out = self.receive(route, resp, reply).await;
-        if matches!(out, Outgoing::Deliver { .. }) {
-            self.proxy.pool.give(key, conn);
+        // h2 multiplexes: a gRPC call still streaming leaves the connection free for the next.
+        let streaming_grpc = self.grpc && conn.sender.is_h2();
+        match out {
+            Outgoing::Deliver { .. } => self.proxy.pool.give(key, conn),
+            Outgoing::Stream { .. } if streaming_grpc => self.proxy.pool.give(key, conn),
+            _ => {}
         }
         out
     }

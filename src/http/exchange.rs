@@ -43,6 +43,8 @@ pub(super) struct Exchange {
     pub(super) hop: Option<Hop>,
     /// The agent can take trailers (h2, or HTTP/1.1 with `TE: trailers`).
     pub(super) agent_trailers: bool,
+    /// The request is a gRPC call (h2, `content-type: application/grpc…`).
+    pub(super) grpc: bool,
     /// Body bytes handed to the origin (`REQUEST_SENT`) and to the agent (`RESULT_DELIVERED`).
     pub(super) request_bytes: u64,
     pub(super) delivered_bytes: u64,
@@ -90,7 +92,9 @@ impl Exchange {
             request.headers(),
         );
         ex.framing_conflict = inbound.framing_conflict;
-        ex.agent_trailers |= request.version() == http::Version::HTTP_2;
+        let h2 = request.version() == http::Version::HTTP_2;
+        ex.agent_trailers |= h2;
+        ex.grpc = h2 && super::grpc::is_grpc(request.headers());
         ex.flush = request.extensions().get::<FlushWatch>().cloned();
         ex
     }
@@ -117,6 +121,7 @@ impl Exchange {
                 v.to_str()
                     .is_ok_and(|t| t.to_ascii_lowercase().contains("trailers"))
             }),
+            grpc: false,
             request_bytes: 0,
             delivered_bytes: 0,
             held: Reservation::default(),

@@ -29,9 +29,10 @@ enum BodyError {
     Budget,
 }
 
-/// A body read up to a limit: all of it, or the first part and the rest still to come.
+/// A body read up to a limit: all of it (with its trailers, if any), or the first part
+/// and the rest still to come.
 pub(super) enum Collected {
-    Complete(Bytes),
+    Complete(Bytes, Option<HeaderMap>),
     Partial(Bytes, Incoming),
 }
 
@@ -161,18 +162,23 @@ impl Exchange {
         limit: u64,
     ) -> Result<Collected, String> {
         let mut buf = BytesMut::new();
+        let mut trailers = None;
         if limit == 0 {
             return Ok(Collected::Partial(Bytes::new(), body));
         }
         loop {
             let frame = match tokio::time::timeout(idle, body.frame()).await {
                 Err(_) => return Err(format!("no body bytes for {idle:?}")),
-                Ok(None) => return Ok(Collected::Complete(buf.freeze())),
+                Ok(None) => return Ok(Collected::Complete(buf.freeze(), trailers)),
                 Ok(Some(Err(e))) => return Err(body_error(&e)),
                 Ok(Some(Ok(frame))) => frame,
             };
-            let Ok(data) = frame.into_data() else {
-                continue;
+            let data = match frame.into_data() {
+                Ok(data) => data,
+                Err(frame) => {
+                    trailers = frame.into_trailers().ok().or(trailers);
+                    continue;
+                }
             };
             let Some(more) = self.proxy.budget.try_reserve(data.len() as u64) else {
                 self.proxy.budget.streamed.inc();

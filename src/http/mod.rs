@@ -6,10 +6,10 @@
 //! `approval` → `upstream` connection setup (through the route's `via` hop, if any) or a
 //! `pool`ed connection → `dispatch`:
 //! `DISPATCH_STARTED` durable, request written (`tap`/`body` observe it) → `receive`:
-//! head classified, body to its framing end (or `stream`ed), `guard`ed, `RESULT_COMMITTED`
-//! with the result → delivery (`RESULT_DELIVERED` once the agent's connection `flushed` the
-//! response's end). A `CONNECT` on an `intercept = false` route is a `tunnel` instead: one
-//! invocation whose bytes are relayed unread. Invariant: no request byte reaches the origin
+//! head classified, body to its framing end (or `stream`ed; a `grpc` call to its trailers),
+//! `guard`ed, `RESULT_COMMITTED` with the result → delivery (`RESULT_DELIVERED` once the
+//! agent's connection `flushed` the response's end). A `CONNECT` on an `intercept = false`
+//! route is a `tunnel` instead: one invocation whose bytes are relayed unread. Invariant: no request byte reaches the origin
 //! before `DISPATCH_STARTED` is durable.
 mod approval;
 mod body;
@@ -21,6 +21,7 @@ mod drive;
 mod exchange;
 mod flushed;
 mod front;
+mod grpc;
 mod headers;
 mod inject;
 mod intake;

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use super::body::DeliveryBody;
 use super::decode;
 use super::exchange::Exchange;
+use super::grpc;
 use super::headers::{
     bodiless, delivery_mode, framing, intermediary_error, redact_headers, stored_headers,
     strip_error_proxy_status, strip_hop_by_hop,
@@ -24,8 +25,8 @@ use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, Pr
 use super::stream::StreamStart;
 use crate::config::{Delivery, Route};
 use crate::contract::{
-    Code, Completion, Outcome, Phase, ResponseFacts, StatusResolution, classify_status,
-    postern_outcome, should_retry_value,
+    Code, Completion, Outcome, Phase, ResponseFacts, StatusResolution, classify_grpc_status,
+    classify_status, postern_outcome, should_retry_value,
 };
 use crate::guard::ReflectionGuard;
 use crate::journal::{
@@ -62,23 +63,36 @@ impl Exchange {
         if let Some((name, member)) = hop {
             return Outgoing::Respond(self.hop_error(status, name, member, started).await);
         }
-        let completion = framing(&parts.headers, parts.version);
+        let grpc = self.grpc
+            && parts.version == http::Version::HTTP_2
+            && grpc::is_grpc_response(status, &parts.headers);
+        let completion = match grpc {
+            true => Completion::GrpcStatus,
+            false => framing(&parts.headers, parts.version),
+        };
         let config = self.proxy.config.clone();
         let journal = &config.journal;
         // A bodiless response's Content-Length describes the representation: kept as sent.
         let bodiless = bodiless(&self.method, status);
-        let limit = match delivery_mode(route.delivery, &parts.headers, journal.buffer_limit) {
+        // A gRPC response streams: a server-streaming call's messages go out as they come.
+        let mode = match route.delivery {
+            Delivery::Auto if grpc => Delivery::Stream,
+            d => delivery_mode(d, &parts.headers, journal.buffer_limit),
+        };
+        let limit = match mode {
             _ if bodiless => journal.buffer_limit.max(1),
             Delivery::Stream => 0,
             Delivery::Buffer => journal.buffer_limit.max(journal.max_result_bytes),
             Delivery::Auto => journal.buffer_limit,
         };
         let collected = self.collect(incoming, route.idle_timeout, limit).await;
-        let body = match collected {
-            Ok(Collected::Complete(b)) => b,
+        let (body, trailers) = match collected {
+            Ok(Collected::Complete(b, t)) => (b, t),
             Ok(Collected::Partial(prefix, rest)) => {
                 let start = self
-                    .start_stream(route, status, parts, completion, prefix, rest, started)
+                    .start_stream(
+                        route, status, parts, completion, grpc, prefix, rest, started,
+                    )
                     .await;
                 return match start {
                     Ok(StreamStart { resp, done, plan }) => Outgoing::Stream { resp, done, plan },
@@ -95,7 +109,21 @@ impl Exchange {
             let f = Failure::of(Code::RemoteOutcomeUnknown);
             return Outgoing::Respond(self.fail(vec![started], f).await);
         };
-        let resolution = head.resolution;
+        let grpc_end = match grpc {
+            true => {
+                let head_status = grpc::take_head_status(&mut parts.headers);
+                let Some(end) = grpc::end(head_status, trailers, &head.guard) else {
+                    let mut f = Failure::of(Code::RemoteResultIncomplete);
+                    f.diagnostic = Some(grpc::NO_STATUS.into());
+                    return Outgoing::Respond(self.fail(vec![started], f).await);
+                };
+                Some(end)
+            }
+            false => None,
+        };
+        let resolution = grpc_end
+            .as_ref()
+            .map_or(head.resolution, |end| classify_grpc_status(end.status));
         let guarded = !head.guard.is_empty() && !bodiless;
         let cap = journal.buffer_limit.max(journal.max_result_bytes);
         let mut decoded = decode::for_guard(guarded, &mut parts.headers, &body, cap);
@@ -106,14 +134,19 @@ impl Exchange {
             decode::mark_withheld(&mut parts.headers, why);
             decoded = Err(why);
         }
-        let (delivered, body_hits) = head.guard.redact(decoded.as_ref().unwrap_or(&Bytes::new()));
+        let plain = decoded.as_ref().unwrap_or(&Bytes::new()).clone();
+        let (delivered, body_hits) = match grpc {
+            true => grpc::redact_messages(&head.guard, &plain),
+            false => head.guard.redact(&plain),
+        };
         // A withheld body is recorded by the digest and length of what the origin sent.
         let body = if decoded.is_ok() {
             delivered.clone()
         } else {
             body
         };
-        let redactions = body_hits + head.header_hits;
+        let trailer_hits = grpc_end.as_ref().map_or(0, |end| end.hits);
+        let redactions = body_hits + head.header_hits + trailer_hits;
         let mut evidence = serde_json::Map::new();
         if redactions > 0 {
             evidence.insert("redactions".into(), redactions.into());
@@ -138,7 +171,7 @@ impl Exchange {
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(delivered.len()));
         }
         let digest = sha256_tagged_digest(&Sha256::digest(&body));
-        let stored = self.stored_result(
+        let mut stored = self.stored_result(
             status.as_u16(),
             &parts.headers,
             &body,
@@ -146,6 +179,9 @@ impl Exchange {
             resolution.outcome,
             decoded.is_ok(),
         );
+        if let Some(end) = &grpc_end {
+            grpc::record_in(&mut stored, end);
+        }
         let complete = Draft::observed(Body::RemoteResponseComplete(ResponseComplete {
             completion,
             bytes: body.len() as u64,
@@ -157,6 +193,7 @@ impl Exchange {
             digest,
             bytes: body.len() as u64,
             completion,
+            grpc_status: grpc_end.as_ref().map(|end| end.status),
         };
         let committed = origin_committed(resolution, status, whole, evidence);
         let drafts = vec![started, complete, committed];
@@ -168,7 +205,11 @@ impl Exchange {
             Err(out) => return out,
         };
         self.delivered_bytes = delivered.len() as u64;
-        let (delivery, done) = DeliveryBody::to_agent(delivered, self.flush.clone());
+        let (mut delivery, done) = DeliveryBody::to_agent(delivered, self.flush.clone());
+        if let Some(end) = &grpc_end {
+            // Postern-Outcome rides in the trailers too: gRPC clients read them.
+            delivery = delivery.with_trailers(grpc::agent_trailers(end, &outcome));
+        }
         parts.version = http::Version::HTTP_11;
         let mut out = Response::from_parts(parts, delivery.boxed());
         out.extensions_mut().insert(Relayed);
@@ -312,6 +353,8 @@ impl Exchange {
                 body_stored: keep,
                 digest: digest.to_owned(),
                 bytes: body.len() as u64,
+                grpc_status: None,
+                trailers: Vec::new(),
             }),
             complete: true,
             expires_at_ms: self.inv.journal().result_expiry_ms(),
@@ -324,6 +367,8 @@ pub(super) struct Whole {
     pub digest: String,
     pub bytes: u64,
     pub completion: Completion,
+    /// The `grpc-status` that ended a gRPC call.
+    pub grpc_status: Option<u32>,
 }
 
 /// `RESULT_COMMITTED` for a complete response from the origin.
@@ -339,6 +384,7 @@ pub(super) fn origin_committed(
         status: Some(status.as_u16()),
         exit_status: None,
         exit_signal: None,
+        grpc_status: whole.grpc_status,
         digest: whole.digest,
         bytes: whole.bytes,
         complete: true,

@@ -16,12 +16,15 @@ use super::body::{ChannelBody, Chunk};
 use super::decode::{self, Decoder, Undecodable};
 use super::exchange::Exchange;
 use super::flushed::DeliveryEnd;
+use super::grpc::{self, GrpcEnd};
 use super::headers::stored_headers;
 use super::respond::ProxyBody;
 use super::respond::{POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME, Relayed};
 use crate::config::Route;
-use crate::contract::{Code, Completion, Phase, StatusResolution, postern_outcome};
-use crate::guard::{Carry, ReflectionGuard};
+use crate::contract::{
+    Code, Completion, Phase, StatusResolution, classify_grpc_status, postern_outcome,
+};
+use crate::guard::{Carry, Mask, ReflectionGuard};
 use crate::journal::{
     Body, Draft, Failure, HttpResult, Payload, ResponseComplete, ResultCommitted, Source,
     StoredResult, b64, sha256_tagged_digest,
@@ -43,6 +46,16 @@ pub struct StreamPlan {
     withheld: Option<Undecodable>,
     trailers: bool,
     idle: Duration,
+    /// A gRPC call: the status a trailers-only head carried (taken out of it), and
+    /// the origin's trailers once they came.
+    grpc: Option<GrpcTail>,
+}
+
+/// What ends a streamed gRPC response.
+struct GrpcTail {
+    head_status: HeaderMap,
+    trailers: Option<HeaderMap>,
+    end: Option<GrpcEnd>,
 }
 
 /// A streamed response whose head can go out now; the pump feeds its body.
@@ -107,6 +120,7 @@ impl Exchange {
         status: StatusCode,
         mut parts: http::response::Parts,
         completion: Completion,
+        grpc: bool,
         prefix: Bytes,
         rest: Incoming,
         started: Draft,
@@ -132,6 +146,16 @@ impl Exchange {
                 decode::mark_withheld(&mut parts.headers, why);
             }
         }
+        let grpc = grpc.then(|| GrpcTail {
+            // Relayed with the trailers: the agent's stream ends after the commit.
+            head_status: grpc::take_head_status(&mut parts.headers),
+            trailers: None,
+            end: None,
+        });
+        if grpc.is_some() {
+            // h2 frames the body; a length would not cover the trailers' wait anyway.
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
         let stored = stored_headers(&parts.headers);
         let trailers = self.agent_trailers && !parts.headers.contains_key(header::CONTENT_LENGTH);
         parts.version = http::Version::HTTP_11;
@@ -140,7 +164,7 @@ impl Exchange {
             h.insert(POSTERN_INVOCATION, v);
         }
         h.insert(POSTERN_DELIVERY, HeaderValue::from_static("streamed"));
-        if trailers {
+        if trailers && grpc.is_none() {
             h.insert(header::TRAILER, HeaderValue::from_static("postern-outcome"));
         }
         if self.inv.record(vec![started]).await.is_err() {
@@ -166,6 +190,7 @@ impl Exchange {
             withheld,
             trailers,
             idle: route.idle_timeout,
+            grpc,
         };
         Ok(StreamStart {
             resp,
@@ -183,7 +208,11 @@ impl Exchange {
             cap: self.proxy.config.journal.max_result_bytes,
             bytes: 0,
             hits: plan.header_hits,
-            carry: Carry::default(),
+            // gRPC messages are length-prefixed: a hit keeps its length.
+            carry: match plan.grpc {
+                Some(_) => Carry::masked(Mask::SameLength),
+                None => Carry::default(),
+            },
             decoder: plan.decoder.take(),
             withheld: plan.withheld,
         };
@@ -211,13 +240,18 @@ impl Exchange {
                 }
                 Ok(Some(Err(e))) => return self.broken(&plan.tx, body_error(&e)).await,
                 Ok(None) => break,
-                Ok(Some(Ok(frame))) => {
-                    if let Ok(data) = frame.into_data() {
+                Ok(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
                         let data = Some(&data[..]);
                         self.forward(&plan.guard, &plan.tx, &mut tally, data, &mut agent_gone)
                             .await;
                     }
-                }
+                    Err(frame) => {
+                        if let (Some(tail), Ok(t)) = (plan.grpc.as_mut(), frame.into_trailers()) {
+                            tail.trailers = Some(t);
+                        }
+                    }
+                },
             }
         }
         self.forward(&plan.guard, &plan.tx, &mut tally, None, &mut agent_gone)
@@ -225,6 +259,15 @@ impl Exchange {
         let (tail, hits) = plan.guard.finish(&mut tally.carry);
         tally.hits += hits;
         tally.absorb(&tail);
+        if let Some(grpc) = plan.grpc.as_mut() {
+            let head_status = std::mem::take(&mut grpc.head_status);
+            let Some(end) = grpc::end(head_status, grpc.trailers.take(), &plan.guard) else {
+                return self.broken(&plan.tx, grpc::NO_STATUS.into()).await;
+            };
+            plan.resolution = classify_grpc_status(end.status);
+            tally.hits += end.hits;
+            grpc.end = Some(end);
+        }
         if !self.commit_stream(&plan, &mut tally).await {
             let _ = plan.tx.send(Chunk::Abort).await;
             return StreamEnd::Broken;
@@ -306,12 +349,14 @@ impl Exchange {
         }))
         .source(Source::RemoteResponse)
         .hop("origin");
+        let grpc_end = plan.grpc.as_ref().and_then(|g| g.end.as_ref());
         let committed = Draft::observed(Body::ResultCommitted(ResultCommitted {
             outcome: plan.resolution.outcome,
             retry: plan.resolution.retry,
             status: Some(plan.status),
             exit_status: None,
             exit_signal: None,
+            grpc_status: grpc_end.map(|end| end.status),
             digest: digest.clone(),
             bytes: tally.bytes,
             complete: true,
@@ -330,6 +375,8 @@ impl Exchange {
                 body_stored: tally.keep,
                 digest,
                 bytes: tally.bytes,
+                grpc_status: grpc_end.map(|end| end.status),
+                trailers: grpc_end.map_or_else(Vec::new, |end| stored_headers(&end.trailers)),
             }),
             complete: true,
             expires_at_ms: self.inv.journal().result_expiry_ms(),
@@ -357,10 +404,16 @@ impl Exchange {
         if !tail.is_empty() && plan.tx.send(Chunk::Data(tail)).await.is_err() {
             return false;
         }
-        let mut trailers = HeaderMap::new();
-        if let Ok(v) = HeaderValue::from_str(&outcome) {
-            trailers.insert(POSTERN_OUTCOME, v);
-        }
+        let trailers = match plan.grpc.as_ref().and_then(|g| g.end.as_ref()) {
+            Some(end) => grpc::agent_trailers(end, &outcome),
+            None => {
+                let mut trailers = HeaderMap::new();
+                if let Ok(v) = HeaderValue::from_str(&outcome) {
+                    trailers.insert(POSTERN_OUTCOME, v);
+                }
+                trailers
+            }
+        };
         plan.tx.send(Chunk::Trailers(trailers)).await.is_ok()
     }
 }

@@ -242,6 +242,7 @@ impl Tunnel {
             status: None,
             exit_status: None,
             exit_signal: None,
+            grpc_status: None,
             digest: relayed.digest.clone(),
             bytes: tunnel.bytes_down,
             complete: relayed.clean,

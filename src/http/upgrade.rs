@@ -173,6 +173,7 @@ impl Exchange {
             digest,
             bytes: 0,
             completion: Completion::None,
+            grpc_status: None,
         };
         let committed = origin_committed(resolution, status, whole, evidence);
         let drafts = vec![started, committed];

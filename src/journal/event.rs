@@ -279,6 +279,9 @@ pub struct ResultCommitted {
     pub exit_status: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_signal: Option<String>,
+    /// The `grpc-status` that ended a gRPC call (SPEC §3.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_status: Option<u32>,
     pub digest: String,
     pub bytes: u64,
     /// The output was complete (SSH output may break after an exit status).

@@ -44,6 +44,9 @@ pub struct ResultSummary {
     pub exit_status: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_signal: Option<String>,
+    /// A gRPC call's `grpc-status`, beside the HTTP `status` (SPEC §3.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_status: Option<u32>,
     pub digest: String,
     pub bytes: u64,
     pub complete: bool,
@@ -366,6 +369,7 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
                 status: rc.status,
                 exit_status: rc.exit_status,
                 exit_signal: rc.exit_signal,
+                grpc_status: rc.grpc_status,
                 digest: rc.digest,
                 bytes: rc.bytes,
                 complete: rc.complete,

@@ -36,6 +36,12 @@ pub struct HttpResult {
     pub body_stored: bool,
     pub digest: String,
     pub bytes: u64,
+    /// A gRPC call's `grpc-status` (SPEC §3.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_status: Option<u32>,
+    /// Non-secret trailers as relayed (gRPC: `grpc-status`, `grpc-message`, …), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trailers: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -32,6 +32,8 @@ pub struct Appended {
     pub state: Arc<State>,
 }
 
+// Each request is moved once through the writer's channel: boxing the large variant buys nothing.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Request {
     Append {
         invocation_id: String,

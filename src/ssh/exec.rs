@@ -442,6 +442,7 @@ impl Run {
             status: None,
             exit_status,
             exit_signal: exit_signal.clone(),
+            grpc_status: None,
             digest: digest.clone(),
             bytes: out.bytes,
             complete,

@@ -12,6 +12,7 @@ mod credentials;
 mod dns;
 mod first_day;
 mod git;
+mod grpc;
 mod hostile_agents;
 mod http;
 mod https;

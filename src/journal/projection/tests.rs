@@ -114,6 +114,7 @@ fn body_of(m: &Move, generation: u32) -> (Body, Source, u32) {
                     status: Some(200),
                     exit_status: None,
                     exit_signal: None,
+                    grpc_status: None,
                     digest: "sha256:d".into(),
                     bytes: 1,
                     complete: true,
