@@ -11,7 +11,6 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
-use crate::config::SecretValue;
 use crate::contract::{Outcome, Phase};
 use crate::journal::{
     Body, Draft, Journal, JournalError, Payload, Reconciliation, Record, Source, unb64,
@@ -25,11 +24,12 @@ use crate::vault::{KeyState, Vault};
 pub struct AdminState {
     pub journal: Journal,
     pub registry: Registry,
-    pub token: Option<SecretValue>,
+    /// The config in force: the admin token and the credentials `/healthz` checks.
+    pub live: Arc<crate::config::Live>,
     pub approvals: Arc<Approvals>,
     pub vault: Arc<Vault>,
-    /// The vault entry names the configured credentials use.
-    pub secrets: Vec<String>,
+    /// `POST /v1/reload` (and SIGHUP).
+    pub reloader: Arc<super::reload::Reloader>,
     /// Sends a kept request again for `POST …/retry`.
     pub resend: Arc<dyn Resend>,
 }
@@ -100,7 +100,8 @@ pub(super) fn storage_error() -> Reply {
 }
 
 fn authorized(state: &AdminState, req: &Request<Incoming>) -> bool {
-    let Some(token) = &state.token else {
+    let config = state.live.current();
+    let Some(token) = &config.admin.token else {
         return true;
     };
     req.headers()
@@ -168,6 +169,10 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
             answer(state, id, Verdict::Approve).await
         }
         (&Method::POST, ["v1", "approvals", id, "deny"]) => answer(state, id, Verdict::Deny).await,
+        (&Method::POST, ["v1", "reload"]) => match state.reloader.reload().await {
+            Ok(report) => json_reply(StatusCode::OK, &report),
+            Err(problems) => json_reply(StatusCode::UNPROCESSABLE_ENTITY, &problems),
+        },
         (&Method::POST, ["v1", "invocations", id, "retry"]) => {
             let id = (*id).to_owned();
             match read_json(req).await {
@@ -200,7 +205,8 @@ fn healthz(state: &AdminState) -> Reply {
         Ok(KeyState::Opens | KeyState::Empty) => "ok",
         _ => "locked",
     };
-    let missing = state.vault.absent(&state.secrets).unwrap_or_default();
+    let secrets = secret_names(&state.live.current());
+    let missing = state.vault.absent(&secrets).unwrap_or_default();
     json_reply(
         status,
         &json!({"status": overall, "journal": journal, "vault": vault, "missing_secrets": missing}),
@@ -505,6 +511,18 @@ fn percent_decode(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The vault entry names the configured credentials use.
+pub fn secret_names(config: &crate::config::Config) -> Vec<String> {
+    let mut names: Vec<String> = config
+        .credentials
+        .iter()
+        .map(|c| c.secret.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 #[cfg(test)]

@@ -39,9 +39,18 @@ pub struct FrontMetrics {
 }
 
 /// Builds the registry served at `/metrics`.
-pub fn registry(journal: &JournalMetrics, front: &FrontMetrics) -> Registry {
+pub fn registry(
+    journal: &JournalMetrics,
+    front: &FrontMetrics,
+    reloads: &super::reload::ReloadCounter,
+) -> Registry {
     let mut registry = Registry::default();
     journal.register(&mut registry);
+    registry.register(
+        "postern_config_reloads",
+        "config reloads, by result (applied, refused)",
+        reloads.clone(),
+    );
     let counters = [
         (
             "postern_proxy_auth_challenges",

@@ -2,6 +2,7 @@
 
 mod api;
 pub mod metrics;
+pub mod reload;
 mod retry;
 
-pub use api::{AdminState, parse_range, serve};
+pub use api::{AdminState, parse_range, secret_names, serve};

@@ -131,6 +131,16 @@ pub enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Re-read and validate the running daemon's config (as SIGHUP does): a bad one is
+    /// refused with every problem and the old one stays; a good one is put in force whole
+    /// (invocations in flight keep theirs).
+    Reload {
+        /// Print the daemon's JSON answer.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Print the decide() verdict for an invocation.
     Decide {
         #[command(flatten)]
@@ -337,6 +347,7 @@ fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
             admin,
         } => operator::result(&target(admin), &id.id, json, output.as_deref()),
         Command::Decide { id, json, admin } => operator::decide(&target(admin), &id.id, json),
+        Command::Reload { json, admin } => operator::reload(&target(admin), json),
         Command::Retry {
             id,
             i_have_reconciled,

@@ -236,6 +236,33 @@ pub fn reconcile(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `postern reload`: the daemon reads its config again; what changed, or every problem.
+pub fn reload(target: &AdminTarget, json: bool) -> Result<ExitCode, CliError> {
+    let (status, reply) = call(target, Method::POST, "/v1/reload", Some(&json!({})))?;
+    if json {
+        print_json(&reply);
+    }
+    if status == StatusCode::UNPROCESSABLE_ENTITY {
+        if !json {
+            errln!("postern: the config was refused; the daemon keeps the one it had:");
+            for p in reply["problems"].as_array().into_iter().flatten() {
+                errln!("  {}: {}", s(&p["path"]), s(&p["message"]));
+            }
+        }
+        return Ok(ExitCode::FAILURE);
+    }
+    if status != StatusCode::OK {
+        return Err(api_error(status, &reply));
+    }
+    if !json {
+        outln!("postern: config reloaded");
+        for (section, changes) in reply["changes"].as_object().into_iter().flatten() {
+            outln!("  {section}: {changes}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `postern approve` / `postern deny`: answers a held request (SPEC §3.5).
 pub fn answer(target: &AdminTarget, id: &str, approve: bool) -> Result<ExitCode, CliError> {
     let verb = if approve { "approve" } else { "deny" };

@@ -140,6 +140,7 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
         host_key,
         Banner {
             home: home.clone(),
+            config_path: config_path.map(|p| std::path::absolute(p).unwrap_or(p.to_path_buf())),
             hint,
         },
     ))
@@ -154,7 +155,9 @@ fn check_vault(config: &Config, vault: &Vault) -> Result<(), CliError> {
             "postern: warning: POSTERN_VAULT_KEY is not set: the vault is locked and credentialed routes fail with VAULT_LOCKED"
         );
     }
-    let absent = vault.absent(&secret_names(config)).unwrap_or_default();
+    let absent = vault
+        .absent(&admin::secret_names(config))
+        .unwrap_or_default();
     for c in config
         .credentials
         .iter()
@@ -170,23 +173,35 @@ fn check_vault(config: &Config, vault: &Vault) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The vault entries the configured credentials use, each once.
-fn secret_names(config: &Config) -> Vec<String> {
-    let mut names: Vec<String> = config
-        .credentials
-        .iter()
-        .map(|c| c.secret.clone())
-        .collect();
-    names.sort();
-    names.dedup();
-    names
-}
-
 /// What the start banner shows besides the listeners.
 struct Banner {
     home: Home,
+    /// The config file, read again on a reload (absolute: the daemon may change directory).
+    config_path: Option<std::path::PathBuf>,
     /// `eval "$(postern env --agent ID …)"` for the agent's shell.
     hint: String,
+}
+
+/// `SIGHUP` reloads the config, as `postern reload` does. Installed before the banner
+/// says the daemon serves, so a SIGHUP from then on never takes the default (exit).
+fn reload_on_hangup(reloader: Arc<admin::reload::Reloader>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; reload with `postern reload`");
+        return;
+    };
+    tokio::spawn(async move { hangup_loop(&mut hangups, reloader).await });
+}
+
+async fn hangup_loop(
+    hangups: &mut tokio::signal::unix::Signal,
+    reloader: Arc<admin::reload::Reloader>,
+) {
+    while hangups.recv().await.is_some() {
+        if let Err(report) = reloader.reload().await {
+            errln!("postern: config reload refused, the old config stays: {report}");
+        }
+    }
 }
 
 /// An admin API without a token while agents are configured: any local process, an agent
@@ -224,8 +239,9 @@ async fn serve_until_stopped(
     let ssh_listener = guard_ssh(&config, ssh_listener, &front);
     let approvals = Arc::new(crate::policy::approvals::Approvals::default());
     let dns = Arc::new(crate::dns::Dns::new(config.dns.as_ref()));
+    let live = Arc::new(crate::config::Live::new((*config).clone()));
     let exec = Arc::new(crate::ssh::Exec {
-        config: config.clone(),
+        live: live.clone(),
         journal: journal.clone(),
         vault: vault.clone(),
         approvals: approvals.clone(),
@@ -236,14 +252,14 @@ async fn serve_until_stopped(
     // One bound per agent over HTTP and SSH alike.
     let busy = crate::listen::BusyPerAgent::new(busy_limit(&config), front.busy.clone());
     let ssh_front = Arc::new(crate::ssh::SshFront::new(
-        config.clone(),
+        live.clone(),
         journal.clone(),
         host_key,
         exec.clone(),
         busy.clone(),
     ));
     let proxy = Arc::new(Proxy {
-        config: config.clone(),
+        live: live.clone(),
         journal: journal.clone(),
         authority,
         tls: Default::default(),
@@ -258,13 +274,25 @@ async fn serve_until_stopped(
         guards: Default::default(),
         busy,
     });
+    let reload_counter = admin::reload::ReloadCounter::default();
+    let reloader = Arc::new(admin::reload::Reloader {
+        path: banner.config_path.clone(),
+        live: live.clone(),
+        on_swap: {
+            let proxy = proxy.clone();
+            Box::new(move || proxy.forget_upstreams())
+        },
+        counter: reload_counter.clone(),
+        running: Default::default(),
+    });
+    reload_on_hangup(reloader.clone());
     let state = Arc::new(AdminState {
-        registry: admin::metrics::registry(journal.metrics(), &front),
+        registry: admin::metrics::registry(journal.metrics(), &front, &reload_counter),
         journal: journal.clone(),
-        token: config.admin.token.clone(),
+        live: live.clone(),
         approvals: approvals.clone(),
         vault: vault.clone(),
-        secrets: secret_names(&config),
+        reloader: reloader.clone(),
         resend: Arc::new(crate::lifecycle::retry::Transports {
             http: Arc::new(crate::http::retry::HttpResend(proxy.clone())),
             ssh: Arc::new(crate::ssh::retry::SshResend(exec)),

@@ -2,6 +2,8 @@
 //! `model` (validated; every problem reported with its key path in one run).
 
 mod decode;
+mod diff;
+mod live;
 mod model;
 mod problem;
 mod raw;
@@ -10,6 +12,8 @@ mod validate;
 
 use std::path::Path;
 
+pub use diff::{ConfigDiff, diff};
+pub use live::Live;
 pub use model::*;
 pub use units::{Quantity, parse_duration, parse_size};
 pub use validate::{ConfigErrors, EnvLookup, Problem, parse};

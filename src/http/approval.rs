@@ -88,7 +88,7 @@ fn changed_since_preflight(
     let (Some(id), Some(bound)) = (credential, bound) else {
         return false;
     };
-    match Injection::resolve(&proxy.config, &proxy.vault, id) {
+    match Injection::resolve(&proxy.config(), &proxy.vault, id) {
         Ok(now) => now.evidence() != bound,
         Err(_) => true,
     }

@@ -94,7 +94,7 @@ impl Exchange {
                     .await,
             );
         }
-        let config = self.proxy.config.clone();
+        let config = self.config.clone();
         let route = match self.validate(&parts.headers, &config) {
             Ok(r) => r,
             Err(r) => return Outgoing::Respond(self.refused(r).await),

@@ -31,6 +31,8 @@ pub struct Inbound {
 
 pub(super) struct Exchange {
     pub(super) proxy: Arc<Proxy>,
+    /// The config this exchange started under, kept to its end (a reload does not change it).
+    pub(super) config: Arc<crate::config::Config>,
     /// The invocation this exchange drives through the lifecycle.
     pub(super) inv: Invocation,
     pub(super) agent: String,
@@ -110,6 +112,7 @@ impl Exchange {
     ) -> Self {
         Self {
             inv,
+            config: proxy.config(),
             proxy,
             agent: agent.to_owned(),
             target: target.clone(),

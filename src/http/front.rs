@@ -48,7 +48,7 @@ pub async fn serve(listener: Guarded, proxy: Arc<Proxy>) {
             let stream = FramingSniffer::new(stream);
             let conflict = stream.conflict.clone();
             let (stream, watch) = Flushed::new(stream, false);
-            let header_timeout = proxy.config.proxy.header_read_timeout;
+            let header_timeout = proxy.config().proxy.header_read_timeout;
             let m = member.clone();
             let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 req.extensions_mut().insert(watch.clone());
@@ -202,7 +202,7 @@ async fn identify(
         .headers()
         .get(header::PROXY_AUTHORIZATION)
         .map(|v| v.as_bytes());
-    match authenticate(&proxy.config, header) {
+    match authenticate(&proxy.config(), header) {
         AgentAuth::Anonymous => Ok("anonymous".into()),
         AgentAuth::Agent(id) => Ok(id),
         AgentAuth::Missing => {
@@ -335,6 +335,7 @@ async fn connect(
         .to_ascii_lowercase();
     let port = authority.port_u16().unwrap_or(443);
     let url = format!("https://{authority}");
+    let config = proxy.config();
     if host == internal::HOST {
         let mut failure = Failure::of(Code::InvalidTarget);
         failure.field = Some("target.scheme".into());
@@ -343,8 +344,8 @@ async fn connect(
             .insert("hint".into(), internal::HINT.into());
         return journal_refusal(&proxy, &agent, url, "CONNECT", failure).await;
     }
-    let Some(route) = match_connect(&proxy.config, &agent, &host, port) else {
-        if match_connect_plain(&proxy.config, &agent, &host, port).is_some() {
+    let Some(route) = match_connect(&config, &agent, &host, port) else {
+        if match_connect_plain(&config, &agent, &host, port).is_some() {
             // Plain HTTP inside the tunnel (`ws://` clients tunnel): read like `http://`.
             return serve_connected(req, slot, move |io| {
                 serve_inner(
@@ -356,7 +357,7 @@ async fn connect(
                 )
             });
         }
-        let field = connect_denial_field(&proxy.config, &agent, &host, port);
+        let field = connect_denial_field(&config, &agent, &host, port);
         return refuse_early(&proxy, &agent, url, "CONNECT", Code::RouteDenied, field).await;
     };
     if !route.intercept {
@@ -455,7 +456,7 @@ async fn serve_inner<I>(
     // may make room at the cap.
     member.idle();
     let m = member.clone();
-    let proxy_header_timeout = proxy.config.proxy.header_read_timeout;
+    let proxy_header_timeout = proxy.config().proxy.header_read_timeout;
     let io = FramingSniffer::new(io);
     let conflict = io.conflict.clone();
     let (io, watch) = Flushed::new(io, h2);
@@ -530,7 +531,7 @@ async fn handshake(
     config: Arc<rustls::ServerConfig>,
     io: TokioIo<hyper::upgrade::Upgraded>,
 ) -> Option<tokio_rustls::server::TlsStream<TokioIo<hyper::upgrade::Upgraded>>> {
-    let limit = proxy.config.proxy.tls_handshake_timeout;
+    let limit = proxy.config().proxy.tls_handshake_timeout;
     let accept = tokio_rustls::TlsAcceptor::from(config).accept(io);
     match tokio::time::timeout(limit, accept).await {
         Ok(Ok(tls)) => Some(tls),

@@ -72,8 +72,8 @@ impl Exchange {
         mut body: Incoming,
         headers: &HeaderMap,
     ) -> Result<Bytes, BodyError> {
-        let limit = self.proxy.config.proxy.max_request_bytes;
-        let gap = self.proxy.config.proxy.request_body_timeout;
+        let limit = self.config.proxy.max_request_bytes;
+        let gap = self.config.proxy.request_body_timeout;
         let budget = &self.proxy.budget;
         let declared = declared_length(headers);
         if declared.is_some_and(|n| n > limit) {

@@ -54,7 +54,8 @@ pub use keyed::POSTERN_REPLAYED;
 
 /// Everything a request needs on its way through postern.
 pub struct Proxy {
-    pub config: Arc<Config>,
+    /// The config in force; an exchange keeps the snapshot it started with.
+    pub live: Arc<crate::config::Live>,
     pub journal: Journal,
     pub authority: Arc<mitm::Authority>,
     pub tls: upstream::TlsClients,
@@ -74,4 +75,18 @@ pub struct Proxy {
     pub budget: budget::Budget,
     /// Connections each agent keeps busy (requests, tunnels, WebSockets).
     pub busy: Arc<crate::listen::BusyPerAgent>,
+}
+
+impl Proxy {
+    /// The config in force now (a snapshot: a reload after this does not change it).
+    pub fn config(&self) -> Arc<Config> {
+        self.live.current()
+    }
+
+    /// After a reload: upstream TLS settings and idle connections were made for the old
+    /// routes (their `upstream_ca`, `resolve`, `via`), so the next request builds anew.
+    pub fn forget_upstreams(&self) {
+        self.tls.forget();
+        self.pool.forget();
+    }
 }

@@ -116,6 +116,13 @@ pub struct Pool {
 }
 
 impl Pool {
+    /// Drops every idle connection.
+    pub fn forget(&self) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.clear();
+        }
+    }
+
     pub fn key(route: &Route, target: &Target, hop: Option<&Hop>) -> String {
         let via = hop.map_or_else(|| "direct".to_owned(), |h| h.via().name());
         format!("{}|{via}|{}", route.id, target.authority())

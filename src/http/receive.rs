@@ -70,7 +70,7 @@ impl Exchange {
             true => Completion::GrpcStatus,
             false => framing(&parts.headers, parts.version),
         };
-        let config = self.proxy.config.clone();
+        let config = self.config.clone();
         let journal = &config.journal;
         // A bodiless response's Content-Length describes the representation: kept as sent.
         let bodiless = bodiless(&self.method, status);
@@ -342,7 +342,7 @@ impl Exchange {
         outcome: Outcome,
         keep: bool,
     ) -> StoredResult {
-        let keep = keep && body.len() as u64 <= self.proxy.config.journal.max_result_bytes;
+        let keep = keep && body.len() as u64 <= self.config.journal.max_result_bytes;
         StoredResult {
             invocation_id: self.inv.id().to_owned(),
             outcome,

@@ -30,7 +30,7 @@ impl Exchange {
     /// marks the request not resendable.
     pub(super) async fn keep_request(&self, parts: &http::request::Parts, body: &Bytes) {
         let journal = self.inv.journal();
-        let limit = self.proxy.config.journal.max_result_bytes;
+        let limit = self.config.journal.max_result_bytes;
         let mut headers = Vec::with_capacity(parts.headers.len());
         // A WebSocket handshake is not resent: without the agent there is no one to
         // relay the switched connection to.
@@ -93,7 +93,7 @@ impl Resend for HttpResend {
         request: &StoredRequest,
     ) -> Result<(), SnapshotChanged> {
         let changed = |why: &str| Err(SnapshotChanged(why.to_owned()));
-        let config = &self.0.config;
+        let config = &self.0.config();
         let Some(target) = target_of(&request.target) else {
             return changed("the kept target does not parse");
         };
@@ -113,8 +113,9 @@ impl Resend for HttpResend {
     }
 
     fn terms(&self, record: &Record, note: Option<String>) -> Option<LeaseTerms> {
-        let routes = &self.0.config.routes;
-        let route = routes
+        let config = self.0.config();
+        let route = config
+            .routes
             .iter()
             .find(|r| Some(&r.id) == record.route.as_ref())?;
         Some(LeaseTerms::for_route(route, note))

@@ -135,7 +135,7 @@ impl Exchange {
         if !guard.is_empty() {
             // Redaction may change the length: frame the body with chunks instead.
             parts.headers.remove(header::CONTENT_LENGTH);
-            let journal = &self.proxy.config.journal;
+            let journal = &self.config.journal;
             let cap = journal.buffer_limit.max(journal.max_result_bytes);
             match decode::decoder_for(&parts.headers, usize::try_from(cap).unwrap_or(usize::MAX)) {
                 Ok(d) => decoder = d,
@@ -205,7 +205,7 @@ impl Exchange {
             hasher: Sha256::new(),
             stored: Vec::new(),
             keep: true,
-            cap: self.proxy.config.journal.max_result_bytes,
+            cap: self.config.journal.max_result_bytes,
             bytes: 0,
             hits: plan.header_hits,
             // gRPC messages are length-prefixed: a hit keeps its length.

@@ -151,7 +151,7 @@ impl Tunnel {
             return Err(self.inv.fallback(Code::JournalUnavailable));
         }
         let (route, target) = (&self.opening.route, &self.opening.target);
-        let hop = match bind_hop(&self.proxy.config, &self.proxy.vault, route) {
+        let hop = match bind_hop(&self.proxy.config(), &self.proxy.vault, route) {
             Ok(hop) => hop,
             Err(failure) => return Err(self.inv.fail(vec![], failure).await),
         };

@@ -75,6 +75,12 @@ pub struct TlsClients {
 }
 
 impl TlsClients {
+    pub fn forget(&self) {
+        if let Ok(mut m) = self.configs.lock() {
+            m.clear();
+        }
+    }
+
     fn config(&self, route: &Route, offer: Offer) -> Result<Arc<rustls::ClientConfig>, String> {
         let key = (route.id.clone(), offer);
         if let Some(c) = self.configs.lock().ok().and_then(|m| m.get(&key).cloned()) {

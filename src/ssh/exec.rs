@@ -37,7 +37,8 @@ use kept::Stdin;
 
 /// The lifecycle-backed `ExecDispatch`.
 pub struct Exec {
-    pub config: Arc<Config>,
+    /// The config in force; each exec runs under the snapshot it started with.
+    pub live: Arc<crate::config::Live>,
     pub journal: Journal,
     pub vault: Arc<Vault>,
     pub approvals: Arc<Approvals>,
@@ -136,7 +137,7 @@ impl Exec {
             sessions: self.sessions.clone(),
             reused: false,
             session_key: String::new(),
-            config: self.config.clone(),
+            config: self.live.current(),
             vault: self.vault.clone(),
             approvals: self.approvals.clone(),
             dns: self.dns.clone(),

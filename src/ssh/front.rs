@@ -33,7 +33,8 @@ use crate::listen::{BusyPerAgent, over_busy_limit};
 
 /// Everything an agent connection needs.
 pub struct SshFront {
-    pub config: Arc<Config>,
+    /// The config in force; a session keeps the target it was admitted to.
+    pub live: Arc<crate::config::Live>,
     pub journal: crate::journal::Journal,
     pub dispatch: Arc<dyn ExecDispatch>,
     server: Arc<russh::server::Config>,
@@ -45,7 +46,7 @@ pub struct SshFront {
 
 impl SshFront {
     pub fn new(
-        config: Arc<Config>,
+        live: Arc<crate::config::Live>,
         journal: crate::journal::Journal,
         host_key: PrivateKey,
         dispatch: Arc<dyn ExecDispatch>,
@@ -63,7 +64,7 @@ impl SshFront {
         Self {
             failed_logins: RefusalRate::failed_logins(),
             busy,
-            config,
+            live,
             journal,
             dispatch,
             server: Arc::new(server),
@@ -168,7 +169,8 @@ async fn admit(
 ) -> Result<(String, Arc<SshTarget>), Envelope> {
     let p = Preamble::parse(line).map_err(|m| malformed(m.0))?;
     let url = format!("ssh://{}@{}:{}", p.user, p.host, p.port);
-    let agent = match identify(&front.config, &p, source) {
+    let config = front.live.current();
+    let agent = match identify(&config, &p, source) {
         Ok(agent) => agent,
         Err(failure) if !front.failed_logins.may_journal(&source.to_string()) => {
             return Err(unjournaled_refusal(failure.code, "token"));
@@ -183,7 +185,7 @@ async fn admit(
             return Err(refuse::journal(&front.journal, what, failure).await);
         }
     };
-    match match_target(&front.config, &agent, &p) {
+    match match_target(&config, &agent, &p) {
         Ok(target) => Ok((agent, Arc::new(target.clone()))),
         Err(field) => {
             let what = Refused {

@@ -25,11 +25,13 @@ pub struct SshResend(pub Arc<Exec>);
 
 impl SshResend {
     /// The target the invocation bound, if it still exists as it was named.
-    fn target(&self, record: &Record) -> Option<&SshTarget> {
-        let targets = &self.0.config.ssh_targets;
-        targets
+    fn target(&self, record: &Record) -> Option<SshTarget> {
+        let config = self.0.live.current();
+        config
+            .ssh_targets
             .iter()
             .find(|t| Some(&t.id) == record.route.as_ref() && t.url() == record.target)
+            .cloned()
     }
 }
 
@@ -39,7 +41,8 @@ impl Resend for SshResend {
         let Some(target) = self.target(record) else {
             return changed("the target it bound no longer exists");
         };
-        if !acts_now(&self.0.config, &record.agent)
+        let config = self.0.live.current();
+        if !acts_now(&config, &record.agent)
             || !(target.agents.is_empty() || target.agents.contains(&record.agent))
         {
             return changed("the agent is no longer allowed on the target");
@@ -52,13 +55,13 @@ impl Resend for SshResend {
         };
         let offered = std::slice::from_ref(&target.credential);
         credential_holds(bound, offered, || {
-            upstream::login(&self.0.config, target, &self.0.vault).map(|l| l.evidence.version)
+            upstream::login(&config, &target, &self.0.vault).map(|l| l.evidence.version)
         })
     }
 
     fn terms(&self, record: &Record, note: Option<String>) -> Option<LeaseTerms> {
         let target = self.target(record)?;
-        Some(LeaseTerms::for_ssh_target(target, note))
+        Some(LeaseTerms::for_ssh_target(&target, note))
     }
 
     fn resend(
@@ -68,7 +71,7 @@ impl Resend for SshResend {
         request: StoredRequest,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         let exec = self.0.clone();
-        let target = self.target(&record).cloned();
+        let target = self.target(&record);
         Box::pin(async move {
             let mut inv = inv;
             let stdin = request.body_base64.as_deref().and_then(unb64);

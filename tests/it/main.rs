@@ -21,6 +21,7 @@ mod limits;
 mod origins;
 mod precedence;
 mod reflection;
+mod reload;
 mod retry;
 mod retry_hints;
 mod retry_origins;

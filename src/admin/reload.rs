@@ -1,0 +1,81 @@
+//! `postern reload` and `SIGHUP`: read the config again, validate it as at start, and put it
+//! in force whole — or refuse it with every problem and keep the old one. Invocations in
+//! flight keep the snapshot they started with (`config::Live`); new requests see the new
+//! routes. Upstream TLS settings and idle pooled connections are dropped, so a changed
+//! `upstream_ca` or `resolve` applies to the next connection.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use crate::config::{self, Config, Live};
+
+/// The labels of `postern_config_reloads_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ReloadLabels {
+    pub result: &'static str,
+}
+
+pub type ReloadCounter = Family<ReloadLabels, Counter>;
+
+/// What a reload swaps, and where the config comes from.
+pub struct Reloader {
+    /// The file `serve` started with; `None`: the embedded default.
+    pub path: Option<PathBuf>,
+    pub live: Arc<Live>,
+    /// Called after a swap: drops caches built from the old config.
+    pub on_swap: Box<dyn Fn() + Send + Sync>,
+    pub counter: ReloadCounter,
+    /// One reload at a time (SIGHUP and the API may race).
+    pub running: Mutex<()>,
+}
+
+impl Reloader {
+    /// Reloads; `Ok`: what changed, `Err`: every problem (the old config stays).
+    pub async fn reload(&self) -> Result<Value, Value> {
+        let _one = self.running.lock().await;
+        let env = |name: &str| std::env::var(name).ok();
+        let next = match load(self.path.as_deref(), &env) {
+            Ok(c) => c,
+            Err(problems) => {
+                self.counter
+                    .get_or_create(&ReloadLabels { result: "refused" })
+                    .inc();
+                tracing::warn!(
+                    problems = problems.len(),
+                    "config reload refused; the old config stays"
+                );
+                let problems: Vec<Value> = problems
+                    .iter()
+                    .map(|p| json!({"path": p.path, "message": p.message}))
+                    .collect();
+                return Err(json!({"reloaded": false, "problems": problems}));
+            }
+        };
+        let diff = config::diff(&self.live.current(), &next);
+        self.live.swap(next);
+        (self.on_swap)();
+        self.counter
+            .get_or_create(&ReloadLabels { result: "applied" })
+            .inc();
+        let changes = json!(diff);
+        tracing::info!(changes = %changes, "config reloaded");
+        Ok(json!({"reloaded": true, "changes": changes}))
+    }
+}
+
+fn load(
+    path: Option<&std::path::Path>,
+    env: config::EnvLookup<'_>,
+) -> Result<Config, Vec<config::Problem>> {
+    let config = config::load(path, env).map_err(|e| e.0)?;
+    let problems = crate::policy::route_problems(&config);
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    Ok(config)
+}

@@ -1,0 +1,267 @@
+//! Config reload (`postern reload`, `SIGHUP`): a bad config is refused with every problem and
+//! the old one stays; a good one is put in force whole; what is in flight keeps the snapshot
+//! it started with, and only what starts after the reload sees the new routes.
+
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::origins::{self, Origin};
+use crate::support::{Daemon, Home, TEST_CONFIG, curl, get_json, stdout};
+
+fn route(id: &str, host: &str, port: u16, extra: &str) -> String {
+    format!(
+        "[[routes]]\nid = \"{id}\"\nmatch = {{ scheme = \"http\", host = \"{host}\", port = {port} }}\nresolve = \"127.0.0.1:{port}\"\n{extra}\n"
+    )
+}
+
+struct Setup {
+    home: Home,
+    daemon: Daemon,
+}
+
+impl Setup {
+    fn start(routes: &str) -> Self {
+        let home = Home::new();
+        let daemon = Daemon::start(&home, Some(&format!("{TEST_CONFIG}{routes}")));
+        Self { home, daemon }
+    }
+
+    /// Writes the config file the daemon was started with, then `postern reload`.
+    fn reload(&self, routes: &str) -> std::process::Output {
+        self.home.config(&format!("{TEST_CONFIG}{routes}"));
+        self.daemon.cli(&["reload", "--json"], &[])
+    }
+
+    fn get(&self, host: &str, port: u16) -> (u16, String, String) {
+        let url = format!("http://{host}:{port}/x");
+        curl(&["-x", &self.daemon.proxy, "--max-time", "20", &url])
+    }
+
+    fn get_later(&self, host: &str, port: u16) -> JoinHandle<(u16, String, String)> {
+        let (proxy, url) = (self.daemon.proxy.clone(), format!("http://{host}:{port}/x"));
+        std::thread::spawn(move || curl(&["-x", &proxy, "--max-time", "20", &url]))
+    }
+
+    fn code(body: &str) -> String {
+        serde_json::from_str::<serde_json::Value>(body).unwrap_or_default()["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
+fn slow() -> Origin {
+    origins::slow_head(Duration::from_millis(1500), "slow")
+}
+
+#[test]
+fn a_route_added_is_used_and_a_request_in_flight_is_untouched() {
+    let (a, b) = (slow(), origins::responds("200 OK", &[], "b"));
+    let first = route("a", "a.test", a.port(), "");
+    let s = Setup::start(&first);
+    assert_eq!(Setup::code(&s.get("b.test", b.port()).1), "ROUTE_DENIED");
+    let in_flight = s.get_later("a.test", a.port());
+    std::thread::sleep(Duration::from_millis(400));
+    let out = s.reload(&format!("{first}{}", route("b", "b.test", b.port(), "")));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(
+        report["changes"]["routes"]["added"],
+        serde_json::json!(["b"])
+    );
+    let (status, body, _) = s.get("b.test", b.port());
+    assert_eq!((status, body.as_str()), (200, "b"));
+    let (status, body, _) = in_flight.join().unwrap();
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "slow"),
+        "the reload cut nothing short"
+    );
+}
+
+#[test]
+fn a_credential_changed_by_a_reload_is_injected_from_the_next_request_on() {
+    let origin = origins::echoes_request();
+    let home = Home::new();
+    let key = "reload-vault-key";
+    assert!(
+        crate::support::secret_set(&home, "k", "reload-secret-1", Some(key))
+            .status
+            .success()
+    );
+    let cred = |format: &str| {
+        format!(
+            "[[credentials]]\nid = \"c\"\nsecret = \"k\"\ninject = {{ header = \"X-Api-Key\", format = \"{format} {{secret}}\" }}\n"
+        )
+    };
+    let routes = |format: &str| {
+        format!(
+            "{}{}",
+            cred(format),
+            route("a", "a.test", origin.port(), "credential = \"c\"")
+        )
+    };
+    let daemon = Daemon::start_with(
+        &home,
+        Some(&format!("{TEST_CONFIG}{}", routes("v1"))),
+        &[("POSTERN_VAULT_KEY", key)],
+    );
+    let s = Setup { home, daemon };
+    let (status, body, _) = s.get("a.test", origin.port());
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.to_ascii_lowercase()
+            .contains("x-api-key: v1 [postern:redacted]"),
+        "{body}"
+    );
+    let out = s.reload(&routes("v2"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(
+        report["changes"]["credentials"]["changed"],
+        serde_json::json!(["c"])
+    );
+    let (status, body, _) = s.get("a.test", origin.port());
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.to_ascii_lowercase()
+            .contains("x-api-key: v2 [postern:redacted]"),
+        "{body}"
+    );
+    assert!(!report.to_string().contains("reload-secret-1"));
+}
+
+#[test]
+fn a_route_removed_ends_nothing_running_but_admits_nothing_new() {
+    let a = slow();
+    let s = Setup::start(&route("a", "a.test", a.port(), ""));
+    let in_flight = s.get_later("a.test", a.port());
+    std::thread::sleep(Duration::from_millis(400));
+    let out = s.reload("");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, body, _) = in_flight.join().unwrap();
+    assert_eq!((status, body.as_str()), (200, "slow"));
+    let (status, body, _) = s.get("a.test", a.port());
+    assert_eq!((status, Setup::code(&body).as_str()), (403, "ROUTE_DENIED"));
+}
+
+#[test]
+fn a_bad_config_is_refused_with_every_problem_and_the_old_one_stays() {
+    let a = origins::responds("200 OK", &[], "a");
+    let good = route("a", "a.test", a.port(), "");
+    let s = Setup::start(&good);
+    let bad = format!(
+        "{good}[[routes]]\nid = \"b\"\nmatch = {{ host = \"b.test\" }}\ncredential = \"nope\"\nretry_budgets = 1\n"
+    );
+    let out = s.reload(&bad);
+    assert!(!out.status.success());
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let paths: Vec<&str> = report["problems"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["path"].as_str())
+        .collect();
+    assert!(paths.len() >= 2, "every problem: {report}");
+    assert!(paths.iter().any(|p| p.contains("credential")), "{report}");
+    let (status, body, _) = s.get("a.test", a.port());
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "a"),
+        "the old config still serves"
+    );
+    let (_, text) = {
+        let (st, body, _) = curl(&["-s", &s.daemon.url("/metrics")]);
+        (st, body)
+    };
+    assert!(
+        text.contains("postern_config_reloads_total{result=\"refused\"} 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn sighup_reloads_too() {
+    let b = origins::responds("200 OK", &[], "b");
+    let s = Setup::start("");
+    s.home.config(&format!(
+        "{TEST_CONFIG}{}",
+        route("b", "b.test", b.port(), "")
+    ));
+    let pid = s.daemon.child.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut last = (0, String::new());
+    while std::time::Instant::now() < deadline {
+        let (status, body, _) = s.get("b.test", b.port());
+        last = (status, body);
+        if last.0 == 200 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!((last.0, last.1.as_str()), (200, "b"));
+    let (_, text, _) = curl(&["-s", &s.daemon.url("/metrics")]);
+    assert!(
+        text.contains("postern_config_reloads_total{result=\"applied\"} 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_approval_rule_changed_while_a_request_is_held_binds_only_new_requests() {
+    let a = origins::responds("201 Created", &[], "paid");
+    let held = route("a", "a.test", a.port(), "approval = \"required\"");
+    let s = Setup::start(&held);
+    let waiting = s.get_later("a.test", a.port());
+    let mut id = String::new();
+    for _ in 0..100 {
+        let (_, list) = get_json(&s.daemon.url("/v1/approvals"), &[]);
+        if let Some(first) = list["approvals"][0]["invocation_id"].as_str() {
+            id = first.to_owned();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!id.is_empty(), "the request is held");
+    let out = s.reload(&route("a", "a.test", a.port(), ""));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A new request no longer waits; the held one still does, under its own snapshot.
+    let (status, body, _) = s.get("a.test", a.port());
+    assert_eq!((status, body.as_str()), (201, "paid"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !waiting.is_finished(),
+        "the held request still waits for its approval"
+    );
+    let approved = s.daemon.cli(&["approve", &id], &[]);
+    assert!(
+        approved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&approved.stderr)
+    );
+    let (status, body, _) = waiting.join().unwrap();
+    assert_eq!((status, body.as_str()), (201, "paid"));
+}
