@@ -96,6 +96,7 @@ fn steps(method: &str, id: &str, expires_at_ms: i64) -> Vec<(Draft, Option<Store
                 idempotency: None,
                 safe_until_ms: None,
                 retry_budget: None,
+                resend: None,
             })),
             None,
         ),

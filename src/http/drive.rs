@@ -117,6 +117,13 @@ impl Exchange {
         if let Err(resp) = self.same_operation(&fp).await {
             return Outgoing::Respond(resp);
         }
+        let resend = match self
+            .resend_check(route, &parts.headers, &fp, idempotent)
+            .await
+        {
+            Ok(r) => r,
+            Err(resp) => return Outgoing::Respond(resp),
+        };
         let key_use = match &route.idempotency {
             Some(c) => match self.keyed(route, c, &parts.headers, &fp).await {
                 Ok(k) => k,
@@ -134,6 +141,7 @@ impl Exchange {
             idempotency: binding.as_ref().map(|b| b.evidence.clone()),
             safe_until_ms: binding.as_ref().map(|b| b.safe_until_ms),
             retry_budget: Some(route.retry_budget),
+            resend,
         };
         let mut drafts = Vec::new();
         let mut refusal = None;
@@ -165,12 +173,20 @@ impl Exchange {
             // The key is claimed with the preflight, before anything can be sent (a refused
             // credential too: the key then names a not_attempted invocation to retry).
             if let Err(resp) = self
-                .record_claimed(std::mem::take(&mut drafts), binding)
+                .record_claims(std::mem::take(&mut drafts), Some(binding.claim), route)
                 .await
             {
                 return Outgoing::Respond(resp);
             }
             crate::journal::pause_after_lease().await;
+        } else if refusal.is_none()
+            && self.twin.is_some()
+            && let Err(resp) = self
+                .record_claims(std::mem::take(&mut drafts), None, route)
+                .await
+        {
+            // The twin slot is claimed with the preflight, before anything can be sent.
+            return Outgoing::Respond(resp);
         }
         if let Some(failure) = refusal {
             return Outgoing::Respond(self.fail(drafts, failure).await);

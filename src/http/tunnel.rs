@@ -143,6 +143,7 @@ impl Tunnel {
             idempotency: None,
             safe_until_ms: None,
             retry_budget: Some(route.retry_budget),
+            resend: None,
         }));
         if route.approval == Approval::Required {
             self.hold(vec![preflight], &fp, reply).await?;

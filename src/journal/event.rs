@@ -193,6 +193,9 @@ pub struct Preflight {
     /// invocation may have. Absent in events written before it was bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_budget: Option<u32>,
+    /// An identical resend sent anyway (SPEC §3.7): its twin and whether the agent asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resend: Option<super::twins::ResendEvidence>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -134,6 +134,8 @@ pub enum Refusal {
     LeaseRefused,
     #[error("the idempotency key is held by {0}")]
     KeyHeld(String),
+    #[error("the resend twin slot names {0} by now")]
+    TwinMoved(String),
 }
 
 /// The time of an event in unix ms; 0 if `ts` is not RFC 3339.
@@ -235,6 +237,9 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             r.evidence.idempotent = Some(pf.idempotent);
             p.safe_until_ms = pf.safe_until_ms;
             p.retry_budget = pf.retry_budget;
+            if let Some(resend) = pf.resend {
+                resend_evidence(&mut r.evidence, resend);
+            }
             reach(p, Phase::CredentialInjection);
         }
         Body::CredentialAuthorized(cred) => {
@@ -454,6 +459,19 @@ fn may_lease(p: &Progress, r: &Record, lease: &super::event::Lease) -> bool {
     match &lease.supersedes {
         None => p.closed,
         Some(s) => s.generation == r.generation && !p.closed && !p.dispatched_this_generation,
+    }
+}
+
+/// SPEC §3.7: a resend sent anyway names its twin.
+fn resend_evidence(evidence: &mut Evidence, resend: super::twins::ResendEvidence) {
+    if let Some(twin) = resend.resend_of {
+        let twin = serde_json::to_value(twin).unwrap_or_default();
+        evidence.extra.insert("resend_of".into(), twin);
+    }
+    if resend.resend_deliberate {
+        evidence
+            .extra
+            .insert("resend_deliberate".into(), true.into());
     }
 }
 

@@ -13,13 +13,15 @@
 //! Generations (`lease`): a retry of an unresolved invocation is a new generation of the
 //! same invocation (`RETRY_LEASED`), and every draft carries the generation its worker
 //! holds, so a worker whose generation was superseded is refused at the dispatch boundary.
-//! `idempotency` decides what a request with a known idempotency key gets.
+//! `idempotency` decides what a request with a known idempotency key gets; `twin` what an
+//! identical resend gets (SPEC §3.7).
 
 mod approval;
 pub mod idempotency;
 pub mod lease;
 pub mod refusals;
 pub mod retry;
+pub mod twin;
 
 pub use lease::LeaseTerms;
 
@@ -28,7 +30,7 @@ use crate::contract::{
     resolve_failure,
 };
 use crate::journal::{
-    Accepted, Appended, Body, ConnectAttempt, Delivered, Dispatch, Draft, Failure, Journal,
+    Accepted, Appended, Body, Claims, ConnectAttempt, Delivered, Dispatch, Draft, Failure, Journal,
     JournalError, KeyClaim, Refusal, StoredResult, new_invocation_id,
 };
 
@@ -143,8 +145,27 @@ impl Invocation {
         drafts: Vec<Draft>,
         claim: KeyClaim,
     ) -> Result<Appended, JournalError> {
+        let claims = Claims {
+            key: Some(claim),
+            twin: None,
+        };
+        self.record_with(drafts, claims).await
+    }
+
+    /// `record`, writing index entries in the same batch. A refused claim writes nothing
+    /// and keeps the drafts pending, so the caller may judge again and retry.
+    pub async fn record_with(
+        &mut self,
+        drafts: Vec<Draft>,
+        claims: Claims,
+    ) -> Result<Appended, JournalError> {
         let all = self.take_drafts(drafts);
-        self.journal.append_claiming(&self.id, all, claim).await
+        let kept = all.clone();
+        let recorded = self.journal.append_with(&self.id, all, claims).await;
+        if let Err(JournalError::Refused(Refusal::KeyHeld(_) | Refusal::TwinMoved(_))) = &recorded {
+            self.pending = kept;
+        }
+        recorded
     }
 
     /// Appends without waiting: for events nothing acts on.

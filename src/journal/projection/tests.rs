@@ -77,6 +77,7 @@ fn body_of(m: &Move, generation: u32) -> (Body, Source, u32) {
             idempotency: None,
             safe_until_ms: None,
             retry_budget: None,
+            resend: None,
         }),
         Move::KeyedPreflight(idempotent, budget) => Body::PreflightValidated(Preflight {
             route: "r".into(),
@@ -86,6 +87,7 @@ fn body_of(m: &Move, generation: u32) -> (Body, Source, u32) {
             idempotency: None,
             safe_until_ms: Some(i64::MAX),
             retry_budget: *budget,
+            resend: None,
         }),
         Move::Connect(ok) => Body::ConnectAttempt(ConnectAttempt {
             n: 1,

@@ -35,6 +35,7 @@ fn preflight(safe_until_ms: Option<i64>) -> Draft {
         idempotency: None,
         safe_until_ms,
         retry_budget: None,
+        resend: None,
     }))
 }
 
@@ -121,6 +122,7 @@ fn the_budget_bound_at_preflight_outlives_a_config_reload() {
         idempotency: None,
         safe_until_ms: Some(i64::MAX),
         retry_budget: Some(0),
+        resend: None,
     }));
     let _ = state(j.append_blocking(&id, vec![accepted(), bound, dispatch()]));
     let unknown = state(j.append_blocking(&id, vec![failed(Code::RemoteOutcomeUnknown)]));

@@ -34,6 +34,7 @@ impl Run {
             idempotency: None,
             safe_until_ms: None,
             retry_budget: Some(target.retry_budget),
+            resend: None,
         };
         let login = match self.login_and_guard() {
             Ok(l) => l,
