@@ -181,11 +181,14 @@ impl Exchange {
             crate::journal::pause_after_lease().await;
         } else if refusal.is_none()
             && self.twin.is_some()
+            && (route.approval == Approval::Required || self.agent_upgrade.is_some())
             && let Err(resp) = self
                 .record_claims(std::mem::take(&mut drafts), None, route)
                 .await
         {
-            // The twin slot is claimed with the preflight, before anything can be sent.
+            // The twin slot is claimed with the preflight, before anything can be sent
+            // (otherwise below: with the preflight, or on a pooled connection with
+            // DISPATCH_STARTED).
             return Outgoing::Respond(resp);
         }
         if let Some(failure) = refusal {
@@ -220,8 +223,13 @@ impl Exchange {
         let key = Pool::key(route, &self.target, self.hop.as_ref());
         let pooled = self.proxy.pool.take_ready(&key).await;
         if pooled.is_some() {
-            // No setup stage to wait for: preflight rides with DISPATCH_STARTED in one write.
+            // No setup stage to wait for: preflight rides with DISPATCH_STARTED in one write
+            // (and the twin slot claim with it: `dispatch_reused`).
             self.inv.defer(drafts);
+        } else if self.twin.is_some() {
+            if let Err(resp) = self.record_claims(drafts, None, route).await {
+                return Outgoing::Respond(resp);
+            }
         } else if !drafts.is_empty() && self.inv.record(drafts).await.is_err() {
             return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
         }

@@ -11,16 +11,18 @@ use http::{HeaderMap, HeaderValue, Response, header};
 use serde_json::json;
 
 use super::exchange::Exchange;
+use super::outgoing::Outgoing;
 use super::respond::{self, ProxyBody};
 use crate::config::Route;
 use crate::contract::{Code, Envelope};
+use crate::journal::Dispatch;
 use crate::journal::{
     Claims, Failure, JournalError, KeyClaim, Refusal, ResendEvidence, State, TwinClaim, TwinEntry,
     TwinSlot, unix_ms,
 };
-use crate::lifecycle::Invocation;
 use crate::lifecycle::lease::{LeaseError, LeaseTerms, attempt_in_progress};
 use crate::lifecycle::twin::{Verdict, judge, twin_ref};
+use crate::lifecycle::{Boundary, Invocation};
 
 /// The request header that asks for a new invocation whatever the twin.
 pub const POSTERN_RESEND: &str = "postern-resend";
@@ -135,6 +137,41 @@ impl Exchange {
             }
         }
         Err(self.fallback(Code::JournalUnavailable))
+    }
+
+    /// The dispatch boundary on a pooled connection with the twin slot claimed in the same
+    /// write; a lost slot is judged again, as in `record_claims`.
+    pub(super) async fn claimed_boundary(
+        &mut self,
+        route: &Route,
+        dispatch: Dispatch,
+    ) -> Result<(), Outgoing> {
+        let hop = self.written_to();
+        for _ in 0..MAX_REJUDGE {
+            let claims = Claims {
+                key: None,
+                twin: self.twin.clone(),
+            };
+            let crossed = self
+                .inv
+                .dispatch_boundary_with(vec![], dispatch.clone(), &hop, claims)
+                .await;
+            match crossed {
+                Ok(()) => {
+                    self.twin = None;
+                    return Ok(());
+                }
+                Err(Boundary::TwinMoved(holder)) => {
+                    self.rejudge(route, &holder)
+                        .await
+                        .map_err(Outgoing::Respond)?;
+                }
+                Err(Boundary::Answer(env)) => {
+                    return Err(Outgoing::Respond(respond::envelope(&env)));
+                }
+            }
+        }
+        Err(Outgoing::Respond(self.fallback(Code::JournalUnavailable)))
     }
 
     /// The slot names `holder` now (it won the compare-and-set): this request judges

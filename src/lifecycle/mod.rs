@@ -34,6 +34,15 @@ use crate::journal::{
     JournalError, KeyClaim, Refusal, StoredResult, new_invocation_id,
 };
 
+/// Why the dispatch boundary was not crossed (nothing may be sent).
+#[derive(Debug)]
+pub enum Boundary {
+    /// Answer this envelope.
+    Answer(Envelope),
+    /// The resend twin slot names this invocation now: judge the resend again against it.
+    TwinMoved(String),
+}
+
 /// An invocation on its way through the lifecycle.
 pub struct Invocation {
     journal: Journal,
@@ -281,19 +290,45 @@ impl Invocation {
     /// From here on nothing is ever `not_attempted`; on `Err` nothing may be sent.
     pub async fn dispatch_boundary(
         &mut self,
-        mut drafts: Vec<Draft>,
+        drafts: Vec<Draft>,
         dispatch: Dispatch,
         hop: &str,
     ) -> Result<(), Envelope> {
+        let crossed = self
+            .dispatch_boundary_with(drafts, dispatch, hop, Claims::default())
+            .await;
+        crossed.map_err(|refused| match refused {
+            Boundary::Answer(env) => env,
+            Boundary::TwinMoved(_) => self.fallback(Code::JournalUnavailable),
+        })
+    }
+
+    /// `dispatch_boundary` with index claims riding the same write (a resend twin slot on
+    /// a pooled connection, where the preflight rides there too). A lost slot leaves the
+    /// deferred drafts pending and nothing written: the caller judges again.
+    pub async fn dispatch_boundary_with(
+        &mut self,
+        mut drafts: Vec<Draft>,
+        dispatch: Dispatch,
+        hop: &str,
+        claims: Claims,
+    ) -> Result<(), Boundary> {
         drafts.push(Draft::observed(Body::DispatchStarted(dispatch)).hop(hop));
-        match self.record(drafts).await {
+        match self.record_with(drafts, claims).await {
             Ok(_) => {
                 self.dispatched = true;
                 Ok(())
             }
+            Err(JournalError::Refused(Refusal::TwinMoved(holder))) => {
+                // Kept pending by `record_with`; a retry brings its own DISPATCH_STARTED.
+                self.pending.pop();
+                Err(Boundary::TwinMoved(holder))
+            }
             // The generation check: a later generation owns the invocation now.
-            Err(JournalError::Refused(Refusal::WrongGeneration { .. })) => Err(self.superseded()),
-            Err(_) => Err(self.fallback(Code::JournalUnavailable)),
+            Err(JournalError::Refused(Refusal::WrongGeneration { .. })) => {
+                Err(Boundary::Answer(self.superseded()))
+            }
+            Err(_) => Err(Boundary::Answer(self.fallback(Code::JournalUnavailable))),
         }
     }
 

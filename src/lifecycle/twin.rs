@@ -62,15 +62,18 @@ pub fn judge(twin: &State, now_ms: i64, keyed_route: bool) -> Verdict {
     }
 }
 
-/// A generation still appends: its agent waits, or left while the exchange runs on.
+/// A generation still appends: its agent waits, or left while the exchange runs on. A
+/// retry of the twin (a later generation) is in progress whoever waits for it: an earlier
+/// generation may have run, so a parallel request would repeat it.
 fn running(twin: &State) -> Verdict {
     if committed_5xx(twin) {
         // Delivering a 5xx the agent has seen in full: an SDK resends it at once.
         return Verdict::Refuse;
     }
-    match twin.record.code {
-        Some(crate::contract::Code::CallerCancelled) => Verdict::InProgress,
-        _ => Verdict::Parallel,
+    let agent_gone = twin.record.code == Some(crate::contract::Code::CallerCancelled);
+    match agent_gone || twin.record.generation > 1 {
+        true => Verdict::InProgress,
+        false => Verdict::Parallel,
     }
 }
 

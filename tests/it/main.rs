@@ -19,6 +19,7 @@ mod limits;
 mod origins;
 mod precedence;
 mod reflection;
+mod resend;
 mod retry;
 mod retry_origins;
 mod serve;

@@ -96,6 +96,15 @@ fn a_running_twin_whose_agent_left_is_in_progress() {
 }
 
 #[test]
+fn a_running_retry_of_the_twin_is_in_progress_whoever_waits() {
+    let mut s = base();
+    s.record.outcome = Outcome::Unknown;
+    s.record.generation = 2;
+    s.progress.dispatched_ever = true;
+    assert_eq!(judge(&s, NOW, true), Verdict::InProgress);
+}
+
+#[test]
 fn a_twin_that_never_crossed_the_boundary_leaves_the_resend_free() {
     let s = closed(
         Outcome::NotAttempted,
