@@ -260,7 +260,7 @@ impl Journal {
             drafts,
             result,
             claim: claims.key,
-            twin: claims.twin,
+            twin: claims.twin.map(Box::new),
             reply,
         };
         self.tx

@@ -41,7 +41,7 @@ pub(super) enum Request {
         /// An idempotency key index entry written in the same batch.
         claim: Option<KeyClaim>,
         /// A twin index entry written in the same batch (SPEC §3.7).
-        twin: Option<TwinClaim>,
+        twin: Option<Box<TwinClaim>>,
         reply: oneshot::Sender<Result<Appended, JournalError>>,
     },
     /// A twin's expiry moved on, if the slot still names it; rides the next sync.
@@ -250,7 +250,11 @@ impl Writer {
         &mut self,
         id: &str,
         drafts: Vec<Draft>,
-        (result, claim, twin): (Option<&StoredResult>, Option<KeyClaim>, Option<TwinClaim>),
+        (result, claim, twin): (
+            Option<&StoredResult>,
+            Option<KeyClaim>,
+            Option<Box<TwinClaim>>,
+        ),
         overlay: &HashMap<String, Arc<State>>,
         (keys, twins): (&HashMap<Vec<u8>, KeyEntry>, &HashMap<Vec<u8>, TwinEntry>),
     ) -> Result<(Staged, Option<KeyWrite>, Option<TwinWrite>), JournalError> {

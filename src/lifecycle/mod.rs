@@ -38,7 +38,7 @@ use crate::journal::{
 #[derive(Debug)]
 pub enum Boundary {
     /// Answer this envelope.
-    Answer(Envelope),
+    Answer(Box<Envelope>),
     /// The resend twin slot names this invocation now: judge the resend again against it.
     TwinMoved(String),
 }
@@ -298,7 +298,7 @@ impl Invocation {
             .dispatch_boundary_with(drafts, dispatch, hop, Claims::default())
             .await;
         crossed.map_err(|refused| match refused {
-            Boundary::Answer(env) => env,
+            Boundary::Answer(env) => *env,
             Boundary::TwinMoved(_) => self.fallback(Code::JournalUnavailable),
         })
     }
@@ -326,9 +326,11 @@ impl Invocation {
             }
             // The generation check: a later generation owns the invocation now.
             Err(JournalError::Refused(Refusal::WrongGeneration { .. })) => {
-                Err(Boundary::Answer(self.superseded()))
+                Err(Boundary::Answer(Box::new(self.superseded())))
             }
-            Err(_) => Err(Boundary::Answer(self.fallback(Code::JournalUnavailable))),
+            Err(_) => Err(Boundary::Answer(Box::new(
+                self.fallback(Code::JournalUnavailable),
+            ))),
         }
     }
 
