@@ -83,6 +83,16 @@ pub struct State {
 }
 
 impl State {
+    /// A first generation still being served to a caller who waits for it: not resolved,
+    /// not closed, its caller not gone (SPEC §3.7: an identical request now is a parallel
+    /// one, not a resend of something that may have run).
+    pub fn awaited(&self) -> bool {
+        !self.progress.closed
+            && self.record.generation == 1
+            && self.record.code != Some(Code::CallerCancelled)
+            && !is_resolved(self.record.outcome)
+    }
+
     /// What the journal proves about the operation's retry semantics, for `contract`.
     pub fn operation(&self) -> OperationFacts {
         let p = &self.progress;

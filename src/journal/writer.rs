@@ -273,7 +273,7 @@ impl Writer {
             None => None,
         };
         let twin = match twin {
-            Some(t) => Some(self.twin_claim(&t, twins)?),
+            Some(t) => Some(self.twin_claim(&t, twins, overlay)?),
             None => None,
         };
         Ok((self.stage(id, drafts, result, overlay)?, key, twin))
@@ -295,19 +295,31 @@ impl Writer {
     }
 
     /// The compare-and-set of a twin claim: refused when the slot names, live, an
-    /// invocation other than the one the lookup saw and the claiming one.
+    /// invocation other than the one the lookup saw and the claiming one — unless that one
+    /// is a first generation still served to its waiting caller (it took the slot since the
+    /// lookup, so it just started): judged again, this request would be a parallel one
+    /// anyway, and identical requests in parallel must not queue behind each other.
     fn twin_claim(
         &self,
         claim: &TwinClaim,
         twins: &HashMap<Vec<u8>, TwinEntry>,
+        overlay: &HashMap<String, Arc<State>>,
     ) -> Result<TwinWrite, JournalError> {
         let index_key = claim.slot.index_key();
         let current = self.live_twin(&index_key, twins)?;
         let now = super::unix_ms((self.clock)());
+        let awaited = |id: &str| {
+            let state = overlay
+                .get(id)
+                .cloned()
+                .or_else(|| self.live.lock().ok().and_then(|l| l.get(id).cloned()));
+            state.is_some_and(|s| s.awaited())
+        };
         if let Some(held) = current.as_ref().filter(|e| {
             e.expires_at_ms > now
                 && Some(&e.invocation_id) != claim.saw.as_ref()
                 && e.invocation_id != claim.entry.invocation_id
+                && !awaited(&e.invocation_id)
         }) {
             return Err(JournalError::Refused(Refusal::TwinMoved(
                 held.invocation_id.clone(),

@@ -66,13 +66,16 @@ pub fn judge(twin: &State, now_ms: i64, keyed_route: bool) -> Verdict {
 /// retry of the twin (a later generation) is in progress whoever waits for it: an earlier
 /// generation may have run, so a parallel request would repeat it.
 fn running(twin: &State) -> Verdict {
-    if committed_5xx(twin) {
-        // Delivering a 5xx the agent has seen in full: an SDK resends it at once.
-        return Verdict::Refuse;
+    if twin.awaited() {
+        return Verdict::Parallel;
     }
-    let agent_gone = twin.record.code == Some(crate::contract::Code::CallerCancelled);
-    match agent_gone || twin.record.generation > 1 {
-        true => Verdict::InProgress,
+    if !crate::contract::is_resolved(twin.record.outcome) {
+        return Verdict::InProgress;
+    }
+    // Resolved, its delivery still running: a 5xx the agent has seen in full is what an
+    // SDK resends at once.
+    match committed_5xx(twin) {
+        true => Verdict::Refuse,
         false => Verdict::Parallel,
     }
 }

@@ -319,6 +319,23 @@ fn two_identical_posts_in_parallel_both_go_out() {
 }
 
 #[test]
+fn many_identical_posts_at_once_all_go_out() {
+    let origin = KeyedOrigin::start(Policy::Ignores, Answer::After(Duration::from_millis(300)));
+    let a = std::sync::Arc::new(Agent::start(origin.port(), "", &[]));
+    let posts: Vec<_> = (0..12)
+        .map(|_| {
+            let a = a.clone();
+            std::thread::spawn(move || a.post(BODY))
+        })
+        .collect();
+    let replies: Vec<Reply> = posts.into_iter().map(|t| t.join().unwrap()).collect();
+    for r in &replies {
+        assert_eq!(r.status, 201, "{}\n{}", r.head, r.body);
+    }
+    assert_eq!(origin.effects(), 12);
+}
+
+#[test]
 fn an_sdk_that_timed_out_resends_while_its_twin_runs_and_gets_attempt_in_progress() {
     let origin = KeyedOrigin::start(Policy::Ignores, Answer::After(Duration::from_millis(2500)));
     let a = Agent::start(origin.port(), "", &[]);

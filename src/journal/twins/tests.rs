@@ -3,7 +3,10 @@
 //! swept after its window.
 
 use super::*;
-use crate::journal::{Accepted, Body, Claims, Draft, JournalOptions, Protocol, Refusal};
+use crate::contract::Code;
+use crate::journal::{
+    Accepted, Body, Claims, Dispatch, Draft, Failure, JournalOptions, Protocol, Refusal,
+};
 
 fn open(dir: &std::path::Path) -> Journal {
     match Journal::open(dir, JournalOptions::default()) {
@@ -69,18 +72,37 @@ fn index_keys_separate_their_parts() {
     assert_ne!(a.index_key(), b.index_key());
 }
 
+fn settled(code: Code) -> Vec<Draft> {
+    let mut drafts = accepted();
+    drafts.push(Draft::observed(Body::Failed(Failure::of(code))));
+    drafts
+}
+
+fn cancelled() -> Vec<Draft> {
+    let mut drafts = accepted();
+    drafts.push(Draft::observed(Body::DispatchStarted(Dispatch::default())).hop("origin"));
+    drafts.push(Draft::observed(Body::Failed(Failure::of(
+        Code::CallerCancelled,
+    ))));
+    drafts
+}
+
 #[test]
-fn a_claim_over_a_stale_view_loses_and_writes_nothing() {
+fn a_claim_over_a_stale_view_loses_to_a_holder_not_awaited_and_writes_nothing() {
     let Ok(dir) = tempfile::tempdir() else { return };
     let rt = rt();
     let later = i64::MAX / 2;
-    let ids: Vec<String> = (0..3)
+    let ids: Vec<String> = (0..4)
         .map(|_| crate::journal::new_invocation_id())
         .collect();
     {
         let j = open(dir.path());
-        // Both saw an empty slot; the first takes it, the second loses to it.
-        let first = rt.block_on(j.append_with(&ids[0], accepted(), claim(&ids[0], None, later)));
+        // Both saw an empty slot; the first took it and settled, the second loses to it.
+        let first = rt.block_on(j.append_with(
+            &ids[0],
+            settled(Code::RouteDenied),
+            claim(&ids[0], None, later),
+        ));
         assert!(first.is_ok(), "{first:?}");
         let lost = rt.block_on(j.append_with(&ids[1], accepted(), claim(&ids[1], None, later)));
         assert_eq!(
@@ -88,12 +110,22 @@ fn a_claim_over_a_stale_view_loses_and_writes_nothing() {
             Some(JournalError::Refused(Refusal::TwinMoved(ids[0].clone())))
         );
         assert_eq!(j.events(&ids[1]).map(|e| e.len()).ok(), Some(0));
-        // Judged again against the winner, it takes the slot over it.
+        // Judged again against the holder, it takes the slot over it.
         let again =
             rt.block_on(j.append_with(&ids[1], accepted(), claim(&ids[1], Some(&ids[0]), later)));
         assert!(again.is_ok(), "{again:?}");
+        // A holder whose caller left is not awaited either.
+        let gone =
+            rt.block_on(j.append_with(&ids[2], cancelled(), claim(&ids[2], Some(&ids[1]), later)));
+        assert!(gone.is_ok(), "{gone:?}");
+        let stale =
+            rt.block_on(j.append_with(&ids[3], accepted(), claim(&ids[3], Some(&ids[1]), later)));
+        assert_eq!(
+            stale.err(),
+            Some(JournalError::Refused(Refusal::TwinMoved(ids[2].clone())))
+        );
         // A claim riding another invocation's append is refused outright.
-        let foreign = rt.block_on(j.append_with(&ids[2], accepted(), claim(&ids[1], None, later)));
+        let foreign = rt.block_on(j.append_with(&ids[3], accepted(), claim(&ids[1], None, later)));
         assert_eq!(
             foreign.err(),
             Some(JournalError::Refused(Refusal::UnknownInvocation))
@@ -106,26 +138,36 @@ fn a_claim_over_a_stale_view_loses_and_writes_nothing() {
             .ok()
             .flatten()
             .map(|e| e.invocation_id),
-        Some(ids[1].clone())
+        Some(ids[2].clone())
     );
 }
 
 #[test]
-fn two_claims_in_one_group_do_not_both_win() {
+fn identical_requests_in_parallel_do_not_queue_behind_each_other() {
     let Ok(dir) = tempfile::tempdir() else { return };
     let rt = rt();
     let j = open(dir.path());
-    let (a, b) = (
-        crate::journal::new_invocation_id(),
-        crate::journal::new_invocation_id(),
-    );
+    let ids: Vec<String> = (0..3)
+        .map(|_| crate::journal::new_invocation_id())
+        .collect();
+    let later = i64::MAX / 2;
+    // In one group and across groups: the slot's holder is served to a waiting caller.
     let (ra, rb) = rt.block_on(async {
         tokio::join!(
-            j.append_with(&a, accepted(), claim(&a, None, i64::MAX / 2)),
-            j.append_with(&b, accepted(), claim(&b, None, i64::MAX / 2)),
+            j.append_with(&ids[0], accepted(), claim(&ids[0], None, later)),
+            j.append_with(&ids[1], accepted(), claim(&ids[1], None, later)),
         )
     });
-    assert!(ra.is_ok() != rb.is_ok(), "exactly one wins: {ra:?} {rb:?}");
+    assert!(ra.is_ok() && rb.is_ok(), "{ra:?} {rb:?}");
+    let rc = rt.block_on(j.append_with(&ids[2], accepted(), claim(&ids[2], None, later)));
+    assert!(rc.is_ok(), "{rc:?}");
+    assert_eq!(
+        j.twin_entry(&slot())
+            .ok()
+            .flatten()
+            .map(|e| e.invocation_id),
+        Some(ids[2].clone())
+    );
 }
 
 #[test]
