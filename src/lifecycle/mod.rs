@@ -171,6 +171,7 @@ impl Invocation {
         let all = self.take_drafts(drafts);
         let kept = all.clone();
         let recorded = self.journal.append_with(&self.id, all, claims).await;
+        self.note_superseded(&recorded);
         if let Err(JournalError::Refused(Refusal::KeyHeld(_) | Refusal::TwinMoved(_))) = &recorded {
             self.pending = kept;
         }
