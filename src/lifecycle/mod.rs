@@ -169,10 +169,13 @@ impl Invocation {
         claims: Claims,
     ) -> Result<Appended, JournalError> {
         let all = self.take_drafts(drafts);
-        let kept = all.clone();
+        let claimed = claims.key.is_some() || claims.twin.is_some();
+        let kept = claimed.then(|| all.clone());
         let recorded = self.journal.append_with(&self.id, all, claims).await;
         self.note_superseded(&recorded);
-        if let Err(JournalError::Refused(Refusal::KeyHeld(_) | Refusal::TwinMoved(_))) = &recorded {
+        if let Err(JournalError::Refused(Refusal::KeyHeld(_) | Refusal::TwinMoved(_))) = &recorded
+            && let Some(kept) = kept
+        {
             self.pending = kept;
         }
         recorded
