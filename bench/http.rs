@@ -447,6 +447,16 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
+/// Bytes a process caused to be written to storage (`write_bytes` of /proc/PID/io; 0 if
+/// unreadable). Compactions that run later count in a later cell.
+fn written_bytes(pid: u32) -> f64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Median and p99 delay between an SSE event's send time and its arrival.
 async fn sse_latency(
     target: SocketAddr,
@@ -516,9 +526,9 @@ fn main() {
     );
     println!();
     println!(
-        "| request | concurrency | path | req/s | p50 | p99 | ratio to direct | postern CPU s / 1000 req |"
+        "| request | concurrency | path | req/s | p50 | p99 | ratio to direct | postern CPU s / 1000 req | postern disk KB / req |"
     );
-    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
     for (post, label) in [(false, "GET small"), (true, "POST 1 KiB")] {
         for concurrency in [1usize, 32] {
             let direct = rt.block_on(load(
@@ -529,7 +539,7 @@ fn main() {
                 post,
             ));
             println!(
-                "| {label} | {concurrency} | direct | {:.0} | {} | {} | 1.00 | - |",
+                "| {label} | {concurrency} | direct | {:.0} | {} | {} | 1.00 | - | - |",
                 direct.per_sec,
                 us(direct.p50),
                 us(direct.p99)
@@ -543,7 +553,7 @@ fn main() {
                     post,
                 ));
                 println!(
-                    "| {label} | {concurrency} | bare relay (no journal) | {:.0} | {} | {} | {:.2} | - |",
+                    "| {label} | {concurrency} | bare relay (no journal) | {:.0} | {} | {} | {:.2} | - | - |",
                     cell.per_sec,
                     us(cell.p50),
                     us(cell.p99),
@@ -555,16 +565,19 @@ fn main() {
                     continue;
                 }
                 let tls = tls_client(&std::fs::read(&p.ca).unwrap());
-                let cpu0 = cpu_seconds(p.child.id());
+                let (cpu0, disk0) = (cpu_seconds(p.child.id()), written_bytes(p.child.id()));
                 let cell = rt.block_on(load(origin.addr, Some(p.proxy), tls, concurrency, post));
                 let cpu = cpu_seconds(p.child.id()) - cpu0;
+                let disk = written_bytes(p.child.id()) - disk0;
+                let served = cell.served.max(1) as f64;
                 println!(
-                    "| {label} | {concurrency} | {name} | {:.0} | {} | {} | {:.2} | {:.2} |",
+                    "| {label} | {concurrency} | {name} | {:.0} | {} | {} | {:.2} | {:.2} | {:.1} |",
                     cell.per_sec,
                     us(cell.p50),
                     us(cell.p99),
                     cell.per_sec / direct.per_sec,
-                    cpu / (cell.served.max(1) as f64 / 1000.0)
+                    cpu / (served / 1000.0),
+                    disk / served / 1024.0
                 );
             }
         }

@@ -99,6 +99,7 @@ fn steps(method: &str, id: &str, expires_at_ms: i64) -> Vec<(Draft, Option<Store
                 safe_until_ms: None,
                 retry_budget: None,
                 credential_placeholder: false,
+                resend: None,
             })),
             None,
         ),

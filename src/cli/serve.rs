@@ -402,6 +402,9 @@ async fn expire_results(journal: Journal) {
         if let Err(e) = journal.expire_keys().await {
             tracing::warn!(error = %e, "idempotency key retention sweep failed");
         }
+        if let Err(e) = journal.expire_twins().await {
+            tracing::warn!(error = %e, "resend twin window sweep failed");
+        }
     }
 }
 

@@ -205,6 +205,8 @@ pub struct Route {
     /// The upstream proxy hop the route's traffic goes through (SPEC §3.6).
     pub via: Option<Via>,
     pub status_outcomes: BTreeMap<u16, Outcome>,
+    /// How long an invocation stays the twin of identical resends (SPEC §3.7); zero: off.
+    pub resend_window: Duration,
 }
 
 /// A `via` hop: `http://host:port`, and the Basic credential sent to it alone.

@@ -131,6 +131,7 @@ pub struct RawRoute {
     pub via: Option<String>,
     pub via_credential: Option<String>,
     pub status_outcomes: Option<BTreeMap<String, String>>,
+    pub resend_window: Option<Quantity>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -57,6 +57,7 @@ match = { host = "API.example.test" }
     assert_eq!(r.connect_timeout, std::time::Duration::from_secs(5));
     assert_eq!(r.response_timeout, std::time::Duration::from_secs(30));
     assert_eq!(r.idle_timeout, std::time::Duration::from_secs(60));
+    assert_eq!(r.resend_window, std::time::Duration::from_secs(600));
     assert_eq!(r.delivery, Delivery::Auto);
     assert!(r.intercept && !r.allow_private);
     assert_eq!(

@@ -749,5 +749,10 @@ fn route(
         resolve,
         via,
         status_outcomes,
+        resend_window: c.duration(
+            &format!("{p}.resend_window"),
+            r.resend_window.as_ref(),
+            Duration::from_secs(600),
+        ),
     }
 }

@@ -139,6 +139,8 @@ pub enum Code {
     RetryBudgetExhausted,
     RemoteExecRejected,
     ResultDeliveryFailed,
+    /// An identical resend of an invocation that may have run (SPEC §3.7): nothing sent.
+    ResendRefused,
     ResultStoreFailed,
 }
 
@@ -181,6 +183,7 @@ str_enum!(Code {
     RetryBudgetExhausted => "RETRY_BUDGET_EXHAUSTED",
     RemoteExecRejected => "REMOTE_EXEC_REJECTED",
     ResultDeliveryFailed => "RESULT_DELIVERY_FAILED",
+    ResendRefused => "RESEND_REFUSED",
     ResultStoreFailed => "RESULT_STORE_FAILED",
 });
 
@@ -289,6 +292,7 @@ impl Code {
                 O::Own,
                 R::Fixed(Retry::FetchResult),
             ),
+            ResendRefused => (P::Fixed(Phase::Validation), NA, R::Fixed(Retry::Reconcile)),
             ResultStoreFailed => (
                 P::Fixed(Phase::ResultDelivery),
                 O::CommittedIfProvable,
@@ -319,7 +323,7 @@ impl Code {
             InvalidTarget | UnsupportedAction | MalformedRequest | UnknownCredential => 400,
             PayloadLimit => 413,
             IdempotencyMismatch => 422,
-            AttemptInProgress | FingerprintChanged | RetryBudgetExhausted => 409,
+            AttemptInProgress | FingerprintChanged | RetryBudgetExhausted | ResendRefused => 409,
             VaultLocked | JournalUnavailable => 503,
             CredentialMissing | InjectionModeUnsupported | CredentialDecryptFailed => 500,
             ConnectTimeout | RemoteTimeout => 504,
@@ -352,9 +356,8 @@ impl Code {
             | ApprovalTimeout => "http_request_denied",
             InvalidTarget | UnsupportedAction | MalformedRequest | PayloadLimit
             | UnknownCredential => "http_request_error",
-            IdempotencyMismatch | AttemptInProgress | FingerprintChanged | RetryBudgetExhausted => {
-                "proxy_internal_response"
-            }
+            IdempotencyMismatch | AttemptInProgress | FingerprintChanged | RetryBudgetExhausted
+            | ResendRefused => "proxy_internal_response",
             VaultLocked | JournalUnavailable | BrokerRestartedBeforeDispatch => {
                 "proxy_internal_error"
             }
@@ -422,6 +425,9 @@ impl Code {
             RetryBudgetExhausted => "The retry budget for this invocation is spent.",
             RemoteExecRejected => "The remote refused to run the command.",
             ResultDeliveryFailed => "The result is stored but could not be delivered in full.",
+            ResendRefused => {
+                "An identical earlier request may have run; reconcile it before sending again."
+            }
             ResultStoreFailed => "The remote completed but its result could not be stored.",
         }
     }

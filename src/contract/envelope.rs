@@ -352,6 +352,7 @@ mod tests {
             (Code::AttemptInProgress, 409, "proxy_internal_response"),
             (Code::FingerprintChanged, 409, "proxy_internal_response"),
             (Code::RetryBudgetExhausted, 409, "proxy_internal_response"),
+            (Code::ResendRefused, 409, "proxy_internal_response"),
             (Code::VaultLocked, 503, "proxy_internal_error"),
             (Code::CredentialMissing, 500, "proxy_configuration_error"),
             (

@@ -277,6 +277,7 @@ mod tests {
                 AfterCorrection,
             ),
             (AttemptInProgress, Validation, NotAttempted, FetchResult),
+            (ResendRefused, Validation, NotAttempted, Reconcile),
             (JournalUnavailable, Validation, NotAttempted, Backoff),
             (
                 VaultLocked,

@@ -135,7 +135,12 @@ impl Exchange {
             address: Some(conn.address.clone()),
             tls: conn.tls.clone(),
         };
-        if let Err(out) = self.dispatch_boundary(vec![], dispatch).await {
+        let crossed = match self.twin.is_some() {
+            // The preflight and the twin slot ride with DISPATCH_STARTED: one write.
+            true => self.claimed_boundary(route, dispatch).await,
+            false => self.dispatch_boundary(vec![], dispatch).await,
+        };
+        if let Err(out) = crossed {
             return out;
         }
         crate::journal::pause_before_send().await;
@@ -159,7 +164,7 @@ impl Exchange {
 
     /// Who the request's bytes go to: the hop for an http origin behind one, else the
     /// origin (an https origin's TLS runs end to end through the hop's tunnel).
-    fn written_to(&self) -> String {
+    pub(super) fn written_to(&self) -> String {
         self.plain_hop()
             .map_or_else(|| "origin".to_owned(), |h| h.evidence_name(None))
     }

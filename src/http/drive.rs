@@ -123,6 +123,13 @@ impl Exchange {
         if let Err(resp) = self.same_operation(&fp).await {
             return Outgoing::Respond(resp);
         }
+        let resend = match self
+            .resend_check(route, &parts.headers, &fp, idempotent)
+            .await
+        {
+            Ok(r) => r,
+            Err(resp) => return Outgoing::Respond(resp),
+        };
         let key_use = match &route.idempotency {
             Some(c) => match self.keyed(route, c, &parts.headers, &fp).await {
                 Ok(k) => k,
@@ -141,6 +148,7 @@ impl Exchange {
             safe_until_ms: binding.as_ref().map(|b| b.safe_until_ms),
             retry_budget: Some(route.retry_budget),
             credential_placeholder: placeholder,
+            resend,
         };
         let mut drafts = Vec::new();
         let mut refusal = None;
@@ -172,12 +180,23 @@ impl Exchange {
             // The key is claimed with the preflight, before anything can be sent (a refused
             // credential too: the key then names a not_attempted invocation to retry).
             if let Err(resp) = self
-                .record_claimed(std::mem::take(&mut drafts), binding)
+                .record_claims(std::mem::take(&mut drafts), Some(binding.claim), route)
                 .await
             {
                 return Outgoing::Respond(resp);
             }
             crate::journal::pause_after_lease().await;
+        } else if refusal.is_none()
+            && self.twin.is_some()
+            && (route.approval == Approval::Required || self.agent_upgrade.is_some())
+            && let Err(resp) = self
+                .record_claims(std::mem::take(&mut drafts), None, route)
+                .await
+        {
+            // The twin slot is claimed with the preflight, before anything can be sent
+            // (otherwise below: with the preflight, or on a pooled connection with
+            // DISPATCH_STARTED).
+            return Outgoing::Respond(resp);
         }
         if let Some(failure) = refusal {
             return Outgoing::Respond(self.fail(drafts, failure).await);
@@ -211,8 +230,13 @@ impl Exchange {
         let key = Pool::key(route, &self.target, self.hop.as_ref());
         let pooled = self.proxy.pool.take_ready(&key).await;
         if pooled.is_some() {
-            // No setup stage to wait for: preflight rides with DISPATCH_STARTED in one write.
+            // No setup stage to wait for: preflight rides with DISPATCH_STARTED in one write
+            // (and the twin slot claim with it: `dispatch_reused`).
             self.inv.defer(drafts);
+        } else if self.twin.is_some() {
+            if let Err(resp) = self.record_claims(drafts, None, route).await {
+                return Outgoing::Respond(resp);
+            }
         } else if !drafts.is_empty() && self.inv.record(drafts).await.is_err() {
             return Outgoing::Respond(self.fallback(Code::JournalUnavailable));
         }

@@ -62,6 +62,8 @@ pub(super) struct Exchange {
     pub(super) agent_upgrade: Option<hyper::upgrade::OnUpgrade>,
     /// The agent's place under `max_busy_per_agent`, held while the exchange runs.
     pub(super) busy: Option<crate::listen::Busy>,
+    /// The twin slot this request claims with its preflight (SPEC §3.7 resends).
+    pub(super) twin: Option<crate::journal::TwinClaim>,
 }
 
 impl Exchange {
@@ -132,6 +134,7 @@ impl Exchange {
             flush: None,
             agent_upgrade: None,
             busy: None,
+            twin: None,
         }
     }
 

@@ -15,11 +15,9 @@ use crate::contract::{
     Code, Envelope, FailureContext, OperationFacts, Outcome, Phase, ResponseFacts, Retry,
     classify_status, postern_outcome, resolve_failure, should_retry_value,
 };
-use crate::journal::{
-    Failure, JournalError, KeySlot, Payload, Refusal, State, StoredResult, unb64,
-};
+use crate::journal::{Failure, KeySlot, Payload, State, StoredResult, unb64};
 use crate::lifecycle::idempotency::{KeyBinding, KeyContract, KeyedRequest, Turn, bind, take_turn};
-use crate::lifecycle::lease::{LeaseTerms, attempt_in_progress};
+use crate::lifecycle::lease::LeaseTerms;
 
 /// Marks an answer replayed from the result store (no dispatch).
 pub const POSTERN_REPLAYED: &str = "postern-replayed";
@@ -169,25 +167,6 @@ impl Exchange {
         )
     }
 
-    /// Records the preflight with the key claimed in the same write. Another request that
-    /// claimed the key first holds it: `ATTEMPT_IN_PROGRESS` for that invocation.
-    pub(super) async fn record_claimed(
-        &mut self,
-        drafts: Vec<crate::journal::Draft>,
-        binding: KeyBinding,
-    ) -> Result<(), Response<ProxyBody>> {
-        match self.inv.record_claiming(drafts, binding.claim).await {
-            Ok(_) => Ok(()),
-            Err(JournalError::Refused(Refusal::KeyHeld(holder))) => {
-                match self.proxy.journal.state(&holder) {
-                    Ok(Some(s)) => Err(respond::envelope(&attempt_in_progress(&s))),
-                    _ => Err(self.fallback(Code::JournalUnavailable)),
-                }
-            }
-            Err(_) => Err(self.fallback(Code::JournalUnavailable)),
-        }
-    }
-
     /// Same key, another request: refused as its own `not_attempted` invocation, naming
     /// the invocation that holds the key.
     async fn mismatch(
@@ -211,9 +190,9 @@ impl Exchange {
         self.fail(vec![], f).await
     }
 
-    /// The key's invocation is resolved: its stored result, under its own id, marked
+    /// The key's (or resend twin's) invocation is resolved: its stored result, under its own id, marked
     /// `Postern-Replayed: true`. Nothing is dispatched and nothing is journaled.
-    fn replay(&self, route: &Route, state: &State) -> Response<ProxyBody> {
+    pub(super) fn replay(&self, route: &Route, state: &State) -> Response<ProxyBody> {
         let id = &state.record.invocation_id;
         let stored = self.proxy.journal.result(id).ok().flatten();
         let mut resp = match stored.as_ref().and_then(replayable) {
@@ -231,7 +210,7 @@ impl Exchange {
             }
             None => respond::envelope(&unreplayable(state)),
         };
-        tracing::info!(invocation = %id, agent = %self.agent, "replayed a stored result for a reused idempotency key");
+        tracing::info!(invocation = %id, agent = %self.agent, "replayed a stored result (a reused idempotency key or an identical resend)");
         resp.headers_mut()
             .insert(POSTERN_REPLAYED, HeaderValue::from_static("true"));
         resp

@@ -38,6 +38,7 @@ mod sniff;
 mod stream;
 mod tap;
 mod tunnel;
+mod twin;
 mod upgrade;
 pub mod upstream;
 

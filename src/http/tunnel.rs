@@ -144,6 +144,7 @@ impl Tunnel {
             safe_until_ms: None,
             retry_budget: Some(route.retry_budget),
             credential_placeholder: false,
+            resend: None,
         }));
         if route.approval == Approval::Required {
             self.hold(vec![preflight], &fp, reply).await?;

@@ -196,6 +196,9 @@ pub struct Preflight {
     /// The agent sent the credential's placeholder where it is injected (SPEC §3.7).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub credential_placeholder: bool,
+    /// An identical resend sent anyway (SPEC §3.7): its twin and whether the agent asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resend: Option<super::twins::ResendEvidence>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

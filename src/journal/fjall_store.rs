@@ -10,6 +10,7 @@ use super::projection::State;
 use super::request::StoredRequest;
 use super::result::StoredResult;
 use super::store::{EventStore, RawEvent, StoreError, WriteSet};
+use super::twins::{TwinEntry, TwinWrite};
 
 /// Journal storage in one fjall database.
 pub struct FjallStore {
@@ -24,6 +25,9 @@ pub struct FjallStore {
     /// Idempotency key index: scope, agent, key → `KeyEntry`.
     keys: Keyspace,
     key_expiry: Keyspace,
+    /// Twin index (SPEC §3.7): agent, route, fingerprint → `TwinEntry`.
+    twins: Keyspace,
+    twin_expiry: Keyspace,
 }
 
 impl From<fjall::Error> for StoreError {
@@ -112,6 +116,8 @@ impl FjallStore {
             result_expiry: ks_small("result_expiry")?,
             keys: ks_small("idempotency_keys")?,
             key_expiry: ks_small("idempotency_key_expiry")?,
+            twins: ks_small("resend_twins")?,
+            twin_expiry: ks_small("resend_twin_expiry")?,
             db,
         })
     }
@@ -162,6 +168,7 @@ impl EventStore for FjallStore {
             batch.remove(&self.result_expiry, expiry_key(*at_ms, id));
         }
         self.write_keys(&mut batch, &set.keys, &set.expired_keys)?;
+        self.write_twins(&mut batch, &set.twins, &set.expired_twins)?;
         batch.commit()?;
         self.db.persist(PersistMode::Buffer)?;
         Ok(())
@@ -285,17 +292,35 @@ impl EventStore for FjallStore {
     }
 
     fn expired_keys(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
-        let mut out = Vec::new();
-        for guard in self.key_expiry.iter().take(limit) {
-            let k = guard.key()?;
-            let (at_ms, index_key) = split_expiry(&k)?;
-            if at_ms > now_ms {
-                break;
-            }
-            out.push((at_ms, index_key.to_vec()));
-        }
-        Ok(out)
+        due_rows(&self.key_expiry, now_ms, limit)
     }
+
+    fn twin_entry(&self, index_key: &[u8]) -> Result<Option<TwinEntry>, StoreError> {
+        match self.twins.get(index_key)? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| corrupt("twin entry", e)),
+        }
+    }
+
+    fn expired_twins(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+        due_rows(&self.twin_expiry, now_ms, limit)
+    }
+}
+
+/// Expiry rows (time, then the indexed key) due at or before `now_ms`, oldest first.
+fn due_rows(rows: &Keyspace, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+    let mut out = Vec::new();
+    for guard in rows.iter().take(limit) {
+        let k = guard.key()?;
+        let (at_ms, index_key) = split_expiry(&k)?;
+        if at_ms > now_ms {
+            break;
+        }
+        out.push((at_ms, index_key.to_vec()));
+    }
+    Ok(out)
 }
 
 impl FjallStore {
@@ -325,6 +350,38 @@ impl FjallStore {
             );
             batch.insert(
                 &self.key_expiry,
+                expiry_key_bytes(w.entry.expires_at_ms, &w.index_key),
+                [],
+            );
+        }
+        Ok(())
+    }
+
+    /// Twin index rows, as `write_keys` does for the key index.
+    fn write_twins(
+        &self,
+        batch: &mut fjall::OwnedWriteBatch,
+        twins: &[TwinWrite],
+        expired: &[(i64, Vec<u8>)],
+    ) -> Result<(), StoreError> {
+        for (at_ms, index_key) in expired {
+            batch.remove(&self.twin_expiry, expiry_key_bytes(*at_ms, index_key));
+            let current = self.twin_entry(index_key)?;
+            if current.is_some_and(|e| e.expires_at_ms <= *at_ms) {
+                batch.remove(&self.twins, index_key.as_slice());
+            }
+        }
+        for w in twins {
+            if let Some(old) = w.replaces_expiry {
+                batch.remove(&self.twin_expiry, expiry_key_bytes(old, &w.index_key));
+            }
+            batch.insert(
+                &self.twins,
+                w.index_key.as_slice(),
+                to_json("twin entry", &w.entry)?,
+            );
+            batch.insert(
+                &self.twin_expiry,
                 expiry_key_bytes(w.entry.expires_at_ms, &w.index_key),
                 [],
             );

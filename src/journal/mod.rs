@@ -21,6 +21,7 @@ mod request;
 mod result;
 mod space;
 mod store;
+mod twins;
 mod writer;
 
 use std::path::Path;
@@ -44,6 +45,7 @@ pub use request::StoredRequest;
 pub use result::{HttpResult, Payload, SshResult, StoredResult, TunnelResult, as_text, b64, unb64};
 pub use space::SpaceGuard;
 pub use store::{EventStore, RawEvent, StoreError, WriteSet};
+pub use twins::{ResendEvidence, TwinClaim, TwinEntry, TwinRef, TwinSlot, TwinWrite};
 pub use writer::{Appended, LiveStates, needs_sync_rule, rfc3339};
 
 use crate::contract::{Code, RecoveryFacts, recovery_code};
@@ -108,6 +110,16 @@ pub struct Journal {
     health: Arc<Health>,
     metrics: JournalMetrics,
     options: JournalOptions,
+}
+
+/// Index entries written in the same batch as an append (nothing is written if one is
+/// refused).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claims {
+    /// An idempotency key (refused with `Refusal::KeyHeld`).
+    pub key: Option<KeyClaim>,
+    /// A resend twin (refused with `Refusal::TwinMoved`).
+    pub twin: Option<TwinClaim>,
 }
 
 /// A fresh invocation id: `act_<ULID>`.
@@ -179,7 +191,8 @@ impl Journal {
         invocation_id: &str,
         drafts: Vec<Draft>,
     ) -> Result<Appended, JournalError> {
-        self.submit(invocation_id, drafts, None, None).await
+        self.submit(invocation_id, drafts, None, Claims::default())
+            .await
     }
 
     /// `append`, writing an idempotency key's index entry in the same batch; refused
@@ -190,7 +203,22 @@ impl Journal {
         drafts: Vec<Draft>,
         claim: KeyClaim,
     ) -> Result<Appended, JournalError> {
-        self.submit(invocation_id, drafts, None, Some(claim)).await
+        let claims = Claims {
+            key: Some(claim),
+            twin: None,
+        };
+        self.submit(invocation_id, drafts, None, claims).await
+    }
+
+    /// `append`, writing index entries in the same batch; refused, with nothing written,
+    /// when a claim is (`Refusal::KeyHeld`, `Refusal::TwinMoved`).
+    pub async fn append_with(
+        &self,
+        invocation_id: &str,
+        drafts: Vec<Draft>,
+        claims: Claims,
+    ) -> Result<Appended, JournalError> {
+        self.submit(invocation_id, drafts, None, claims).await
     }
 
     /// Queues drafts that need no ack on the hot path; order with later appends is kept
@@ -202,6 +230,7 @@ impl Journal {
             drafts,
             result: None,
             claim: None,
+            twin: None,
             reply,
         };
         let _ = self.tx.send(request).await;
@@ -214,7 +243,8 @@ impl Journal {
         drafts: Vec<Draft>,
         result: StoredResult,
     ) -> Result<Appended, JournalError> {
-        self.submit(invocation_id, drafts, Some(result), None).await
+        self.submit(invocation_id, drafts, Some(result), Claims::default())
+            .await
     }
 
     async fn submit(
@@ -222,14 +252,15 @@ impl Journal {
         invocation_id: &str,
         drafts: Vec<Draft>,
         result: Option<StoredResult>,
-        claim: Option<KeyClaim>,
+        claims: Claims,
     ) -> Result<Appended, JournalError> {
         let (reply, rx) = oneshot::channel();
         let request = Request::Append {
             invocation_id: invocation_id.to_owned(),
             drafts,
             result,
-            claim,
+            claim: claims.key,
+            twin: claims.twin.map(Box::new),
             reply,
         };
         self.tx
@@ -251,6 +282,7 @@ impl Journal {
             drafts,
             result: None,
             claim: None,
+            twin: None,
             reply,
         };
         self.tx

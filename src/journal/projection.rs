@@ -86,6 +86,16 @@ pub struct State {
 }
 
 impl State {
+    /// A first generation still being served to a caller who waits for it: not resolved,
+    /// not closed, its caller not gone (SPEC §3.7: an identical request now is a parallel
+    /// one, not a resend of something that may have run).
+    pub fn awaited(&self) -> bool {
+        !self.progress.closed
+            && self.record.generation == 1
+            && self.record.code != Some(Code::CallerCancelled)
+            && !is_resolved(self.record.outcome)
+    }
+
     /// What the journal proves about the operation's retry semantics, for `contract`.
     pub fn operation(&self) -> OperationFacts {
         let p = &self.progress;
@@ -137,6 +147,8 @@ pub enum Refusal {
     LeaseRefused,
     #[error("the idempotency key is held by {0}")]
     KeyHeld(String),
+    #[error("the resend twin slot names {0} by now")]
+    TwinMoved(String),
 }
 
 /// The time of an event in unix ms; 0 if `ts` is not RFC 3339.
@@ -239,6 +251,9 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             p.safe_until_ms = pf.safe_until_ms;
             p.retry_budget = pf.retry_budget;
             r.evidence.credential_placeholder = pf.credential_placeholder.then_some(true);
+            if let Some(resend) = pf.resend {
+                resend_evidence(&mut r.evidence, resend);
+            }
             reach(p, Phase::CredentialInjection);
         }
         Body::CredentialAuthorized(cred) => {
@@ -459,6 +474,19 @@ fn may_lease(p: &Progress, r: &Record, lease: &super::event::Lease) -> bool {
     match &lease.supersedes {
         None => p.closed,
         Some(s) => s.generation == r.generation && !p.closed && !p.dispatched_this_generation,
+    }
+}
+
+/// SPEC §3.7: a resend sent anyway names its twin.
+fn resend_evidence(evidence: &mut Evidence, resend: super::twins::ResendEvidence) {
+    if let Some(twin) = resend.resend_of {
+        let twin = serde_json::to_value(twin).unwrap_or_default();
+        evidence.extra.insert("resend_of".into(), twin);
+    }
+    if resend.resend_deliberate {
+        evidence
+            .extra
+            .insert("resend_deliberate".into(), true.into());
     }
 }
 

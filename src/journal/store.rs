@@ -8,6 +8,7 @@ use super::keys::{KeyEntry, KeyWrite};
 use super::projection::State;
 use super::request::StoredRequest;
 use super::result::StoredResult;
+use super::twins::{TwinEntry, TwinWrite};
 
 /// A storage failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,6 +41,10 @@ pub struct WriteSet {
     /// Expiry rows of the key index that came due: (expiry, index key). The entry goes
     /// with its row only if it was not refreshed meanwhile.
     pub expired_keys: Vec<(i64, Vec<u8>)>,
+    /// Twin index entries claimed or refreshed (SPEC §3.7).
+    pub twins: Vec<TwinWrite>,
+    /// Expiry rows of the twin index that came due, as `expired_keys`.
+    pub expired_twins: Vec<(i64, Vec<u8>)>,
 }
 
 impl WriteSet {
@@ -50,6 +55,8 @@ impl WriteSet {
             && self.expired_results.is_empty()
             && self.keys.is_empty()
             && self.expired_keys.is_empty()
+            && self.twins.is_empty()
+            && self.expired_twins.is_empty()
     }
 }
 
@@ -87,4 +94,8 @@ pub trait EventStore: Send + Sync + 'static {
     fn key_entry(&self, index_key: &[u8]) -> Result<Option<KeyEntry>, StoreError>;
     /// Key index expiry rows due at or before `now_ms`: (expiry, index key).
     fn expired_keys(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError>;
+    /// The twin index entry under `index_key`, expired or not.
+    fn twin_entry(&self, index_key: &[u8]) -> Result<Option<TwinEntry>, StoreError>;
+    /// Twin index expiry rows due at or before `now_ms`: (expiry, index key).
+    fn expired_twins(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError>;
 }

@@ -35,6 +35,7 @@ fn preflight(idempotent: bool) -> Draft {
         safe_until_ms: None,
         retry_budget: None,
         credential_placeholder: false,
+        resend: None,
     }))
 }
 
@@ -454,6 +455,12 @@ impl EventStore for FailingSync {
     }
     fn expired_keys(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
         self.inner.expired_keys(now_ms, limit)
+    }
+    fn twin_entry(&self, index_key: &[u8]) -> Result<Option<super::TwinEntry>, StoreError> {
+        self.inner.twin_entry(index_key)
+    }
+    fn expired_twins(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+        self.inner.expired_twins(now_ms, limit)
     }
 }
 

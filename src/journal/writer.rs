@@ -19,6 +19,7 @@ use super::projection::{Refusal, State, apply_body, replay};
 use super::request::StoredRequest;
 use super::result::StoredResult;
 use super::store::{EventStore, StoreError, WriteSet};
+use super::twins::{TwinClaim, TwinEntry, TwinWrite};
 use super::{Durability, JournalError};
 
 /// Open invocations' current states, shared by the writer (which updates them after
@@ -41,8 +42,14 @@ pub(super) enum Request {
         result: Option<StoredResult>,
         /// An idempotency key index entry written in the same batch.
         claim: Option<KeyClaim>,
+        /// A twin index entry written in the same batch (SPEC §3.7).
+        twin: Option<Box<TwinClaim>>,
         reply: oneshot::Sender<Result<Appended, JournalError>>,
     },
+    /// A twin's expiry moved on, if the slot still names it; rides the next sync.
+    TouchTwin { claim: TwinClaim },
+    /// Twin index expiry rows that came due: (expiry, index key).
+    ExpireTwins { twins: Vec<(i64, Vec<u8>)> },
     /// A key index entry alone (a replay moves its expiry on).
     Touch {
         claim: KeyClaim,
@@ -130,6 +137,7 @@ impl Writer {
         let mut set = WriteSet::default();
         let mut overlay: HashMap<String, Arc<State>> = HashMap::new();
         let mut keys: HashMap<Vec<u8>, KeyEntry> = HashMap::new();
+        let mut twins: HashMap<Vec<u8>, TwinEntry> = HashMap::new();
         let mut touches = Vec::new();
         let mut acks = Vec::new();
         // Answered after the group is written: a refused claim's caller reads the holder next.
@@ -144,18 +152,23 @@ impl Writer {
                     drafts,
                     result,
                     claim,
+                    twin,
                     reply,
                 } => match self.stage_claimed(
                     &invocation_id,
                     drafts,
-                    (result.as_ref(), claim),
+                    (result.as_ref(), claim, twin),
                     &overlay,
-                    &keys,
+                    (&keys, &twins),
                 ) {
-                    Ok((staged, key)) => {
+                    Ok((staged, key, twin)) => {
                         if let Some(w) = key {
                             keys.insert(w.index_key.clone(), w.entry.clone());
                             set.keys.push(w);
+                        }
+                        if let Some(w) = twin {
+                            twins.insert(w.index_key.clone(), w.entry.clone());
+                            set.twins.push(w);
                         }
                         needs_sync |= staged.needs_sync;
                         let seqs = staged.events.iter().map(|(e, _)| e.seq).collect();
@@ -193,6 +206,13 @@ impl Writer {
                         let _ = reply.send(Err(e));
                     }
                 },
+                Request::TouchTwin { claim } => {
+                    if let Ok(Some(w)) = self.twin_touch(&claim, &twins) {
+                        twins.insert(w.index_key.clone(), w.entry.clone());
+                        set.twins.push(w);
+                    }
+                }
+                Request::ExpireTwins { twins } => set.expired_twins.extend(twins),
                 Request::Expire { results, keys } => {
                     set.expired_results.extend(results);
                     set.expired_keys.extend(keys);
@@ -226,23 +246,109 @@ impl Writer {
         }
     }
 
-    /// `stage`, after checking the key claim riding it; a refused claim writes nothing.
+    /// `stage`, after checking the index claims riding it; a refused claim writes nothing.
+    #[allow(clippy::type_complexity)]
     fn stage_claimed(
         &mut self,
         id: &str,
         drafts: Vec<Draft>,
-        (result, claim): (Option<&StoredResult>, Option<KeyClaim>),
+        (result, claim, twin): (
+            Option<&StoredResult>,
+            Option<KeyClaim>,
+            Option<Box<TwinClaim>>,
+        ),
         overlay: &HashMap<String, Arc<State>>,
-        keys: &HashMap<Vec<u8>, KeyEntry>,
-    ) -> Result<(Staged, Option<KeyWrite>), JournalError> {
+        (keys, twins): (&HashMap<Vec<u8>, KeyEntry>, &HashMap<Vec<u8>, TwinEntry>),
+    ) -> Result<(Staged, Option<KeyWrite>, Option<TwinWrite>), JournalError> {
+        let names_other = |claimed: &str| claimed != id;
+        if claim
+            .as_ref()
+            .is_some_and(|c| names_other(&c.entry.invocation_id))
+            || twin
+                .as_ref()
+                .is_some_and(|t| names_other(&t.entry.invocation_id))
+        {
+            return Err(JournalError::Refused(Refusal::UnknownInvocation));
+        }
         let key = match claim {
-            Some(c) if c.entry.invocation_id != id => {
-                return Err(JournalError::Refused(Refusal::UnknownInvocation));
-            }
             Some(c) => Some(self.claim(&c, keys)?),
             None => None,
         };
-        Ok((self.stage(id, drafts, result, overlay)?, key))
+        let twin = match twin {
+            Some(t) => Some(self.twin_claim(&t, twins, overlay)?),
+            None => None,
+        };
+        Ok((self.stage(id, drafts, result, overlay)?, key, twin))
+    }
+
+    /// The live twin entry under `index_key`, from this group or the store.
+    fn live_twin(
+        &self,
+        index_key: &[u8],
+        twins: &HashMap<Vec<u8>, TwinEntry>,
+    ) -> Result<Option<TwinEntry>, JournalError> {
+        match twins.get(index_key) {
+            Some(e) => Ok(Some(e.clone())),
+            None => self
+                .store
+                .twin_entry(index_key)
+                .map_err(|e| self.storage_fault(e)),
+        }
+    }
+
+    /// The compare-and-set of a twin claim: refused when the slot names, live, an
+    /// invocation other than the one the lookup saw and the claiming one — unless that one
+    /// is a first generation still served to its waiting caller (it took the slot since the
+    /// lookup, so it just started): judged again, this request would be a parallel one
+    /// anyway, and identical requests in parallel must not queue behind each other.
+    fn twin_claim(
+        &self,
+        claim: &TwinClaim,
+        twins: &HashMap<Vec<u8>, TwinEntry>,
+        overlay: &HashMap<String, Arc<State>>,
+    ) -> Result<TwinWrite, JournalError> {
+        let index_key = claim.slot.index_key();
+        let current = self.live_twin(&index_key, twins)?;
+        let now = super::unix_ms((self.clock)());
+        let awaited = |id: &str| {
+            let state = overlay
+                .get(id)
+                .cloned()
+                .or_else(|| self.live.lock().ok().and_then(|l| l.get(id).cloned()));
+            state.is_some_and(|s| s.awaited())
+        };
+        if let Some(held) = current.as_ref().filter(|e| {
+            e.expires_at_ms > now
+                && Some(&e.invocation_id) != claim.saw.as_ref()
+                && e.invocation_id != claim.entry.invocation_id
+                && !awaited(&e.invocation_id)
+        }) {
+            return Err(JournalError::Refused(Refusal::TwinMoved(
+                held.invocation_id.clone(),
+            )));
+        }
+        Ok(TwinWrite {
+            index_key,
+            entry: claim.entry.clone(),
+            replaces_expiry: current.map(|e| e.expires_at_ms),
+        })
+    }
+
+    /// A twin's refresh: only while the slot still names that invocation.
+    fn twin_touch(
+        &self,
+        claim: &TwinClaim,
+        twins: &HashMap<Vec<u8>, TwinEntry>,
+    ) -> Result<Option<TwinWrite>, JournalError> {
+        let index_key = claim.slot.index_key();
+        let current = self.live_twin(&index_key, twins)?;
+        Ok(current
+            .filter(|e| e.invocation_id == claim.entry.invocation_id)
+            .map(|e| TwinWrite {
+                index_key,
+                entry: claim.entry.clone(),
+                replaces_expiry: Some(e.expires_at_ms),
+            }))
     }
 
     /// The index write for a claim, unless a live entry names another invocation.

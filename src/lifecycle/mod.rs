@@ -13,13 +13,15 @@
 //! Generations (`lease`): a retry of an unresolved invocation is a new generation of the
 //! same invocation (`RETRY_LEASED`), and every draft carries the generation its worker
 //! holds, so a worker whose generation was superseded is refused at the dispatch boundary.
-//! `idempotency` decides what a request with a known idempotency key gets.
+//! `idempotency` decides what a request with a known idempotency key gets; `twin` what an
+//! identical resend gets (SPEC §3.7).
 
 mod approval;
 pub mod idempotency;
 pub mod lease;
 pub mod refusals;
 pub mod retry;
+pub mod twin;
 
 pub use lease::LeaseTerms;
 
@@ -28,9 +30,18 @@ use crate::contract::{
     resolve_failure,
 };
 use crate::journal::{
-    Accepted, Appended, Body, ConnectAttempt, Delivered, Dispatch, Draft, Failure, Journal,
+    Accepted, Appended, Body, Claims, ConnectAttempt, Delivered, Dispatch, Draft, Failure, Journal,
     JournalError, KeyClaim, Refusal, StoredResult, new_invocation_id,
 };
+
+/// Why the dispatch boundary was not crossed (nothing may be sent).
+#[derive(Debug)]
+pub enum Boundary {
+    /// Answer this envelope.
+    Answer(Box<Envelope>),
+    /// The resend twin slot names this invocation now: judge the resend again against it.
+    TwinMoved(String),
+}
 
 /// An invocation on its way through the lifecycle.
 pub struct Invocation {
@@ -143,8 +154,31 @@ impl Invocation {
         drafts: Vec<Draft>,
         claim: KeyClaim,
     ) -> Result<Appended, JournalError> {
+        let claims = Claims {
+            key: Some(claim),
+            twin: None,
+        };
+        self.record_with(drafts, claims).await
+    }
+
+    /// `record`, writing index entries in the same batch. A refused claim writes nothing
+    /// and keeps the drafts pending, so the caller may judge again and retry.
+    pub async fn record_with(
+        &mut self,
+        drafts: Vec<Draft>,
+        claims: Claims,
+    ) -> Result<Appended, JournalError> {
         let all = self.take_drafts(drafts);
-        self.journal.append_claiming(&self.id, all, claim).await
+        let claimed = claims.key.is_some() || claims.twin.is_some();
+        let kept = claimed.then(|| all.clone());
+        let recorded = self.journal.append_with(&self.id, all, claims).await;
+        self.note_superseded(&recorded);
+        if let Err(JournalError::Refused(Refusal::KeyHeld(_) | Refusal::TwinMoved(_))) = &recorded
+            && let Some(kept) = kept
+        {
+            self.pending = kept;
+        }
+        recorded
     }
 
     /// Appends without waiting: for events nothing acts on.
@@ -260,19 +294,47 @@ impl Invocation {
     /// From here on nothing is ever `not_attempted`; on `Err` nothing may be sent.
     pub async fn dispatch_boundary(
         &mut self,
-        mut drafts: Vec<Draft>,
+        drafts: Vec<Draft>,
         dispatch: Dispatch,
         hop: &str,
     ) -> Result<(), Envelope> {
+        let crossed = self
+            .dispatch_boundary_with(drafts, dispatch, hop, Claims::default())
+            .await;
+        crossed.map_err(|refused| match refused {
+            Boundary::Answer(env) => *env,
+            Boundary::TwinMoved(_) => self.fallback(Code::JournalUnavailable),
+        })
+    }
+
+    /// `dispatch_boundary` with index claims riding the same write (a resend twin slot on
+    /// a pooled connection, where the preflight rides there too). A lost slot leaves the
+    /// deferred drafts pending and nothing written: the caller judges again.
+    pub async fn dispatch_boundary_with(
+        &mut self,
+        mut drafts: Vec<Draft>,
+        dispatch: Dispatch,
+        hop: &str,
+        claims: Claims,
+    ) -> Result<(), Boundary> {
         drafts.push(Draft::observed(Body::DispatchStarted(dispatch)).hop(hop));
-        match self.record(drafts).await {
+        match self.record_with(drafts, claims).await {
             Ok(_) => {
                 self.dispatched = true;
                 Ok(())
             }
+            Err(JournalError::Refused(Refusal::TwinMoved(holder))) => {
+                // Kept pending by `record_with`; a retry brings its own DISPATCH_STARTED.
+                self.pending.pop();
+                Err(Boundary::TwinMoved(holder))
+            }
             // The generation check: a later generation owns the invocation now.
-            Err(JournalError::Refused(Refusal::WrongGeneration { .. })) => Err(self.superseded()),
-            Err(_) => Err(self.fallback(Code::JournalUnavailable)),
+            Err(JournalError::Refused(Refusal::WrongGeneration { .. })) => {
+                Err(Boundary::Answer(Box::new(self.superseded())))
+            }
+            Err(_) => Err(Boundary::Answer(Box::new(
+                self.fallback(Code::JournalUnavailable),
+            ))),
         }
     }
 

@@ -22,6 +22,7 @@ mod origins;
 mod precedence;
 mod reflection;
 mod reload;
+mod resend;
 mod retry;
 mod retry_hints;
 mod retry_origins;

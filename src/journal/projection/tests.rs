@@ -78,6 +78,7 @@ fn body_of(m: &Move, generation: u32) -> (Body, Source, u32) {
             safe_until_ms: None,
             retry_budget: None,
             credential_placeholder: false,
+            resend: None,
         }),
         Move::KeyedPreflight(idempotent, budget) => Body::PreflightValidated(Preflight {
             route: "r".into(),
@@ -88,6 +89,7 @@ fn body_of(m: &Move, generation: u32) -> (Body, Source, u32) {
             safe_until_ms: Some(i64::MAX),
             retry_budget: *budget,
             credential_placeholder: false,
+            resend: None,
         }),
         Move::Connect(ok) => Body::ConnectAttempt(ConnectAttempt {
             n: 1,

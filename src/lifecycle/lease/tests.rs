@@ -36,6 +36,7 @@ fn preflight(safe_until_ms: Option<i64>) -> Draft {
         safe_until_ms,
         retry_budget: None,
         credential_placeholder: false,
+        resend: None,
     }))
 }
 
@@ -123,6 +124,7 @@ fn the_budget_bound_at_preflight_outlives_a_config_reload() {
         safe_until_ms: Some(i64::MAX),
         retry_budget: Some(0),
         credential_placeholder: false,
+        resend: None,
     }));
     let _ = state(j.append_blocking(&id, vec![accepted(), bound, dispatch()]));
     let unknown = state(j.append_blocking(&id, vec![failed(Code::RemoteOutcomeUnknown)]));

@@ -35,6 +35,7 @@ impl Run {
             safe_until_ms: None,
             retry_budget: Some(target.retry_budget),
             credential_placeholder: false,
+            resend: None,
         };
         let login = match self.login_and_guard() {
             Ok(l) => l,

@@ -1,0 +1,321 @@
+//! Resends on an HTTP route (SPEC §3.7): before preflight, an identical request (same
+//! agent, route and fingerprint) is looked up in the twin index, and `lifecycle::twin`
+//! judges what it gets. A resend that goes out claims the twin slot with its preflight
+//! (compare-and-set on the entry the lookup saw); one that loses the slot to another
+//! request judges again against the winner. The answers that need no dispatch are
+//! rendered here: `ATTEMPT_IN_PROGRESS` (with `Retry-After: 1`), the twin's stored result
+//! (`Postern-Replayed: true`), `RESEND_REFUSED`; a same-key retry becomes a new generation
+//! of the twin, which the idempotency path (`keyed`) then sends with the twin's key.
+
+use http::{HeaderMap, HeaderValue, Response, header};
+use serde_json::json;
+
+use super::exchange::Exchange;
+use super::outgoing::Outgoing;
+use super::respond::{self, ProxyBody};
+use crate::config::Route;
+use crate::contract::{Code, Envelope};
+use crate::journal::Dispatch;
+use crate::journal::{
+    Claims, Failure, JournalError, KeyClaim, Refusal, ResendEvidence, State, TwinClaim, TwinEntry,
+    TwinSlot, unix_ms,
+};
+use crate::lifecycle::lease::{LeaseError, LeaseTerms, attempt_in_progress};
+use crate::lifecycle::twin::{Verdict, judge, twin_ref};
+use crate::lifecycle::{Boundary, Invocation};
+
+/// The request header that asks for a new invocation whatever the twin.
+pub const POSTERN_RESEND: &str = "postern-resend";
+
+/// A lost slot is judged again this many times before the request gives up (each loss
+/// means another identical request just took the slot).
+const MAX_REJUDGE: usize = 3;
+
+/// What the resend check leaves for preflight: the evidence it journals (a resend sent
+/// anyway) and the slot claim riding its write (in `Exchange::twin`).
+pub(super) type Resend = Result<Option<ResendEvidence>, Response<ProxyBody>>;
+
+impl Exchange {
+    /// SPEC §3.7, before the idempotency key and preflight. Answers now (nothing sent), or
+    /// goes on: as a new invocation claiming the slot, or as the twin's next generation.
+    pub(super) async fn resend_check(
+        &mut self,
+        route: &Route,
+        headers: &HeaderMap,
+        fingerprint: &str,
+        idempotent: bool,
+    ) -> Resend {
+        let deliberate = match deliberate(headers) {
+            Ok(d) => d,
+            Err(()) => {
+                let mut f = Failure::of(Code::MalformedRequest);
+                f.field = Some(format!("headers.{POSTERN_RESEND}"));
+                return Err(self.fail(vec![], f).await);
+            }
+        };
+        if !resend_checked(route, headers, idempotent) || self.inv.leased() {
+            return Ok(None);
+        }
+        let slot = TwinSlot {
+            agent: self.agent.clone(),
+            route: route.id.clone(),
+            fingerprint: fingerprint.to_owned(),
+        };
+        let journal = self.proxy.journal.clone();
+        let Ok(seen) = journal.twin_entry(&slot) else {
+            return Err(self.fallback(Code::JournalUnavailable));
+        };
+        let twin = match &seen {
+            Some(e) => match journal.state(&e.invocation_id) {
+                Ok(s) => s,
+                Err(_) => return Err(self.fallback(Code::JournalUnavailable)),
+            },
+            None => None,
+        };
+        let saw = seen.map(|e| e.invocation_id);
+        let Some(twin) = twin else {
+            self.twin = Some(self.twin_claim(route, slot, saw));
+            return Ok(deliberate.then_some(ResendEvidence {
+                resend_of: None,
+                resend_deliberate: true,
+            }));
+        };
+        if deliberate {
+            self.twin = Some(self.twin_claim(route, slot, saw));
+            return Ok(Some(ResendEvidence {
+                resend_of: Some(twin_ref(&twin)),
+                resend_deliberate: true,
+            }));
+        }
+        let now = unix_ms(journal.now());
+        let verdict = judge(&twin, now, route.idempotency.is_some());
+        tracing::debug!(twin = %twin.record.invocation_id, ?verdict, "identical resend");
+        match verdict {
+            Verdict::SameKey => self.same_key(route, twin, slot).await,
+            v if v.dispatches_anew() => {
+                self.twin = Some(self.twin_claim(route, slot, saw));
+                Ok(None)
+            }
+            v => Err(self.answer_from_twin(route, v, &twin, slot).await),
+        }
+    }
+
+    /// Records the preflight drafts with the index claims riding them (the key binding's
+    /// and the twin slot's). A slot another request took meanwhile is judged again
+    /// against that request; a key held by another is its `ATTEMPT_IN_PROGRESS`.
+    pub(super) async fn record_claims(
+        &mut self,
+        drafts: Vec<crate::journal::Draft>,
+        key: Option<KeyClaim>,
+        route: &Route,
+    ) -> Result<(), Response<ProxyBody>> {
+        let mut drafts = drafts;
+        for _ in 0..MAX_REJUDGE {
+            let claims = Claims {
+                key: key.clone(),
+                twin: self.twin.clone(),
+            };
+            match self
+                .inv
+                .record_with(std::mem::take(&mut drafts), claims)
+                .await
+            {
+                Ok(_) => {
+                    self.twin = None;
+                    return Ok(());
+                }
+                Err(JournalError::Refused(Refusal::KeyHeld(holder))) => {
+                    return match self.proxy.journal.state(&holder) {
+                        Ok(Some(s)) => Err(respond::envelope(&attempt_in_progress(&s))),
+                        _ => Err(self.fallback(Code::JournalUnavailable)),
+                    };
+                }
+                Err(JournalError::Refused(Refusal::TwinMoved(holder))) => {
+                    self.rejudge(route, &holder).await?;
+                }
+                Err(_) => return Err(self.fallback(Code::JournalUnavailable)),
+            }
+        }
+        Err(self.fallback(Code::JournalUnavailable))
+    }
+
+    /// The dispatch boundary on a pooled connection with the twin slot claimed in the same
+    /// write; a lost slot is judged again, as in `record_claims`.
+    pub(super) async fn claimed_boundary(
+        &mut self,
+        route: &Route,
+        dispatch: Dispatch,
+    ) -> Result<(), Outgoing> {
+        let hop = self.written_to();
+        for _ in 0..MAX_REJUDGE {
+            let claims = Claims {
+                key: None,
+                twin: self.twin.clone(),
+            };
+            let crossed = self
+                .inv
+                .dispatch_boundary_with(vec![], dispatch.clone(), &hop, claims)
+                .await;
+            match crossed {
+                Ok(()) => {
+                    self.twin = None;
+                    return Ok(());
+                }
+                Err(Boundary::TwinMoved(holder)) => {
+                    self.rejudge(route, &holder)
+                        .await
+                        .map_err(Outgoing::Respond)?;
+                }
+                Err(Boundary::Answer(env)) => {
+                    return Err(Outgoing::Respond(respond::envelope(&env)));
+                }
+            }
+        }
+        Err(Outgoing::Respond(self.fallback(Code::JournalUnavailable)))
+    }
+
+    /// The slot names `holder` now (it won the compare-and-set): this request judges
+    /// again against it, and claims the slot over it if it still goes out.
+    async fn rejudge(&mut self, route: &Route, holder: &str) -> Result<(), Response<ProxyBody>> {
+        let Some(mut claim) = self.twin.take() else {
+            return Err(self.fallback(Code::JournalUnavailable));
+        };
+        let journal = self.proxy.journal.clone();
+        let twin = match journal.state(holder) {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                claim.saw = Some(holder.to_owned());
+                self.twin = Some(claim);
+                return Ok(());
+            }
+            Err(_) => return Err(self.fallback(Code::JournalUnavailable)),
+        };
+        let verdict = judge(&twin, unix_ms(journal.now()), route.idempotency.is_some());
+        if verdict.dispatches_anew() {
+            claim.saw = Some(holder.to_owned());
+            self.twin = Some(claim);
+            return Ok(());
+        }
+        // Not a same-key retry this late: the preflight bound no key. Nothing is sent.
+        let verdict = match verdict {
+            Verdict::SameKey => Verdict::Refuse,
+            v => v,
+        };
+        Err(self
+            .answer_from_twin(route, verdict, &twin, claim.slot)
+            .await)
+    }
+
+    /// A same-key retry of an `unknown` twin: its next generation, leased now; `keyed`
+    /// then sends the key the twin recorded. The answer is the new generation's.
+    async fn same_key(&mut self, route: &Route, twin: State, slot: TwinSlot) -> Resend {
+        let id = twin.record.invocation_id.clone();
+        let terms = LeaseTerms::for_route(route, Some("identical resend".into()));
+        match Invocation::lease(self.proxy.journal.clone(), &id, terms).await {
+            Ok(inv) => {
+                self.inv = inv;
+                // The twin stays the twin; its entry lives on from this use.
+                self.twin = Some(self.twin_claim(route, slot, Some(id)));
+                Ok(None)
+            }
+            Err(LeaseError::Resolved(s)) => {
+                let now = unix_ms(self.proxy.journal.now());
+                match judge(&s, now, route.idempotency.is_some()) {
+                    v if v.dispatches_anew() => {
+                        self.twin = Some(self.twin_claim(route, slot, Some(id)));
+                        Ok(None)
+                    }
+                    v => Err(self.answer_from_twin(route, v, &s, slot).await),
+                }
+            }
+            Err(LeaseError::NotFound) => {
+                self.twin = Some(self.twin_claim(route, slot, Some(id)));
+                Ok(None)
+            }
+            Err(LeaseError::Refused(env)) => Err(answer(&env)),
+        }
+    }
+
+    /// The answers that send nothing: a use of the twin, which moves its expiry on.
+    async fn answer_from_twin(
+        &mut self,
+        route: &Route,
+        verdict: Verdict,
+        twin: &State,
+        slot: TwinSlot,
+    ) -> Response<ProxyBody> {
+        let id = twin.record.invocation_id.clone();
+        let touch = TwinClaim {
+            slot,
+            entry: TwinEntry {
+                invocation_id: id.clone(),
+                expires_at_ms: self.twin_expiry(route),
+            },
+            saw: Some(id.clone()),
+        };
+        self.proxy.journal.touch_twin(touch).await;
+        match verdict {
+            Verdict::InProgress => answer(&attempt_in_progress(twin)),
+            Verdict::Replay if matches!(self.proxy.journal.result(&id), Ok(Some(_))) => {
+                self.replay(route, twin)
+            }
+            _ => self.refuse_resend(twin).await,
+        }
+    }
+
+    /// `RESEND_REFUSED`: its own record, naming the twin; never itself a twin.
+    async fn refuse_resend(&mut self, twin: &State) -> Response<ProxyBody> {
+        let mut f = Failure::of(Code::ResendRefused);
+        f.evidence.insert("resend_of".into(), json!(twin_ref(twin)));
+        tracing::info!(twin = %twin.record.invocation_id, agent = %self.agent, "refused an identical resend of an invocation that may have run");
+        self.fail(vec![], f).await
+    }
+
+    /// This invocation's claim on the slot, over the entry the lookup saw.
+    fn twin_claim(&self, route: &Route, slot: TwinSlot, saw: Option<String>) -> TwinClaim {
+        TwinClaim {
+            slot,
+            entry: TwinEntry {
+                invocation_id: self.inv.id().to_owned(),
+                expires_at_ms: self.twin_expiry(route),
+            },
+            saw,
+        }
+    }
+
+    fn twin_expiry(&self, route: &Route) -> i64 {
+        unix_ms(self.proxy.journal.now() + route.resend_window)
+    }
+}
+
+/// Whether the twin index has a say: not for an idempotent method, a request carrying the
+/// route's idempotency key (§3.4 decides), or a route with `resend_window = "0s"`.
+fn resend_checked(route: &Route, headers: &HeaderMap, idempotent: bool) -> bool {
+    let own_key = route
+        .idempotency
+        .as_ref()
+        .is_some_and(|c| headers.contains_key(c.header.to_ascii_lowercase().as_str()));
+    !idempotent && !own_key && !route.resend_window.is_zero()
+}
+
+/// `Postern-Resend: deliberate` (one value, that one; anything else is malformed).
+fn deliberate(headers: &HeaderMap) -> Result<bool, ()> {
+    let mut values = headers.get_all(POSTERN_RESEND).iter();
+    let Some(v) = values.next() else {
+        return Ok(false);
+    };
+    match values.next().is_none() && v.as_bytes().eq_ignore_ascii_case(b"deliberate") {
+        true => Ok(true),
+        false => Err(()),
+    }
+}
+
+/// An envelope answer; `ATTEMPT_IN_PROGRESS` tells the agent when to ask again.
+fn answer(env: &Envelope) -> Response<ProxyBody> {
+    let mut resp = respond::envelope(env);
+    if env.error.code == Code::AttemptInProgress {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    resp
+}

@@ -1,0 +1,117 @@
+//! The twin index (SPEC §3.7 "Resends"): per agent, route and request fingerprint, the
+//! invocation an identical resend would repeat (its *twin*) and when that entry is
+//! forgotten (`resend_window` after its last use). An entry is written in the same atomic
+//! batch as the preflight of the invocation it names, so the index never names an
+//! invocation the journal does not hold; the writer compares the entry with the one the
+//! lookup saw, so of two identical requests judged at once only one takes the slot and the
+//! other judges again. A refused resend is never written here.
+//!
+//! Its own keyspaces beside the idempotency key index: a different key, lifetime and
+//! sweep, and a lost compare-and-set here is not a key held there.
+
+use serde::{Deserialize, Serialize};
+
+use super::writer::Request;
+use super::{Journal, JournalError, StoreError, unix_ms};
+
+/// Where a twin lives: agent, route, request fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TwinSlot {
+    pub agent: String,
+    pub route: String,
+    pub fingerprint: String,
+}
+
+impl TwinSlot {
+    /// The stored index key. Agent and route ids and fingerprints hold no NUL byte.
+    pub fn index_key(&self) -> Vec<u8> {
+        let mut k =
+            Vec::with_capacity(self.agent.len() + self.route.len() + self.fingerprint.len() + 2);
+        k.extend_from_slice(self.agent.as_bytes());
+        k.push(0);
+        k.extend_from_slice(self.route.as_bytes());
+        k.push(0);
+        k.extend_from_slice(self.fingerprint.as_bytes());
+        k
+    }
+}
+
+/// The twin a resend names in its evidence (`resend_of`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TwinRef {
+    pub invocation_id: String,
+    pub code: Option<crate::contract::Code>,
+    pub outcome: crate::contract::Outcome,
+}
+
+/// Journaled at the preflight of a resend that is dispatched anyway.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResendEvidence {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resend_of: Option<TwinRef>,
+    /// `Postern-Resend: deliberate` asked for a new invocation whatever the twin.
+    pub resend_deliberate: bool,
+}
+
+/// What the index holds for a slot (one small entry per non-idempotent invocation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TwinEntry {
+    pub invocation_id: String,
+    /// Unix ms after which the entry is forgotten.
+    pub expires_at_ms: i64,
+}
+
+/// An index write riding an append (or alone, for a refresh).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TwinClaim {
+    pub slot: TwinSlot,
+    pub entry: TwinEntry,
+    /// The invocation the lookup saw in the slot (none: empty or expired). The write is
+    /// refused (`Refusal::TwinMoved`) when the slot names another one by now.
+    pub saw: Option<String>,
+}
+
+/// One twin index write in a group commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TwinWrite {
+    pub index_key: Vec<u8>,
+    pub entry: TwinEntry,
+    /// The expiry row of the entry this one replaces.
+    pub replaces_expiry: Option<i64>,
+}
+
+impl Journal {
+    /// The live twin of a slot (an expired entry reads as none).
+    pub fn twin_entry(&self, slot: &TwinSlot) -> Result<Option<TwinEntry>, StoreError> {
+        let now = unix_ms(self.now());
+        Ok(self
+            .store
+            .twin_entry(&slot.index_key())?
+            .filter(|e| e.expires_at_ms > now))
+    }
+
+    /// Moves a twin's expiry on (a resend answered from it is a use), without an event
+    /// and without waiting: losing it on a crash only shortens the window. A slot that
+    /// names another invocation by now is left as it is.
+    pub async fn touch_twin(&self, claim: TwinClaim) {
+        let _ = self.tx.send(Request::TouchTwin { claim }).await;
+    }
+
+    /// Removes twin entries whose window has passed.
+    pub async fn expire_twins(&self) -> Result<usize, JournalError> {
+        let due = self.store.expired_twins(unix_ms(self.now()), 1024)?;
+        let n = due.len();
+        if n > 0 {
+            self.tx
+                .send(Request::ExpireTwins { twins: due })
+                .await
+                .map_err(|_| JournalError::Unavailable)?;
+            self.flush().await?;
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+#[path = "twins/tests.rs"]
+mod tests;

@@ -1,0 +1,111 @@
+//! Resends (SPEC §3.7): a request an agent sends again, on the same route with the same
+//! fingerprint, while an earlier invocation (its *twin*) is in the twin index. Vendor SDKs
+//! resend on their own after a timeout or a connection error; what the resend gets is
+//! decided here from the twin's record alone (pure: the time is passed in), so an action
+//! that may have happened is not sent a second time behind the agent's back.
+//!
+//! Not resend-checked (the transport skips the lookup): a method idempotent on the route,
+//! a request carrying the route's idempotency key header (§3.4 decides), a route with
+//! `resend_window = "0s"`, a leased generation, SSH execs. `Postern-Resend: deliberate`
+//! makes a new invocation whatever the twin.
+
+use crate::contract::Outcome;
+use crate::journal::{State, TwinRef};
+
+use super::idempotency::retry_allowed;
+
+/// What an identical resend gets, by its twin's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing stands in the way (`not_attempted`, or resolved and delivered): a new
+    /// invocation, which becomes the twin of later resends.
+    New,
+    /// The twin still runs and its agent still waits: a parallel request, a new invocation.
+    Parallel,
+    /// The twin still runs and its agent left (`CALLER_CANCELLED`): `ATTEMPT_IN_PROGRESS`
+    /// for the twin, `Retry-After: 1`, nothing sent.
+    InProgress,
+    /// The twin is `unknown` with an idempotency key still before its safe-until: a
+    /// same-key retry, a new generation of the twin (`RETRY_LEASED`).
+    SameKey,
+    /// The twin is resolved but its agent never got the answer: its stored result is the
+    /// answer (`RESEND_REFUSED` when no result is stored).
+    Replay,
+    /// `RESEND_REFUSED`: the twin may have run and nothing proves a repeat is safe.
+    Refuse,
+}
+
+impl Verdict {
+    /// The resend goes out as a new invocation.
+    pub fn dispatches_anew(self) -> bool {
+        matches!(self, Verdict::New | Verdict::Parallel)
+    }
+}
+
+/// SPEC §3.7 by the twin's state. `keyed_route`: the route still has an idempotency
+/// contract (a same-key retry sends the key only then).
+pub fn judge(twin: &State, now_ms: i64, keyed_route: bool) -> Verdict {
+    let r = &twin.record;
+    if !twin.progress.closed {
+        return running(twin);
+    }
+    match r.outcome {
+        Outcome::NotAttempted => Verdict::New,
+        Outcome::Unknown => {
+            let keyed = r.evidence.idempotency.is_some() && keyed_route;
+            match keyed && retry_allowed(twin, now_ms) {
+                true => Verdict::SameKey,
+                false => Verdict::Refuse,
+            }
+        }
+        Outcome::Committed | Outcome::Rejected => resolved(twin),
+    }
+}
+
+/// A generation still appends: its agent waits, or left while the exchange runs on. A
+/// retry of the twin (a later generation) is in progress whoever waits for it: an earlier
+/// generation may have run, so a parallel request would repeat it.
+fn running(twin: &State) -> Verdict {
+    if twin.awaited() {
+        return Verdict::Parallel;
+    }
+    if !crate::contract::is_resolved(twin.record.outcome) {
+        return Verdict::InProgress;
+    }
+    // Resolved, its delivery still running: a 5xx the agent has seen in full is what an
+    // SDK resends at once.
+    match committed_5xx(twin) {
+        true => Verdict::Refuse,
+        false => Verdict::Parallel,
+    }
+}
+
+/// `committed` with a 5xx (the application may have acted before it failed, §1.5) is
+/// refused; an answer the agent never got is replayed; one it got leaves it free.
+fn resolved(twin: &State) -> Verdict {
+    if committed_5xx(twin) {
+        Verdict::Refuse
+    } else if !twin.progress.delivered {
+        Verdict::Replay
+    } else {
+        Verdict::New
+    }
+}
+
+fn committed_5xx(twin: &State) -> bool {
+    let status = twin.record.result.as_ref().and_then(|r| r.status);
+    twin.record.outcome == Outcome::Committed && status.is_some_and(|s| s >= 500)
+}
+
+/// The twin as a resend's evidence names it (`resend_of`).
+pub fn twin_ref(twin: &State) -> TwinRef {
+    TwinRef {
+        invocation_id: twin.record.invocation_id.clone(),
+        code: twin.record.code,
+        outcome: twin.record.outcome,
+    }
+}
+
+#[cfg(test)]
+#[path = "twin/tests.rs"]
+mod tests;
