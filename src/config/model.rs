@@ -253,6 +253,11 @@ impl SshAction {
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.iter().copied().find(|a| a.as_str() == s)
     }
+
+    /// Whether postern runs this action; the others are named so config can say "not yet".
+    pub fn is_built(self) -> bool {
+        self == Self::Exec
+    }
 }
 
 /// An upstream SSH server agents may run commands on (`[[ssh_targets]]`).

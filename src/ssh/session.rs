@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent};
 use super::refuse::{self, Refused};
-use crate::config::{SshAction, SshTarget};
+use crate::config::SshTarget;
 use crate::contract::Code;
 use crate::journal::{Failure, Journal};
 
@@ -76,17 +76,12 @@ impl AgentSession {
         });
     }
 
-    /// `UNSUPPORTED_ACTION` for `kind`; if the target allows it, the note says it is not built.
-    fn unsupported(&self, method: &'static str, kind: Option<SshAction>) -> Refusal {
-        let mut failure = refuse::failure(Code::UnsupportedAction, "action");
-        if kind.is_some_and(|k| self.target.allows(k)) {
-            let note = format!("{method} is allowed on this target but not built yet");
-            failure.evidence.insert("note".into(), note.into());
-        }
+    /// `UNSUPPORTED_ACTION` for `method` (config accepts no `allow` value but exec).
+    fn unsupported(&self, method: &'static str) -> Refusal {
         Refusal {
             method,
             command: None,
-            failure,
+            failure: refuse::failure(Code::UnsupportedAction, "action"),
         }
     }
 }
@@ -133,7 +128,7 @@ impl russh::server::Handler for AgentSession {
         session: &mut Session,
     ) -> Result<(), Self::Error> {
         let Ok(command) = String::from_utf8(data.to_vec()) else {
-            let mut refusal = self.unsupported("exec", None);
+            let mut refusal = self.unsupported("exec");
             refusal.failure = refuse::failure(Code::MalformedRequest, "command");
             self.refuse_channel(id, session, refusal);
             return Ok(());
@@ -168,7 +163,7 @@ impl russh::server::Handler for AgentSession {
         id: ChannelId,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let refusal = self.unsupported("shell", Some(SshAction::Shell));
+        let refusal = self.unsupported("shell");
         self.refuse_channel(id, session, refusal);
         Ok(())
     }
@@ -179,7 +174,7 @@ impl russh::server::Handler for AgentSession {
         name: &str,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let mut refusal = self.unsupported("subsystem", Some(SshAction::Subsystem));
+        let mut refusal = self.unsupported("subsystem");
         refusal
             .failure
             .evidence
@@ -237,7 +232,7 @@ impl russh::server::Handler for AgentSession {
         _id: ChannelId,
         _: &mut Session,
     ) -> Result<bool, Self::Error> {
-        self.refuse_quietly(self.unsupported("agent_forward", None));
+        self.refuse_quietly(self.unsupported("agent_forward"));
         Ok(false)
     }
 
@@ -252,7 +247,7 @@ impl russh::server::Handler for AgentSession {
         reply: russh::server::ChannelOpenHandle,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let mut refusal = self.unsupported("port_forward", Some(SshAction::PortForward));
+        let mut refusal = self.unsupported("port_forward");
         let destination = format!("{host}:{port}");
         refusal
             .failure
@@ -271,7 +266,7 @@ impl russh::server::Handler for AgentSession {
         port: &mut u32,
         _session: &mut Session,
     ) -> Result<bool, Self::Error> {
-        let mut refusal = self.unsupported("port_forward", Some(SshAction::PortForward));
+        let mut refusal = self.unsupported("port_forward");
         let listen = format!("{address}:{port}");
         refusal
             .failure
