@@ -5,12 +5,14 @@ mod decode;
 mod model;
 mod problem;
 mod raw;
+mod shell_syntax;
 mod units;
 mod validate;
 
 use std::path::Path;
 
 pub use model::*;
+pub use shell_syntax::{SHELL_SYNTAX, admitted_by, shell_syntax_in};
 pub use units::{Quantity, parse_duration, parse_size};
 pub use validate::{ConfigErrors, EnvLookup, Problem, parse};
 

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent};
 use super::refuse::{self, Refused};
-use crate::config::SshTarget;
+use crate::config::{CommandRefusal, SshTarget};
 use crate::contract::Code;
 use crate::journal::{Failure, Journal};
 
@@ -86,6 +86,20 @@ impl AgentSession {
     }
 }
 
+/// `ROUTE_DENIED` for `command`; shell syntax is named, so the operator knows the way out.
+fn command_denied(why: CommandRefusal) -> Failure {
+    let mut failure = refuse::failure(Code::RouteDenied, "command");
+    if let CommandRefusal::ShellSyntax(c) = why {
+        let shown = c.escape_default().to_string();
+        let note = format!(
+            "the command holds shell syntax (`{shown}`), which the target's commands patterns cannot see through; the target allows it only with shell_syntax = true"
+        );
+        failure.evidence.insert("shell_syntax".into(), shown.into());
+        failure.evidence.insert("note".into(), note.into());
+    }
+    failure
+}
+
 /// A refused request, for the journal.
 struct Refusal {
     method: &'static str,
@@ -133,11 +147,11 @@ impl russh::server::Handler for AgentSession {
             self.refuse_channel(id, session, refusal);
             return Ok(());
         };
-        if !self.target.permits_command(&command) {
+        if let Some(why) = self.target.command_refusal(&command) {
             let refusal = Refusal {
                 method: "exec",
                 command: Some(command),
-                failure: refuse::failure(Code::RouteDenied, "command"),
+                failure: command_denied(why),
             };
             self.refuse_channel(id, session, refusal);
             return Ok(());

@@ -4,6 +4,8 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::ssh::{Front, TOKEN, envelope};
+use crate::ssh_hostile::{git, ok};
 use crate::support::{Home, TEST_CONFIG, daemon_bin};
 
 /// A config with one SSH target; `extra` adds keys to it.
@@ -71,4 +73,78 @@ fn an_ssh_action_that_is_not_built_is_a_config_error_naming_its_key() {
     }
     assert!(!err.contains("ssh_targets[0].allow[0]"), "{err}");
     assert!(err.contains("not built"), "{err}");
+}
+
+/// `^echo .*$` admitted `echo x; whoami`: the pattern saw one string, the remote shell two
+/// commands. Shell syntax is refused before any connection unless the target opts in.
+#[test]
+fn shell_syntax_is_route_denied_where_commands_patterns_apply() {
+    let f = Front::start("commands = [\"^echo .*$\", \"^git-(upload|receive)-pack '[^']*'$\"]");
+    for command in [
+        "echo x; whoami",
+        "echo x | id",
+        "echo $(id)",
+        "echo `id`",
+        "echo x > /tmp/f",
+        "echo x && id",
+        "echo x\nid",
+    ] {
+        let out = f.ssh(TOKEN, &["--", "", command]);
+        let err = crate::support::stderr(&out);
+        assert_eq!(out.status.code(), Some(255), "{command:?}: {err}");
+        let env = envelope(&err);
+        assert_eq!(env["error"]["code"], "ROUTE_DENIED", "{command:?}: {err}");
+        assert_eq!(env["error"]["field"], "command", "{command:?}: {err}");
+        assert!(
+            env["evidence"]["shell_syntax"].is_string(),
+            "{command:?}: {env}"
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).is_empty(),
+            "{command:?} ran"
+        );
+    }
+    let out = f.ssh(TOKEN, &["--", "", "echo x"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "x\n",
+        "{}",
+        crate::support::stderr(&out)
+    );
+    // git quotes its repository argument but uses none of the refused characters.
+    let dir = tempfile::tempdir().unwrap();
+    let bare = dir.path().join("repo.git");
+    ok(&git(
+        &f,
+        dir.path(),
+        &["init", "--bare", "-q", bare.to_str().unwrap()],
+    ));
+    let url = format!("ssh://{}@app1.internal{}", f.user, bare.display());
+    ok(&git(&f, dir.path(), &["clone", "-q", &url, "work"]));
+    assert!(
+        !f.daemon.stderr().contains("shell_syntax = true"),
+        "no warning without the opt-in: {}",
+        f.daemon.stderr()
+    );
+}
+
+#[test]
+fn a_target_that_opts_into_shell_syntax_runs_it_and_is_warned_about_at_start() {
+    let f = Front::start("commands = [\"^echo .*$\", \"^uptime$\"]\nshell_syntax = true");
+    let out = f.ssh(TOKEN, &["--", "", "echo x; echo y"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "x\ny\n",
+        "{}",
+        crate::support::stderr(&out)
+    );
+    let err = f.daemon.stderr();
+    assert!(
+        err.contains("ssh_targets[0] (deploy): shell_syntax = true and commands[0] admits"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("commands[1]"),
+        "^uptime$ admits no shell syntax: {err}"
+    );
 }

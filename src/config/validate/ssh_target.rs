@@ -33,6 +33,7 @@ pub(super) fn validate(
             .map(|s| c.addr(&format!("{p}.resolve"), Some(s), "")),
         allow: allow(c, &p, t.allow.as_deref()),
         commands: commands(c, &p, t.commands.as_deref().unwrap_or(&[])),
+        shell_syntax: t.shell_syntax.unwrap_or(false),
         approval: approval(c, &p, t.approval.as_deref()),
         approval_timeout: c.timeout(
             &format!("{p}.approval_timeout"),
