@@ -201,6 +201,13 @@ fn healthz(state: &AdminState) -> Reply {
         _ => "locked",
     };
     let missing = state.vault.absent(&state.secrets).unwrap_or_default();
+    // Credentialed routes fail (VAULT_LOCKED, CREDENTIAL_MISSING) while the rest still serves:
+    // degraded, with a 200 a restart would not change. No credentials: nothing needs the vault.
+    let needs_vault = !state.secrets.is_empty();
+    let overall = match overall {
+        "ok" if (needs_vault && vault == "locked") || !missing.is_empty() => "degraded",
+        other => other,
+    };
     json_reply(
         status,
         &json!({"status": overall, "journal": journal, "vault": vault, "missing_secrets": missing}),

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::ssh::{Front, TOKEN, envelope};
 use crate::ssh_hostile::{git, ok};
-use crate::support::{Home, TEST_CONFIG, daemon_bin};
+use crate::support::{Daemon, Home, TEST_CONFIG, daemon_bin, get_json, secret_set};
 
 /// A config with one SSH target; `extra` adds keys to it.
 fn ssh_target_config(home: &Home, extra: &str) -> String {
@@ -146,5 +146,59 @@ fn a_target_that_opts_into_shell_syntax_runs_it_and_is_warned_about_at_start() {
     assert!(
         !err.contains("commands[1]"),
         "^uptime$ admits no shell syntax: {err}"
+    );
+}
+
+/// `/healthz` said `"status":"ok"` while every credentialed route failed.
+#[test]
+fn healthz_is_degraded_while_credentials_cannot_be_injected() {
+    const KEY: &str = "traps vault key";
+    let health = |daemon: &Daemon| {
+        let (status, body) = get_json(&daemon.url("/healthz"), &[]);
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["journal"], "ok", "{body}");
+        body
+    };
+    // Nothing needs the vault: locked is fine.
+    let home = Home::new();
+    let body = health(&Daemon::start(&home, Some(TEST_CONFIG)));
+    assert_eq!(
+        (body["status"].as_str(), body["vault"].as_str()),
+        (Some("ok"), Some("locked")),
+        "{body}"
+    );
+
+    let config = format!(
+        "{TEST_CONFIG}[[credentials]]\nid = \"gh\"\nsecret = \"github-token\"\ninject = {{ header = \"X-Key\" }}\n"
+    );
+    let body = health(&Daemon::start(&home, Some(&config)));
+    assert_eq!(
+        (body["status"].as_str(), body["vault"].as_str()),
+        (Some("degraded"), Some("locked")),
+        "{body}"
+    );
+
+    let daemon = Daemon::start_with(&home, Some(&config), &[("POSTERN_VAULT_KEY", KEY)]);
+    let body = health(&daemon);
+    assert_eq!(body["status"], "degraded", "{body}");
+    assert_eq!(
+        body["missing_secrets"],
+        serde_json::json!(["github-token"]),
+        "{body}"
+    );
+    assert!(
+        secret_set(&home, "github-token", "v", Some(KEY))
+            .status
+            .success()
+    );
+    let body = health(&daemon);
+    assert_eq!(
+        (
+            body["status"].as_str(),
+            body["vault"].as_str(),
+            body["missing_secrets"].clone()
+        ),
+        (Some("ok"), Some("ok"), serde_json::json!([])),
+        "{body}"
     );
 }
