@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::ssh::{Front, TOKEN, envelope};
 use crate::ssh_hostile::{git, ok};
-use crate::support::{Daemon, Home, TEST_CONFIG, daemon_bin, get_json, secret_set};
+use crate::support::{BIN, Daemon, Home, TEST_CONFIG, daemon_bin, get_json, secret_set};
 
 /// A config with one SSH target; `extra` adds keys to it.
 fn ssh_target_config(home: &Home, extra: &str) -> String {
@@ -200,5 +200,57 @@ fn healthz_is_degraded_while_credentials_cannot_be_injected() {
         ),
         (Some("ok"), Some("ok"), serde_json::json!([])),
         "{body}"
+    );
+}
+
+/// Runs `cmd` for at most `limit`; `None` if it was still running (then killed).
+fn exits_within(mut cmd: Command, limit: Duration) -> Option<std::process::Output> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return Some(child.wait_with_output().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// A hung daemon (it takes the connection and never answers) held the CLI forever.
+#[test]
+fn the_cli_gives_up_on_a_daemon_that_never_answers_and_names_its_url() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().map_while(Result::ok) {
+            held.push(stream);
+        }
+    });
+    let home = Home::new();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["actions", "list", "--admin", &url])
+        .env("POSTERN_HOME", home.root())
+        .env_remove("POSTERN_CONFIG")
+        .env_remove("POSTERN_ADMIN")
+        .env_remove("POSTERN_ADMIN_TOKEN");
+    let started = Instant::now();
+    let out = exits_within(cmd, Duration::from_secs(60)).expect("the CLI still waits after 60 s");
+    let waited = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        waited >= Duration::from_secs(29),
+        "gave up after {waited:?}: {err}"
+    );
+    assert!(
+        err.contains(&url) && err.contains("no answer within 30 s"),
+        "{err}"
     );
 }
