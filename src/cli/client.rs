@@ -47,7 +47,7 @@ pub fn call_headed(
         .build()
         .map_err(|e| CliError::Failed(format!("cannot start a runtime: {e}")))?;
     let exchange = send(target, method, path, body);
-    runtime.block_on(async {
+    let answer = runtime.block_on(async {
         match wait {
             Wait::Unbounded => exchange.await,
             Wait::Bounded => tokio::time::timeout(ANSWER_TIMEOUT, exchange)
@@ -59,7 +59,29 @@ pub fn call_headed(
                     })
                 }),
         }
-    })
+    })?;
+    refuse_unauthenticated(target, &answer.0, &answer.2)?;
+    Ok(answer)
+}
+
+/// The daemon's 401 speaks HTTP (`Authorization: Bearer`); the operator sets a variable.
+fn refuse_unauthenticated(
+    target: &AdminTarget,
+    status: &StatusCode,
+    body: &Value,
+) -> Result<(), CliError> {
+    if *status != StatusCode::UNAUTHORIZED || body["error"]["code"] != "ADMIN_UNAUTHENTICATED" {
+        return Ok(());
+    }
+    let hint = if target.token.is_some() {
+        "POSTERN_ADMIN_TOKEN does not match the daemon's [admin] token"
+    } else {
+        "the daemon at this address has an admin token: set POSTERN_ADMIN_TOKEN to its [admin] token"
+    };
+    Err(CliError::Failed(format!(
+        "ADMIN_UNAUTHENTICATED ({status}): {hint} ({})",
+        target.url
+    )))
 }
 
 async fn send(

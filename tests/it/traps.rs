@@ -254,3 +254,55 @@ fn the_cli_gives_up_on_a_daemon_that_never_answers_and_names_its_url() {
         "{err}"
     );
 }
+
+/// The CLI relayed the daemon's HTTP hint ("Send Authorization: Bearer <admin token>").
+#[test]
+fn the_cli_without_the_admin_token_names_postern_admin_token() {
+    let admin = "[admin]\nlisten = \"127.0.0.1:0\"";
+    let config = TEST_CONFIG.replace(admin, &format!("{admin}\ntoken = \"traps-admin-token\""));
+    let home = Home::new();
+    let daemon = Daemon::start(&home, Some(&config));
+    let out = daemon.cli(&["actions", "list"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("ADMIN_UNAUTHENTICATED") && err.contains("set POSTERN_ADMIN_TOKEN"),
+        "{err}"
+    );
+    assert!(!err.contains("Authorization: Bearer"), "{err}");
+    let out = daemon.cli(&["actions", "list"], &[("POSTERN_ADMIN_TOKEN", "wrong")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("POSTERN_ADMIN_TOKEN does not match"), "{err}");
+    assert!(!err.contains("traps-admin-token"), "{err}");
+    let ok = daemon.cli(
+        &["actions", "list"],
+        &[("POSTERN_ADMIN_TOKEN", "traps-admin-token")],
+    );
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}
+
+/// `postern ssh-connect` without a token said "proxy credentials".
+#[test]
+fn ssh_connect_without_a_token_names_the_variables_it_reads() {
+    let f = Front::start("");
+    let out = f
+        .ssh_command(TOKEN, &["--", "", "echo hi"])
+        .env_remove("POSTERN_AGENT_TOKEN")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(255), "{err}");
+    assert_eq!(
+        envelope(&err)["error"]["code"],
+        "AGENT_UNAUTHENTICATED",
+        "{err}"
+    );
+    assert!(
+        err.contains("POSTERN_AGENT") && err.contains("POSTERN_AGENT_TOKEN"),
+        "{err}"
+    );
+}
