@@ -306,3 +306,28 @@ fn ssh_connect_without_a_token_names_the_variables_it_reads() {
         "{err}"
     );
 }
+
+/// `actions list` showed `ssh://user@host:port` and not what ran there.
+#[test]
+fn actions_list_shows_an_ssh_invocation_s_command_cut_to_width() {
+    let f = Front::start("");
+    let long = format!("echo {}", "y".repeat(200));
+    for command in ["echo listed-command", long.as_str()] {
+        let out = f.ssh(TOKEN, &["--", "", command]);
+        assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    }
+    let out = f.daemon.cli(&["actions", "list"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    let line = |needle: &str| text.lines().find(|l| l.contains(needle)).map(str::to_owned);
+    let short = line("echo listed-command").unwrap_or_else(|| panic!("no command in:\n{text}"));
+    assert!(
+        short.contains("ssh://") && short.ends_with("`echo listed-command`"),
+        "{short}"
+    );
+    let cut = line("echo yyy").unwrap_or_else(|| panic!("no long command in:\n{text}"));
+    assert!(
+        cut.ends_with("…`") && !cut.contains(&"y".repeat(100)),
+        "{cut}"
+    );
+}
