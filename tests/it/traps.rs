@@ -331,3 +331,67 @@ fn actions_list_shows_an_ssh_invocation_s_command_cut_to_width() {
         "{cut}"
     );
 }
+
+/// A `TLS_CERTIFICATE_ERROR` to a private origin said only "could not be verified".
+#[test]
+fn a_tls_certificate_error_names_the_class_of_problem_and_the_fix() {
+    let home = Home::new();
+    let right = crate::tls_origin::echo_origin();
+    let wrong_name = crate::tls_origin::echo_origin_for("other.test");
+    let route = |id: &str, origin: &crate::tls_origin::TlsOrigin, ca: bool| {
+        let ca = if ca {
+            format!("upstream_ca = \"{}\"\n", origin.ca_file.display())
+        } else {
+            String::new()
+        };
+        format!(
+            "[[routes]]\nid = \"{id}\"\nmatch = {{ host = \"{id}.test\", port = {} }}\nresolve = \"{}\"\n{ca}",
+            origin.addr.port(),
+            origin.addr
+        )
+    };
+    let config = format!(
+        "{TEST_CONFIG}{}{}",
+        route("private", &right, false),
+        route("misnamed", &wrong_name, true)
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    let ca = home.root().join("certs/ca.pem").display().to_string();
+    let ask = |host: &str, port: u16| {
+        let url = format!("https://{host}:{port}/x");
+        let (status, body, _) = crate::support::curl(&["--cacert", &ca, "-x", &daemon.proxy, &url]);
+        assert_eq!(status, 502, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let e = ask("private.test", right.addr.port());
+    assert_eq!(e["error"]["code"], "TLS_CERTIFICATE_ERROR", "{e}");
+    assert_eq!(e["evidence"]["tls_problem"], "untrusted_issuer", "{e}");
+    let message = e["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("issuer is not trusted") && message.contains("upstream_ca"),
+        "{e}"
+    );
+    // The TLS library's words stay in the journal's diagnostic.
+    let id = e["invocation_id"].as_str().unwrap_or_default();
+    let (_, events) = get_json(&daemon.url(&format!("/v1/invocations/{id}/events")), &[]);
+    let text = events.to_string();
+    assert!(
+        text.contains("UnknownIssuer") || text.contains("unknown issuer"),
+        "{text}"
+    );
+    assert!(
+        !e.to_string().contains("UnknownIssuer") && !e.to_string().contains("invalid peer"),
+        "{e}"
+    );
+
+    let e = ask("misnamed.test", wrong_name.addr.port());
+    assert_eq!(e["error"]["code"], "TLS_CERTIFICATE_ERROR", "{e}");
+    assert_eq!(e["evidence"]["tls_problem"], "name_mismatch", "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("does not name the host"),
+        "{e}"
+    );
+}
