@@ -207,6 +207,13 @@ fn healthz(state: &AdminState) -> Reply {
     };
     let secrets = secret_names(&state.live.current());
     let missing = state.vault.absent(&secrets).unwrap_or_default();
+    // Credentialed routes fail (VAULT_LOCKED, CREDENTIAL_MISSING) while the rest still serves:
+    // degraded, with a 200 a restart would not change. No credentials: nothing needs the vault.
+    let needs_vault = !secrets.is_empty();
+    let overall = match overall {
+        "ok" if (needs_vault && vault == "locked") || !missing.is_empty() => "degraded",
+        other => other,
+    };
     json_reply(
         status,
         &json!({"status": overall, "journal": journal, "vault": vault, "missing_secrets": missing}),

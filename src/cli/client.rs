@@ -1,5 +1,7 @@
 //! A minimal admin API client (HTTP/1.1 over loopback).
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
@@ -8,6 +10,20 @@ use serde_json::Value;
 
 use super::{AdminTarget, CliError};
 
+/// How long the CLI waits for the daemon to take the connection, and then for its answer: a
+/// hung daemon (or another program on the port) must not hold the operator's shell forever.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long to wait for the answer once the request is sent.
+#[derive(Clone, Copy)]
+pub enum Wait {
+    /// `ANSWER_TIMEOUT`: every admin call but `postern retry`.
+    Bounded,
+    /// Until the daemon answers: a retry may be held for approval (it says so on stderr).
+    Unbounded,
+}
+
 /// Sends one request and returns status and JSON body.
 pub fn call(
     target: &AdminTarget,
@@ -15,7 +31,7 @@ pub fn call(
     path: &str,
     body: Option<&Value>,
 ) -> Result<(StatusCode, Value), CliError> {
-    call_headed(target, method, path, body).map(|(status, _, json)| (status, json))
+    call_headed(target, method, path, body, Wait::Bounded).map(|(status, _, json)| (status, json))
 }
 
 /// `call`, with the response's headers.
@@ -24,12 +40,48 @@ pub fn call_headed(
     method: Method,
     path: &str,
     body: Option<&Value>,
+    wait: Wait,
 ) -> Result<(StatusCode, HeaderMap, Value), CliError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| CliError::Failed(format!("cannot start a runtime: {e}")))?;
-    runtime.block_on(send(target, method, path, body))
+    let exchange = send(target, method, path, body);
+    let answer = runtime.block_on(async {
+        match wait {
+            Wait::Unbounded => exchange.await,
+            Wait::Bounded => tokio::time::timeout(ANSWER_TIMEOUT, exchange)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(CliError::NoAnswer {
+                        url: target.url.clone(),
+                        secs: ANSWER_TIMEOUT.as_secs(),
+                    })
+                }),
+        }
+    })?;
+    refuse_unauthenticated(target, &answer.0, &answer.2)?;
+    Ok(answer)
+}
+
+/// The daemon's 401 speaks HTTP (`Authorization: Bearer`); the operator sets a variable.
+fn refuse_unauthenticated(
+    target: &AdminTarget,
+    status: &StatusCode,
+    body: &Value,
+) -> Result<(), CliError> {
+    if *status != StatusCode::UNAUTHORIZED || body["error"]["code"] != "ADMIN_UNAUTHENTICATED" {
+        return Ok(());
+    }
+    let hint = if target.token.is_some() {
+        "POSTERN_ADMIN_TOKEN does not match the daemon's [admin] token"
+    } else {
+        "the daemon at this address has an admin token: set POSTERN_ADMIN_TOKEN to its [admin] token"
+    };
+    Err(CliError::Failed(format!(
+        "ADMIN_UNAUTHENTICATED ({status}): {hint} ({})",
+        target.url
+    )))
 }
 
 async fn send(
@@ -53,8 +105,14 @@ async fn send(
         })?
         .trim_end_matches('/')
         .to_owned();
-    let stream = tokio::net::TcpStream::connect(&authority)
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&authority))
         .await
+        .map_err(|_| {
+            unreachable(format!(
+                "no connection within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            ))
+        })?
         .map_err(|e| unreachable(e.to_string()))?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await

@@ -392,6 +392,10 @@ pub enum CliError {
         "cannot reach the postern daemon at {url}: {detail} (is `postern serve` running? set --admin or POSTERN_ADMIN)"
     )]
     Unreachable { url: String, detail: String },
+    #[error(
+        "the postern daemon at {url} took the connection but sent no answer within {secs} s (is it hung? its log tells; or is another program on that port? set --admin or POSTERN_ADMIN)"
+    )]
+    NoAnswer { url: String, secs: u64 },
     #[error("{0}")]
     Failed(String),
 }
@@ -399,7 +403,7 @@ pub enum CliError {
 impl CliError {
     fn exit_code(&self) -> u8 {
         match self {
-            Self::Unreachable { .. } => 3,
+            Self::Unreachable { .. } | Self::NoAnswer { .. } => 3,
             _ => 1,
         }
     }

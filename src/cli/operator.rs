@@ -75,7 +75,7 @@ pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode
                     s(&r["phase"]),
                     s(&r["retry"]),
                     s(&r["code"]),
-                    s(&r["target"])
+                    list_target(r)
                 );
             }
             if let Some(next) = body["next"].as_str() {
@@ -330,4 +330,26 @@ fn offline_verify(home: &Home) -> Result<Value, CliError> {
     let report = crate::journal::verify(&store)
         .map_err(|e| CliError::Failed(format!("cannot read the journal: {e}")))?;
     Ok(json!(report))
+}
+
+/// The list's TARGET column: an SSH record adds its command (the target alone says nothing
+/// about what ran), escaped so a control character cannot drive the terminal, and cut short.
+fn list_target(record: &Value) -> String {
+    let target = s(&record["target"]);
+    match record["command"].as_str() {
+        Some(command) => format!("{target} {}", shown_command(command, COMMAND_WIDTH)),
+        None => target.to_string(),
+    }
+}
+
+/// Characters of an SSH command `actions list` shows.
+const COMMAND_WIDTH: usize = 60;
+
+fn shown_command(command: &str, width: usize) -> String {
+    let escaped: String = command.chars().flat_map(char::escape_debug).collect();
+    let mut cut: String = escaped.chars().take(width).collect();
+    if escaped.chars().count() > width {
+        cut.push('…');
+    }
+    format!("`{cut}`")
 }

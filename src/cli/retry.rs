@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use super::client::{api_error, call_headed};
+use super::client::{Wait, api_error, call_headed};
 use super::{AdminTarget, CliError, percent_encode};
 
 pub struct Ask {
@@ -26,7 +26,7 @@ pub fn run(target: &AdminTarget, id: &str, ask: &Ask) -> Result<ExitCode, CliErr
     }
     let path = format!("/v1/invocations/{}/retry", percent_encode(id));
     let waiting = still_running_note(id);
-    let answer = call_headed(target, Method::POST, &path, Some(&body));
+    let answer = call_headed(target, Method::POST, &path, Some(&body), Wait::Unbounded);
     drop(waiting);
     let (status, headers, reply) = match answer {
         Err(CliError::Unreachable { url, detail }) => {

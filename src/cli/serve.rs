@@ -114,6 +114,7 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
     init_tracing(env("POSTERN_LOG_FORMAT").as_deref() == Some("json"));
     let config = load(config_path, env)?;
     warn_unbuilt(&config);
+    warn_shell_syntax(&config);
     create_home(home)?;
     let vault = Arc::new(Vault::new(&home.root, env("POSTERN_VAULT_KEY")));
     check_vault(&config, &vault)?;
@@ -211,6 +212,25 @@ fn warn_unbuilt(config: &Config) {
         errln!(
             "postern: WARNING: [admin] has no token, so any local process (agents included) can approve held requests and reconcile outcomes; set [admin] token = \"env:POSTERN_ADMIN_TOKEN\""
         );
+    }
+}
+
+/// A target with `shell_syntax = true` whose patterns admit a shell character lets an agent
+/// chain any command after one that matches (`^echo .*$` admits `echo x; whoami`).
+fn warn_shell_syntax(config: &Config) {
+    for (i, t) in config.ssh_targets.iter().enumerate() {
+        if !t.shell_syntax {
+            continue;
+        }
+        for (j, re) in t.commands.iter().enumerate() {
+            if let Some(c) = crate::config::admitted_by(re.as_str()) {
+                errln!(
+                    "postern: WARNING: ssh_targets[{i}] ({}): shell_syntax = true and commands[{j}] admits `{}`, so an agent may run any command after one the pattern matches",
+                    t.id,
+                    c.escape_default()
+                );
+            }
+        }
     }
 }
 

@@ -91,6 +91,9 @@ fn bridge(address: &str, preamble: &Preamble) -> ExitCode {
             shown
         };
         errln!("{shown}");
+        if shown.contains("\"AGENT_UNAUTHENTICATED\"") {
+            errln!("{}", identity_hint(preamble));
+        }
         return ExitCode::from(EXIT_REFUSED);
     }
     // SSH bytes the front sent right behind `OK` are already in the line reader's buffer.
@@ -100,6 +103,19 @@ fn bridge(address: &str, preamble: &Preamble) -> ExitCode {
         return ExitCode::from(EXIT_REFUSED);
     }
     ExitCode::SUCCESS
+}
+
+/// The envelope says "proxy credentials" (its message is shared with the HTTP proxy); the
+/// bridge's identity comes from two variables, so name them.
+fn identity_hint(preamble: &Preamble) -> &'static str {
+    match (&preamble.agent, &preamble.token) {
+        (None, _) | (_, None) => {
+            "postern: ssh-connect identifies the agent by POSTERN_AGENT (its [[agents]] id) and POSTERN_AGENT_TOKEN (its token): set both"
+        }
+        _ => {
+            "postern: POSTERN_AGENT and POSTERN_AGENT_TOKEN do not name a configured agent with that token"
+        }
+    }
 }
 
 /// stdin → front on its own thread; front → stdout here until the front closes. The

@@ -7,6 +7,7 @@ mod live;
 mod model;
 mod problem;
 mod raw;
+mod shell_syntax;
 mod units;
 mod validate;
 
@@ -15,6 +16,7 @@ use std::path::Path;
 pub use diff::{ConfigDiff, diff};
 pub use live::Live;
 pub use model::*;
+pub use shell_syntax::{SHELL_SYNTAX, admitted_by, shell_syntax_in};
 pub use units::{Quantity, parse_duration, parse_size};
 pub use validate::{ConfigErrors, EnvLookup, Problem, parse};
 

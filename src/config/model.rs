@@ -255,6 +255,11 @@ impl SshAction {
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.iter().copied().find(|a| a.as_str() == s)
     }
+
+    /// Whether postern runs this action; the others are named so config can say "not yet".
+    pub fn is_built(self) -> bool {
+        self == Self::Exec
+    }
 }
 
 /// An upstream SSH server agents may run commands on (`[[ssh_targets]]`).
@@ -275,6 +280,8 @@ pub struct SshTarget {
     pub allow: Vec<SshAction>,
     /// Whole-command patterns (anchored); empty: any command.
     pub commands: Vec<regex::Regex>,
+    /// Whether a command with shell syntax may meet `commands` (which see only the raw string).
+    pub shell_syntax: bool,
     pub approval: Approval,
     pub approval_timeout: Duration,
     pub retry_budget: u32,
@@ -297,6 +304,31 @@ impl SshTarget {
 
     /// Whether `commands` lets this command run (no patterns: any command).
     pub fn permits_command(&self, command: &str) -> bool {
-        self.commands.is_empty() || self.commands.iter().any(|r| r.is_match(command))
+        self.command_refusal(command).is_none()
     }
+
+    /// Why `commands` refuse this command (`ROUTE_DENIED`, field `command`), if they do.
+    /// Shell syntax is refused first: a pattern sees the raw string, the remote shell runs
+    /// every command in it.
+    pub fn command_refusal(&self, command: &str) -> Option<CommandRefusal> {
+        if self.commands.is_empty() {
+            return None;
+        }
+        if !self.shell_syntax
+            && let Some(c) = super::shell_syntax_in(command)
+        {
+            return Some(CommandRefusal::ShellSyntax(c));
+        }
+        let listed = self.commands.iter().any(|r| r.is_match(command));
+        (!listed).then_some(CommandRefusal::NotListed)
+    }
+}
+
+/// Why a target's `commands` refuse a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandRefusal {
+    /// The command holds this shell-syntax character and the target has no `shell_syntax = true`.
+    ShellSyntax(char),
+    /// No pattern matches the command.
+    NotListed,
 }

@@ -147,6 +147,7 @@ pub struct RawSshTarget {
     pub resolve: Option<String>,
     pub allow: Option<Vec<String>>,
     pub commands: Option<Vec<String>>,
+    pub shell_syntax: Option<bool>,
     pub approval: Option<String>,
     pub approval_timeout: Option<Quantity>,
     pub retry_budget: Option<u32>,

@@ -346,6 +346,12 @@ fn ssh_target_problems_name_their_keys() {
         ["ssh_targets[0].allow[1]"]
     );
     assert_eq!(
+        p(
+            "credential = \"k\"\nknown_hosts = \"known_hosts\"\nallow = [\"shell\", \"exec\", \"subsystem\"]"
+        ),
+        ["ssh_targets[0].allow[0]", "ssh_targets[0].allow[2]"]
+    );
+    assert_eq!(
         p("credential = \"k\"\nknown_hosts = \"known_hosts\"\nconnect_timeout = \"0s\""),
         ["ssh_targets[0].connect_timeout"]
     );

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::codes::{Code, Outcome, Phase, Retry};
 use super::resolve::{FailureContext, OperationFacts, Resolution, resolve_failure};
+use super::tls::TlsProblem;
 
 /// postern's answer for a failed invocation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -158,7 +159,7 @@ impl Envelope {
                 phase: resolution.phase,
                 outcome: resolution.outcome,
                 retry: resolution.retry,
-                message: resolution.code.message().to_owned(),
+                message: message(resolution.code, &evidence),
                 field,
             },
             evidence,
@@ -183,6 +184,19 @@ impl Envelope {
     /// `Proxy-Status` (RFC 9209) for this failure.
     pub fn proxy_status(&self) -> String {
         proxy_status(self.error.code, &self.error.message)
+    }
+}
+
+/// The code's message, or a more precise one where the evidence names the class of problem.
+fn message(code: Code, evidence: &Evidence) -> String {
+    let tls = evidence
+        .extra
+        .get("tls_problem")
+        .and_then(serde_json::Value::as_str)
+        .and_then(TlsProblem::parse);
+    match tls {
+        Some(problem) if code == Code::TlsCertificateError => problem.message().to_owned(),
+        _ => code.message().to_owned(),
     }
 }
 

@@ -9,6 +9,7 @@ mod envelope;
 mod hints;
 mod resolve;
 mod status;
+mod tls;
 mod tunnel;
 
 pub use codes::{Code, CodeRow, Outcome, OutcomeRule, Phase, PhaseRule, Retry, RetryRule};
@@ -26,4 +27,5 @@ pub use status::{
     ResponseFacts, StatusOverrides, StatusResolution, classify_exit, classify_grpc_status,
     classify_status, parse_grpc_status,
 };
+pub use tls::TlsProblem;
 pub use tunnel::{ClosedBy, TunnelEvidence, UpgradeEvidence, classify_tunnel, classify_upgrade};

@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::config::{Route, Scheme};
-use crate::contract::{Code, Stage};
+use crate::contract::{Code, Stage, TlsProblem};
 use crate::dns::Dns;
 use crate::journal::{ConnectAttempt, Failure, TlsIdentity};
 use crate::policy::Target;
@@ -44,12 +44,18 @@ pub struct DialFailure {
     pub attempts: Vec<ConnectAttempt>,
     /// The status a `via` hop refused the tunnel with.
     pub hop_status: Option<u16>,
+    /// What is wrong with the origin's certificate (`TLS_CERTIFICATE_ERROR`), when known.
+    pub tls_problem: Option<TlsProblem>,
 }
 
 impl DialFailure {
     /// The `FAILED` event's body: the code, and the hop's status as evidence.
     pub fn failure(&self) -> Failure {
         let mut f = Failure::of(self.code);
+        if let Some(problem) = self.tls_problem {
+            f.evidence
+                .insert("tls_problem".into(), problem.as_str().into());
+        }
         if let Some(status) = self.hop_status {
             f.evidence.insert("hop_status".into(), status.into());
         }
@@ -181,6 +187,7 @@ impl Attempts {
             code,
             attempts: self.list,
             hop_status: self.hop_status,
+            tls_problem: None,
         }
     }
 }
@@ -339,9 +346,11 @@ pub async fn dial_offering(
             })
         }
         Ok(Err(e)) => {
-            let code = tls_code(&e);
+            let (code, problem) = tls_code(&e);
             at.failed(Stage::TlsHandshake, code, Some(address), e.to_string());
-            Err(at.fail(code))
+            let mut failure = at.fail(code);
+            failure.tls_problem = problem;
+            Err(failure)
         }
         Err(_) => {
             at.failed(
@@ -433,12 +442,27 @@ async fn tcp_stages(
     Ok((tcp, address))
 }
 
-fn tls_code(e: &std::io::Error) -> Code {
+fn tls_code(e: &std::io::Error) -> (Code, Option<TlsProblem>) {
     let inner = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
     match inner {
-        Some(rustls::Error::InvalidCertificate(_)) => Code::TlsCertificateError,
-        _ => Code::TlsHandshakeError,
+        Some(rustls::Error::InvalidCertificate(cert)) => {
+            (Code::TlsCertificateError, tls_problem(cert))
+        }
+        _ => (Code::TlsHandshakeError, None),
     }
+}
+
+/// The class a newcomer can act on; other certificate errors keep the code's message.
+fn tls_problem(e: &rustls::CertificateError) -> Option<TlsProblem> {
+    use rustls::CertificateError as E;
+    Some(match e {
+        E::UnknownIssuer => TlsProblem::UntrustedIssuer,
+        E::NotValidForName | E::NotValidForNameContext { .. } => TlsProblem::NameMismatch,
+        E::Expired | E::ExpiredContext { .. } => TlsProblem::Expired,
+        E::NotValidYet | E::NotValidYetContext { .. } => TlsProblem::NotYetValid,
+        E::Revoked => TlsProblem::Revoked,
+        _ => return None,
+    })
 }
 
 /// The addresses postern connects to: the `via` hop's when the route has one (the hop

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent};
 use super::refuse::{self, Refused};
-use crate::config::{SshAction, SshTarget};
+use crate::config::{CommandRefusal, SshTarget};
 use crate::contract::Code;
 use crate::journal::{Failure, Journal};
 
@@ -76,19 +76,28 @@ impl AgentSession {
         });
     }
 
-    /// `UNSUPPORTED_ACTION` for `kind`; if the target allows it, the note says it is not built.
-    fn unsupported(&self, method: &'static str, kind: Option<SshAction>) -> Refusal {
-        let mut failure = refuse::failure(Code::UnsupportedAction, "action");
-        if kind.is_some_and(|k| self.target.allows(k)) {
-            let note = format!("{method} is allowed on this target but not built yet");
-            failure.evidence.insert("note".into(), note.into());
-        }
+    /// `UNSUPPORTED_ACTION` for `method` (config accepts no `allow` value but exec).
+    fn unsupported(&self, method: &'static str) -> Refusal {
         Refusal {
             method,
             command: None,
-            failure,
+            failure: refuse::failure(Code::UnsupportedAction, "action"),
         }
     }
+}
+
+/// `ROUTE_DENIED` for `command`; shell syntax is named, so the operator knows the way out.
+fn command_denied(why: CommandRefusal) -> Failure {
+    let mut failure = refuse::failure(Code::RouteDenied, "command");
+    if let CommandRefusal::ShellSyntax(c) = why {
+        let shown = c.escape_default().to_string();
+        let note = format!(
+            "the command holds shell syntax (`{shown}`), which the target's commands patterns cannot see through; the target allows it only with shell_syntax = true"
+        );
+        failure.evidence.insert("shell_syntax".into(), shown.into());
+        failure.evidence.insert("note".into(), note.into());
+    }
+    failure
 }
 
 /// A refused request, for the journal.
@@ -133,16 +142,16 @@ impl russh::server::Handler for AgentSession {
         session: &mut Session,
     ) -> Result<(), Self::Error> {
         let Ok(command) = String::from_utf8(data.to_vec()) else {
-            let mut refusal = self.unsupported("exec", None);
+            let mut refusal = self.unsupported("exec");
             refusal.failure = refuse::failure(Code::MalformedRequest, "command");
             self.refuse_channel(id, session, refusal);
             return Ok(());
         };
-        if !self.target.permits_command(&command) {
+        if let Some(why) = self.target.command_refusal(&command) {
             let refusal = Refusal {
                 method: "exec",
                 command: Some(command),
-                failure: refuse::failure(Code::RouteDenied, "command"),
+                failure: command_denied(why),
             };
             self.refuse_channel(id, session, refusal);
             return Ok(());
@@ -168,7 +177,7 @@ impl russh::server::Handler for AgentSession {
         id: ChannelId,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let refusal = self.unsupported("shell", Some(SshAction::Shell));
+        let refusal = self.unsupported("shell");
         self.refuse_channel(id, session, refusal);
         Ok(())
     }
@@ -179,7 +188,7 @@ impl russh::server::Handler for AgentSession {
         name: &str,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let mut refusal = self.unsupported("subsystem", Some(SshAction::Subsystem));
+        let mut refusal = self.unsupported("subsystem");
         refusal
             .failure
             .evidence
@@ -237,7 +246,7 @@ impl russh::server::Handler for AgentSession {
         _id: ChannelId,
         _: &mut Session,
     ) -> Result<bool, Self::Error> {
-        self.refuse_quietly(self.unsupported("agent_forward", None));
+        self.refuse_quietly(self.unsupported("agent_forward"));
         Ok(false)
     }
 
@@ -252,7 +261,7 @@ impl russh::server::Handler for AgentSession {
         reply: russh::server::ChannelOpenHandle,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let mut refusal = self.unsupported("port_forward", Some(SshAction::PortForward));
+        let mut refusal = self.unsupported("port_forward");
         let destination = format!("{host}:{port}");
         refusal
             .failure
@@ -271,7 +280,7 @@ impl russh::server::Handler for AgentSession {
         port: &mut u32,
         _session: &mut Session,
     ) -> Result<bool, Self::Error> {
-        let mut refusal = self.unsupported("port_forward", Some(SshAction::PortForward));
+        let mut refusal = self.unsupported("port_forward");
         let listen = format!("{address}:{port}");
         refusal
             .failure

@@ -277,7 +277,7 @@ fn cli_serve_names_missing_secrets_at_start_and_in_healthz() {
             health["journal"].as_str(),
             health["vault"].as_str()
         ),
-        (Some("ok"), Some("ok"), Some("ok")),
+        (Some("degraded"), Some("ok"), Some("ok")),
         "{health}"
     );
     assert_eq!(health["missing_secrets"], serde_json::json!(["never-set"]));
@@ -317,6 +317,7 @@ fn cli_serve_names_missing_secrets_at_start_and_in_healthz() {
     );
     let (_, health) = get_json(&daemon.url("/healthz"), &[]);
     assert_eq!(health["missing_secrets"], serde_json::json!([]), "{health}");
+    assert_eq!(health["status"], "ok", "{health}");
 }
 
 #[test]

@@ -39,6 +39,7 @@ mod sshd;
 mod streaming;
 mod support;
 mod tls_origin;
+mod traps;
 mod tunnel;
 mod via;
 mod websocket;

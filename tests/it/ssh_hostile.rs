@@ -365,7 +365,7 @@ fn status_then_abort() {
 }
 
 /// `git` with the agent's environment: its ssh goes through `postern ssh-connect`.
-fn git(f: &Front, dir: &Path, args: &[&str]) -> Output {
+pub fn git(f: &Front, dir: &Path, args: &[&str]) -> Output {
     let ssh = format!(
         "ssh -F /dev/null -o 'ProxyCommand={BIN} ssh-connect %r %h %p' \
          -o 'UserKnownHostsFile={}' -o StrictHostKeyChecking=yes -o BatchMode=yes \
@@ -393,7 +393,7 @@ fn git(f: &Front, dir: &Path, args: &[&str]) -> Output {
         .expect("git must be installed (.ci/run installs git)")
 }
 
-fn ok(out: &Output) -> String {
+pub fn ok(out: &Output) -> String {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(out));
     assert!(out.status.success(), "{text}");
     text

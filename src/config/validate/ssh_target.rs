@@ -33,6 +33,7 @@ pub(super) fn validate(
             .map(|s| c.addr(&format!("{p}.resolve"), Some(s), "")),
         allow: allow(c, &p, t.allow.as_deref()),
         commands: commands(c, &p, t.commands.as_deref().unwrap_or(&[])),
+        shell_syntax: t.shell_syntax.unwrap_or(false),
         approval: approval(c, &p, t.approval.as_deref()),
         approval_timeout: c.timeout(
             &format!("{p}.approval_timeout"),
@@ -137,10 +138,15 @@ fn allow(c: &mut Checker<'_>, p: &str, v: Option<&[String]>) -> Vec<SshAction> {
     let mut allowed = Vec::new();
     for (j, a) in list.iter().enumerate() {
         match SshAction::parse(a) {
-            Some(action) => allowed.push(action),
+            Some(action) if action.is_built() => allowed.push(action),
+            // Accepted here, it would only be refused at run time (UNSUPPORTED_ACTION).
+            Some(_) => c.bad(
+                format!("{p}.allow[{j}]"),
+                format!("`{a}` is not built yet: only \"exec\" is"),
+            ),
             None => c.bad(
                 format!("{p}.allow[{j}]"),
-                format!("`{a}` is not exec, shell, port_forward or subsystem"),
+                format!("`{a}` is not an SSH action: only \"exec\" is built"),
             ),
         }
     }
