@@ -182,3 +182,131 @@ fn curl_in_the_jail_reaches_a_route_through_the_proxy_with_the_credential_inject
     assert_eq!(rec["route"], "origin");
     assert_eq!(rec["outcome"], "committed");
 }
+
+#[test]
+fn clients_that_ignore_the_proxy_go_through_the_dns_stub_and_the_transparent_listeners() {
+    if !userns_allowed() {
+        return;
+    }
+    let jail = Jail::start("");
+    let script = r#"
+set -e
+getent hosts origin.test
+curl -sS --max-time 20 --noproxy '*' https://origin.test/curl; echo
+curl -sS --max-time 20 --noproxy '*' http://plain.test/plain | head -1; echo
+unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy
+python3 -c 'import urllib.request, ssl, os
+ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+print(urllib.request.urlopen("https://origin.test/urllib", context=ctx).read().decode())'
+python3 -c 'import requests; print(requests.get("https://origin.test/requests").text)'
+NODE_USE_ENV_PROXY= node -e 'fetch("https://origin.test/node").then(r => r.text()).then(t => console.log(t))'
+"#;
+    let out = jail.run(script);
+    let text = ok(&out);
+    assert!(
+        text.starts_with("127.0.0.1"),
+        "the stub answers A with loopback: {text}"
+    );
+    let paths: Vec<String> = json_lines(&text)
+        .iter()
+        .map(|v| v["path"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(
+        paths,
+        ["/curl", "/urllib", "/requests", "/node"],
+        "{text}\n{}",
+        stderr(&out)
+    );
+    assert!(
+        text.contains("GET /plain HTTP/1.1"),
+        "port 80 reached the plain route: {text}"
+    );
+    // Each went through the proxy as the agent: the same routes, policy and journal.
+    let list = jail.daemon.cli(&["actions", "list", "--json"], &[]);
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+    let recs = list["invocations"].as_array().unwrap();
+    assert_eq!(recs.len(), 5, "{list}");
+    assert!(
+        recs.iter()
+            .all(|r| r["agent"] == "ci" && r["outcome"] == "committed"),
+        "{list}"
+    );
+}
+
+#[test]
+fn nothing_but_postern_is_reachable_and_the_daemons_state_is_hidden() {
+    if !userns_allowed() {
+        return;
+    }
+    let jail = Jail::start("");
+    let home = jail.home.root();
+    let script = format!(
+        r#"
+curl -sS --max-time 5 --noproxy '*' http://127.0.0.2:1/ >/dev/null 2>&1; echo "other=$?"
+curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{admin}/healthz >/dev/null 2>&1; echo "admin=$?"
+curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{proxy}/ >/dev/null 2>&1; echo "daemon_proxy=$?"
+curl -sS --max-time 5 --noproxy '*' https://unrouted.test/ >/dev/null 2>&1; echo "unrouted=$?"
+python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); s.sendto(b"x", ("10.0.0.1", 53))' 2>/dev/null; echo "udp=$?"
+cat {home}/vault.json 2>/dev/null; echo "vault=$?"
+ls -A {home} | wc -l
+umount {home} 2>/dev/null; echo "umount=$?"
+cat {home}/vault.json 2>/dev/null; echo "vault_after_umount=$?"
+wc -c < {config}
+env | grep -c -E '^(POSTERN_VAULT_KEY|POSTERN_ADMIN_TOKEN|POSTERN_HOME|POSTERN_CONFIG)=' || true
+env | grep -E '^(POSTERN_AGENT|POSTERN_AGENT_TOKEN|POSTERN_SSH_PROXY|NO_PROXY|https_proxy|ORIGIN_API_KEY)=' | sort
+"#,
+        admin = jail.admin_port,
+        proxy = jail.proxy_port,
+        home = home.display(),
+        config = jail.config.display(),
+    );
+    let out = jail.run(&script);
+    let text = ok(&out);
+    for refused in [
+        "other",
+        "admin",
+        "daemon_proxy",
+        "unrouted",
+        "udp",
+        "vault",
+        "vault_after_umount",
+        "umount",
+    ] {
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{refused}=")))
+            .unwrap_or_else(|| panic!("no {refused}= line: {text}"));
+        assert_ne!(line, "0", "{refused} must fail in the jail: {text}");
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("vault_after_umount="))
+        .unwrap();
+    assert_eq!(
+        lines[at - 2],
+        "0",
+        "the state directory looks empty: {text}"
+    );
+    assert_eq!(lines[at + 1], "0", "the config file is empty: {text}");
+    assert_eq!(lines[at + 2], "0", "none of the daemon's variables: {text}");
+    assert_eq!(
+        &lines[at + 3..],
+        [
+            "NO_PROXY=",
+            "ORIGIN_API_KEY=postern:api",
+            "POSTERN_AGENT=ci",
+            format!("POSTERN_AGENT_TOKEN={TOKEN}").as_str(),
+            "POSTERN_SSH_PROXY=127.0.0.1:2222",
+            format!("https_proxy=http://ci:{TOKEN}@127.0.0.1:3128").as_str(),
+        ],
+        "{text}"
+    );
+    assert!(!text.contains(CANARY) && !text.contains(VAULT_KEY));
+    // The unrouted name reached postern and was refused there, on the jail's stderr.
+    assert!(
+        stderr(&out).contains("postern refused CONNECT unrouted.test:443"),
+        "{}",
+        stderr(&out)
+    );
+}
