@@ -218,6 +218,12 @@ pub enum Command {
         #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<std::ffi::OsString>,
     },
+    /// PID 1 of the jail's PID namespace (started by `postern jail`).
+    #[command(name = "__jail-init", hide = true)]
+    JailInit {
+        #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Test hook: write one synthetic invocation's events (failpoints builds only).
     #[cfg(feature = "failpoints")]
     #[command(hide = true)]
@@ -322,7 +328,8 @@ fn talks_to_daemon(command: &Command) -> bool {
         | Command::SshConnect(_)
         | Command::SshConfig
         | Command::Jail(_)
-        | Command::JailInside { .. } => false,
+        | Command::JailInside { .. }
+        | Command::JailInit { .. } => false,
         #[cfg(feature = "failpoints")]
         Command::Drill(_) => false,
         _ => true,
@@ -344,6 +351,7 @@ fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
         Command::SshConfig => ssh::config(config, home, env),
         Command::Jail(args) => Ok(jail::run(config, home, args, env)),
         Command::JailInside { command } => Ok(crate::jail::inside(&command)),
+        Command::JailInit { command } => Ok(crate::jail::init(&command)),
         Command::Actions { command, admin } => operator::actions(&target(admin), command),
         Command::Result {
             id,

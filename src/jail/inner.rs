@@ -86,26 +86,71 @@ fn run(cmd: &[OsString]) -> Result<u8, String> {
         let _guard = runtime.enter();
         start(listeners, Arc::new(plan))?;
     }
-    let mut child = match Command::new(program)
+    // CMD and whatever it starts live in a PID namespace of their own, under `__jail-init`:
+    // when CMD ends, the kernel ends every process left in it.
+    let forward = signals::forwarder(pending);
+    namespace::new_pid_namespace().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the postern binary to re-execute: {e}"))?;
+    let mut child = Command::new(exe)
+        .arg("__jail-init")
+        .arg("--")
+        .arg(program)
         .args(args)
         .env_remove(PLAN_VAR)
         .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            super::note(&format!("cannot run {}: {e}", program.to_string_lossy()));
-            return Ok(match e.kind() {
-                ErrorKind::NotFound => 127,
-                _ => 126,
-            });
-        }
-    };
-    signals::forward_to(pending, child.id());
+        .map_err(|e| format!("cannot start the jail's init: {e}"))?;
+    forward.to(child.id());
     let status = child
         .wait()
         .map_err(|e| format!("cannot wait for CMD: {e}"))?;
     runtime.shutdown_background();
     Ok(exit_code(status))
+}
+
+/// `postern __jail-init -- CMD…`: PID 1 of the jail's PID namespace. Runs CMD, forwards
+/// signals to it (PID 1 only receives the signals it handles), reaps orphans, and exits
+/// with CMD's status — which ends every process still in the namespace.
+pub fn init(cmd: &[OsString]) -> ExitCode {
+    ExitCode::from(init_status(cmd))
+}
+
+fn init_status(cmd: &[OsString]) -> u8 {
+    use nix::sys::wait::{WaitStatus, waitpid};
+    let Some((program, args)) = cmd.split_first() else {
+        return EXIT_SETUP;
+    };
+    let forward = match signals::catch() {
+        Ok(p) => signals::forwarder(p),
+        Err(e) => {
+            super::note(&e);
+            return EXIT_SETUP;
+        }
+    };
+    let child = match Command::new(program).args(args).spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            super::note(&format!("cannot run {}: {e}", program.to_string_lossy()));
+            return match e.kind() {
+                ErrorKind::NotFound => 127,
+                _ => 126,
+            };
+        }
+    };
+    let pid = child.id();
+    forward.to(pid);
+    loop {
+        match waitpid(None, None) {
+            Ok(WaitStatus::Exited(p, code)) if p.as_raw().unsigned_abs() == pid => {
+                return u8::try_from(code & 0xff).unwrap_or(1);
+            }
+            Ok(WaitStatus::Signaled(p, signal, _)) if p.as_raw().unsigned_abs() == pid => {
+                return u8::try_from((128 + signal as i32) & 0xff).unwrap_or(1);
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return 1,
+        }
+    }
 }
 
 /// The state directory and the config under empty mounts; the stub's resolv.conf.

@@ -25,7 +25,7 @@ mod relay;
 mod signals;
 mod sniff;
 
-pub use inner::inside;
+pub use inner::{init, inside};
 pub use outer::{Outer, PrivateDir, run};
 pub use plan::Plan;
 pub use relay::dialable;

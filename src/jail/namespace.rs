@@ -86,6 +86,11 @@ pub fn lock(ids: Ids) -> Result<(), EnterError> {
     map_ids(ids)
 }
 
+/// The next child starts a new PID namespace (as its PID 1).
+pub fn new_pid_namespace() -> Result<(), EnterError> {
+    unshare(CloneFlags::CLONE_NEWPID).map_err(setup("unshare (pid)"))
+}
+
 fn map_ids(ids: Ids) -> Result<(), EnterError> {
     let write = |file: &str, text: String| {
         std::fs::write(format!("/proc/self/{file}"), text)

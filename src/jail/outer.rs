@@ -62,7 +62,7 @@ pub fn run(outer: Outer, cmd: &[OsString]) -> u8 {
 }
 
 fn run_inner(outer: &Outer, cmd: &[OsString]) -> Result<u8, String> {
-    let pending = signals::catch()?;
+    let forward = signals::forwarder(signals::catch()?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("postern-jail")
@@ -87,7 +87,7 @@ fn run_inner(outer: &Outer, cmd: &[OsString]) -> Result<u8, String> {
         .env(PLAN_VAR, outer.plan.encode())
         .spawn()
         .map_err(|e| format!("cannot start the jail: {e}"))?;
-    signals::forward_to(pending, child.id());
+    forward.to(child.id());
     let status = child
         .wait()
         .map_err(|e| format!("cannot wait for the jail: {e}"))?;

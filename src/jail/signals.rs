@@ -23,13 +23,25 @@ pub fn catch() -> Result<Pending, String> {
         .map_err(|e| format!("cannot catch signals: {e}"))
 }
 
-/// Sends every caught signal to `child`, on a thread of its own, until the process exits.
-pub fn forward_to(mut pending: Pending, child: u32) {
-    let Ok(pid) = i32::try_from(child) else {
-        return;
-    };
-    let pid = Pid::from_raw(pid);
+/// Where caught signals go, once the child is known.
+pub struct Forwarder(std::sync::mpsc::Sender<u32>);
+
+impl Forwarder {
+    pub fn to(self, child: u32) {
+        let _ = self.0.send(child);
+    }
+}
+
+/// Starts the thread that sends every caught signal to the child named later with
+/// `Forwarder::to`. Started before the child: after `unshare(CLONE_NEWPID)` this process
+/// can start no more threads.
+pub fn forwarder(mut pending: Pending) -> Forwarder {
+    let (tx, rx) = std::sync::mpsc::channel::<u32>();
     std::thread::spawn(move || {
+        let Some(pid) = rx.recv().ok().and_then(|c| i32::try_from(c).ok()) else {
+            return;
+        };
+        let pid = Pid::from_raw(pid);
         for origin in pending.0.forever() {
             if origin.cause == Cause::Kernel {
                 continue;
@@ -39,4 +51,5 @@ pub fn forward_to(mut pending: Pending, child: u32) {
             }
         }
     });
+    Forwarder(tx)
 }

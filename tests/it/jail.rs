@@ -145,19 +145,8 @@ fn ok(out: &Output) -> String {
 /// The JSON lines of `text` (the echo origin's answers).
 fn json_lines(text: &str) -> Vec<Value> {
     text.lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
-/// The jail's private directories left in the temp dir.
-fn leftovers() -> Vec<PathBuf> {
-    std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("postern-jail-"))
-        })
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(Value::is_object)
         .collect()
 }
 
@@ -309,4 +298,207 @@ env | grep -E '^(POSTERN_AGENT|POSTERN_AGENT_TOKEN|POSTERN_SSH_PROXY|NO_PROXY|ht
         "{}",
         stderr(&out)
     );
+}
+
+/// A private temp dir for one jail run, so "nothing left behind" is checked exactly.
+fn own_tmpdir(cmd: &mut Command) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    cmd.env("TMPDIR", tmp.path());
+    tmp
+}
+
+/// Whether any process runs with `marker` in its command line.
+fn running(marker: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+        })
+}
+
+#[test]
+fn exit_status_and_signals_pass_through_a_wrong_token_stops_before_cmd_and_nothing_stays() {
+    if !userns_allowed() {
+        return;
+    }
+    let jail = Jail::start("");
+    let mut cmd = jail.command("exit 7");
+    let tmp = own_tmpdir(&mut cmd);
+    assert_eq!(
+        run_within(cmd, Duration::from_secs(60)).status.code(),
+        Some(7)
+    );
+    let mut cmd = jail.command("kill -TERM $$");
+    cmd.env("TMPDIR", tmp.path());
+    assert_eq!(
+        run_within(cmd, Duration::from_secs(60)).status.code(),
+        Some(128 + 15)
+    );
+
+    // A signal sent to `postern jail` reaches CMD: a handler runs, an unhandled one ends it.
+    let marker = format!("{}.{}", 40 + std::process::id() % 50, std::process::id());
+    let script = format!("trap 'echo got-usr1; exit 3' USR1; echo ready; sleep {marker} & wait");
+    for (signal, want) in [("-USR1", 3), ("-TERM", 128 + 15)] {
+        let script = match signal {
+            "-TERM" => format!("echo ready; exec sleep {marker}"),
+            _ => script.clone(),
+        };
+        let mut cmd = jail.command(&script);
+        cmd.env("TMPDIR", tmp.path());
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        let pid = child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args([signal, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let started = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "jail ignored {signal}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(want), "{signal}");
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        if signal == "-USR1" {
+            assert_eq!(rest.trim(), "got-usr1");
+        }
+    }
+    // The USR1 run's shell left a background `sleep` when it exited: the jail's PID
+    // namespace ended it with CMD.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !running(&format!("sleep {marker}")),
+        "a process of CMD's outlived the jail"
+    );
+
+    // A wrong token: 125, the envelope on stderr, CMD never ran.
+    let ran = tmp.path().join("ran");
+    let mut cmd = jail.command(&format!("touch {}", ran.display()));
+    cmd.env("TMPDIR", tmp.path())
+        .env("POSTERN_AGENT_TOKEN", "not-the-token");
+    let out = run_within(cmd, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    let envelope: Value = stderr(&out)
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no envelope: {}", stderr(&out)));
+    assert_eq!(envelope["error"]["code"], "AGENT_UNAUTHENTICATED");
+    assert!(!ran.exists(), "CMD ran with a wrong token");
+    assert!(!stderr(&out).contains("not-the-token"));
+
+    // No daemon: 125 before CMD too.
+    let port = free_port();
+    let text = std::fs::read_to_string(&jail.config)
+        .unwrap()
+        .replace(&format!(":{}\"", jail.proxy_port), &format!(":{port}\""));
+    let other = tmp.path().join("other.toml");
+    std::fs::write(&other, text).unwrap();
+    let mut fixed = Command::new(BIN);
+    fixed
+        .args(["jail", "--config"])
+        .arg(&other)
+        .args(["--agent", "ci", "--", "touch"])
+        .arg(&ran)
+        .env("POSTERN_HOME", jail.home.root())
+        .env("TMPDIR", tmp.path());
+    let out = run_within(fixed, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        stderr(&out).contains("cannot reach postern's proxy"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!ran.exists());
+
+    // Nothing the jail made is left: no private directory, no socket.
+    let left: Vec<PathBuf> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("postern-jail-"))
+        })
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn an_unprivileged_user_runs_the_jail_without_root() {
+    if !userns_allowed() {
+        return;
+    }
+    let have_setpriv = Command::new("setpriv").arg("--version").output().is_ok();
+    if !have_setpriv || !nix_is_root() {
+        eprintln!("note: needs root to drop to uid 65534 with setpriv; skipped");
+        return;
+    }
+    let jail = Jail::start("");
+    // The agent's user reads the config and passes through the state directory (0711) to
+    // the public CA files; the vault stays the daemon's (0600).
+    use std::os::unix::fs::PermissionsExt;
+    let perm = |p: &Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    perm(jail.home.dir.path(), 0o755);
+    perm(&jail.config, 0o644);
+    let script = "id -u; curl -sS --max-time 20 https://origin.test/unprivileged; echo; \
+                  curl -sS --max-time 20 --noproxy '*' https://origin.test/transparent; echo; \
+                  cat $0 2>/dev/null; echo \"vault=$?\"";
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        BIN,
+        "jail",
+        "--config",
+    ])
+    .arg(&jail.config)
+    .args(["--agent", "ci", "--", "sh", "-c", script])
+    .arg(jail.home.root().join("vault.json"))
+    .current_dir("/")
+    .env("POSTERN_HOME", jail.home.root())
+    .env_remove("POSTERN_VAULT_KEY")
+    .env_remove("POSTERN_AGENT_TOKEN")
+    .env("TMPDIR", "/tmp");
+    let out = run_within(cmd, Duration::from_secs(90));
+    let text = ok(&out);
+    assert!(text.starts_with("65534\n"), "{text}");
+    let paths: Vec<Value> = json_lines(&text)
+        .iter()
+        .map(|v| v["path"].clone())
+        .collect();
+    assert_eq!(
+        paths,
+        ["/unprivileged", "/transparent"],
+        "{text}\n{}",
+        stderr(&out)
+    );
+    assert!(text.contains("vault=1"), "{text}");
+}
+
+fn nix_is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
