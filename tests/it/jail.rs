@@ -502,3 +502,100 @@ fn nix_is_root() -> bool {
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
+
+#[test]
+fn git_over_https_goes_through_the_jails_proxy() {
+    if !userns_allowed() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    crate::git::seed(work.path());
+    let origin = crate::git::bridge(work.path());
+    let route = format!(
+        "[[routes]]\nid = \"git\"\nagents = [\"ci\"]\n\
+         match = {{ host = \"git.test\", port = {port}, path_prefix = \"/team/\" }}\n\
+         resolve = \"127.0.0.1:{port}\"\nupstream_ca = \"{ca}\"\n",
+        port = origin.port,
+        ca = work.path().join("ca.pem").display()
+    );
+    let jail = Jail::start(&route);
+    let clone = work.path().join("clone");
+    let out = jail.run(&format!(
+        "GIT_TERMINAL_PROMPT=0 git clone -q https://git.test:{}/team/app.git {} && cat {}/README",
+        origin.port,
+        clone.display(),
+        clone.display()
+    ));
+    assert_eq!(ok(&out), "first\n", "{}", stderr(&out));
+    let list = jail.daemon.cli(&["actions", "list", "--json"], &[]);
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+    let recs = list["invocations"].as_array().unwrap();
+    assert!(
+        recs.iter().any(|r| r["route"] == "git"
+            && r["target"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("/git-upload-pack"))),
+        "{list}"
+    );
+}
+
+#[test]
+fn ssh_in_the_jail_reaches_a_target_through_the_jails_2222() {
+    if !userns_allowed() {
+        return;
+    }
+    let (proxy, ssh) = (free_port(), free_port());
+    let sshd = crate::sshd::Sshd::start();
+    let home = Home::new();
+    let known = sshd.known_hosts(home.dir.path(), "app1.internal");
+    let text = crate::ssh::target_config(&sshd.user, sshd.port, &known, "")
+        .replacen(
+            "[proxy]\nlisten = \"127.0.0.1:0\"",
+            &format!("[proxy]\nlisten = \"127.0.0.1:{proxy}\""),
+            1,
+        )
+        .replacen(
+            "[ssh]\nlisten = \"127.0.0.1:0\"",
+            &format!("[ssh]\nlisten = \"127.0.0.1:{ssh}\""),
+            1,
+        );
+    let private = sshd.client_key.private.clone();
+    let out = secret_set(
+        &home,
+        "deploy-ssh-key",
+        &private,
+        Some(crate::ssh::VAULT_KEY),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let daemon = Daemon::start_with(
+        &home,
+        Some(&text),
+        &[("POSTERN_VAULT_KEY", crate::ssh::VAULT_KEY)],
+    );
+    let config = home.dir.path().join("postern.toml");
+    assert!(
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .contains(&format!(":{ssh}\""))
+    );
+    let script = format!(
+        "eval \"$GIT_SSH_COMMAND\" -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes -o ConnectTimeout=10 \
+         {}@app1.internal echo hello-from-the-target",
+        sshd.user
+    );
+    let mut cmd = Command::new(BIN);
+    cmd.arg("jail")
+        .arg("--config")
+        .arg(&config)
+        .args(["--agent", "ci", "--", "sh", "-c", &script])
+        .env("POSTERN_HOME", &daemon.home)
+        .env("POSTERN_AGENT_TOKEN", crate::ssh::TOKEN)
+        .env_remove("POSTERN_CONFIG");
+    let out = run_within(cmd, Duration::from_secs(90));
+    assert_eq!(ok(&out), "hello-from-the-target\n", "{}", stderr(&out));
+    assert!(!stderr(&out).contains(&crate::ssh::canary(&private)));
+    let list = daemon.cli(&["actions", "list", "--json"], &[]);
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(list["invocations"][0]["protocol"], "ssh", "{list}");
+    assert_eq!(list["invocations"][0]["outcome"], "committed", "{list}");
+}
