@@ -221,6 +221,10 @@ pub enum Command {
     /// PID 1 of the jail's PID namespace (started by `postern jail`).
     #[command(name = "__jail-init", hide = true)]
     JailInit {
+        #[arg(long)]
+        uid: u32,
+        #[arg(long)]
+        gid: u32,
         #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<std::ffi::OsString>,
     },
@@ -351,7 +355,9 @@ fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
         Command::SshConfig => ssh::config(config, home, env),
         Command::Jail(args) => Ok(jail::run(config, home, args, env)),
         Command::JailInside { command } => Ok(crate::jail::inside(&command)),
-        Command::JailInit { command } => Ok(crate::jail::init(&command)),
+        Command::JailInit { uid, gid, command } => {
+            Ok(crate::jail::init(crate::jail::Ids { uid, gid }, &command))
+        }
         Command::Actions { command, admin } => operator::actions(&target(admin), command),
         Command::Result {
             id,

@@ -73,7 +73,6 @@ fn run(cmd: &[OsString]) -> Result<u8, String> {
     namespace::enter(ids).map_err(|e| e.to_string())?;
     let listeners = Listeners::bind()?;
     hide(&plan)?;
-    namespace::lock(ids).map_err(|e| e.to_string())?;
     reenter_cwd();
     let pending = signals::catch()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -94,6 +93,8 @@ fn run(cmd: &[OsString]) -> Result<u8, String> {
         .map_err(|e| format!("cannot find the postern binary to re-execute: {e}"))?;
     let mut child = Command::new(exe)
         .arg("__jail-init")
+        .arg(format!("--uid={}", ids.uid))
+        .arg(format!("--gid={}", ids.gid))
         .arg("--")
         .arg(program)
         .args(args)
@@ -108,10 +109,18 @@ fn run(cmd: &[OsString]) -> Result<u8, String> {
     Ok(exit_code(status))
 }
 
-/// `postern __jail-init -- CMD…`: PID 1 of the jail's PID namespace. Runs CMD, forwards
-/// signals to it (PID 1 only receives the signals it handles), reaps orphans, and exits
-/// with CMD's status — which ends every process still in the namespace.
-pub fn init(cmd: &[OsString]) -> ExitCode {
+/// `postern __jail-init --uid U --gid G -- CMD…`: PID 1 of the jail's PID namespace. Mounts
+/// the jail's /proc, locks the mounts behind a second user namespace where the caller's ids
+/// are its own again, runs CMD, forwards signals to it (PID 1 only receives the signals it
+/// handles), reaps orphans, and exits with CMD's status — which ends every process still in
+/// the namespace.
+pub fn init(caller: Ids, cmd: &[OsString]) -> ExitCode {
+    let locked = namespace::mount_proc().and_then(|()| namespace::lock(caller));
+    if let Err(e) = locked {
+        super::note(&e.to_string());
+        return ExitCode::from(EXIT_SETUP);
+    }
+    reenter_cwd();
     ExitCode::from(init_status(cmd))
 }
 

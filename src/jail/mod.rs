@@ -8,10 +8,12 @@
 //!   `postern __jail-inside`, forwards signals to it, passes its exit status on and
 //!   removes the directory.
 //! - the **inner** one (`inside`) unshares user, network and mount namespaces first thing,
-//!   brings `lo` up, binds its listeners, hides the state directory and the config, locks
-//!   those mounts behind a second user namespace, then runs CMD and relays what CMD opens
-//!   (`127.0.0.1:3128`, `:2222`, the transparent `:443`/`:80` and the DNS stub on `:53`)
-//!   to the unix socket.
+//!   brings `lo` up, binds its listeners, hides the state directory and the config, and
+//!   relays what CMD opens (`127.0.0.1:3128`, `:2222`, the transparent `:443`/`:80` and the
+//!   DNS stub on `:53`) to the unix socket. It starts CMD through
+//! - the jail's **init** (`init`), PID 1 of a new PID namespace: it mounts that namespace's
+//!   /proc, locks every mount behind a second user namespace, runs CMD, reaps, and takes every
+//!   process left with it when CMD ends.
 //!
 //! Invariant: CMD never runs before the namespaces, the hiding mounts and the token check
 //! are in place; any failure before it is exit status 125.
@@ -26,6 +28,7 @@ mod signals;
 mod sniff;
 
 pub use inner::{init, inside};
+pub use namespace::Ids;
 pub use outer::{Outer, PrivateDir, run};
 pub use plan::Plan;
 pub use relay::dialable;

@@ -38,8 +38,10 @@ fn setup(what: impl Into<String>) -> impl FnOnce(Errno) -> EnterError {
     move |errno| EnterError::Setup { what, errno }
 }
 
-/// The caller's ids, kept inside the namespaces (`uid uid 1`): CMD's files and `id` look
-/// as outside, and a non-root caller gains no capability over anything it did not own.
+/// The caller's ids. In the first user namespace they are root (its init must keep its
+/// capabilities across exec to mount /proc); in the second, where CMD runs, they are the
+/// caller's again (`uid uid 1` as seen from outside): CMD's files and `id` look as outside,
+/// and a non-root caller's CMD holds no capability at all.
 #[derive(Debug, Clone, Copy)]
 pub struct Ids {
     pub uid: u32,
@@ -66,7 +68,7 @@ pub fn enter(ids: Ids) -> Result<(), EnterError> {
             errno: e,
         },
     })?;
-    map_ids(ids)?;
+    map_ids(Ids { uid: 0, gid: 0 }, ids)?;
     mount(
         None::<&str>,
         "/",
@@ -78,12 +80,21 @@ pub fn enter(ids: Ids) -> Result<(), EnterError> {
     loopback_up()
 }
 
-/// A second user + mount namespace: the mounts made so far are locked in it, and CMD holds
-/// no capability over the network namespace (owned by the first user namespace).
-pub fn lock(ids: Ids) -> Result<(), EnterError> {
+/// A second user + mount namespace (entered by the jail's init, root of the first): the
+/// mounts made so far are locked in it, and CMD holds no capability over the network and PID
+/// namespaces (owned by the first user namespace).
+pub fn lock(caller: Ids) -> Result<(), EnterError> {
     unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS)
         .map_err(setup("unshare (lock)"))?;
-    map_ids(ids)
+    map_ids(caller, Ids { uid: 0, gid: 0 })
+}
+
+/// A /proc of the jail's PID namespace over the host's (by its PID 1): host processes, their
+/// environments and their `/proc/PID/root` views past the hidden directories are gone.
+pub fn mount_proc() -> Result<(), EnterError> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>)
+        .map_err(setup("mounting the jail's /proc"))
 }
 
 /// The next child starts a new PID namespace (as its PID 1).
@@ -91,14 +102,15 @@ pub fn new_pid_namespace() -> Result<(), EnterError> {
     unshare(CloneFlags::CLONE_NEWPID).map_err(setup("unshare (pid)"))
 }
 
-fn map_ids(ids: Ids) -> Result<(), EnterError> {
+/// Maps `inside` to `outside` (the parent namespace's ids), one id each.
+fn map_ids(inside: Ids, outside: Ids) -> Result<(), EnterError> {
     let write = |file: &str, text: String| {
         std::fs::write(format!("/proc/self/{file}"), text)
             .map_err(|e| EnterError::Io(format!("writing /proc/self/{file}: {e}")))
     };
     write("setgroups", "deny".into())?;
-    write("uid_map", format!("{0} {0} 1\n", ids.uid))?;
-    write("gid_map", format!("{0} {0} 1\n", ids.gid))
+    write("uid_map", format!("{} {} 1\n", inside.uid, outside.uid))?;
+    write("gid_map", format!("{} {} 1\n", inside.gid, outside.gid))
 }
 
 /// Covers `dir` with an empty read-only tmpfs.

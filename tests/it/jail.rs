@@ -235,6 +235,7 @@ curl -sS --max-time 5 --noproxy '*' http://127.0.0.2:1/ >/dev/null 2>&1; echo "o
 curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{admin}/healthz >/dev/null 2>&1; echo "admin=$?"
 curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{proxy}/ >/dev/null 2>&1; echo "daemon_proxy=$?"
 curl -sS --max-time 5 --noproxy '*' https://unrouted.test/ >/dev/null 2>&1; echo "unrouted=$?"
+echo "plain_unrouted=$(curl -s --max-time 5 --noproxy '*' -o /dev/null -w '%{{http_code}}' http://unrouted.test/)"
 python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); s.sendto(b"x", ("10.0.0.1", 53))' 2>/dev/null; echo "udp=$?"
 cat {home}/vault.json 2>/dev/null; echo "vault=$?"
 ls -A {home} | wc -l
@@ -292,6 +293,10 @@ env | grep -E '^(POSTERN_AGENT|POSTERN_AGENT_TOKEN|POSTERN_SSH_PROXY|NO_PROXY|ht
         "{text}"
     );
     assert!(!text.contains(CANARY) && !text.contains(VAULT_KEY));
+    assert!(
+        text.contains("plain_unrouted=403\n"),
+        "port 80 shows postern's refusal: {text}"
+    );
     // The unrouted name reached postern and was refused there, on the jail's stderr.
     assert!(
         stderr(&out).contains("postern refused CONNECT unrouted.test:443"),
@@ -598,4 +603,46 @@ fn ssh_in_the_jail_reaches_a_target_through_the_jails_2222() {
     let list: Value = serde_json::from_slice(&list.stdout).unwrap();
     assert_eq!(list["invocations"][0]["protocol"], "ssh", "{list}");
     assert_eq!(list["invocations"][0]["outcome"], "committed", "{list}");
+}
+
+#[test]
+fn host_processes_are_out_of_sight_and_their_environments_and_roots_stay_closed() {
+    if !userns_allowed() {
+        return;
+    }
+    let jail = Jail::start("");
+    // The operator's shell holds the vault key; it is the same user and dumpable. The kernel
+    // already refuses CMD its environ and /proc/PID/root (CMD is in a child user namespace);
+    // the jail's own /proc also keeps host processes and their command lines out of sight.
+    let marker = format!("jail-proc-marker-{}", std::process::id());
+    let inner = "grep -l \"$0\" /proc/[0-9]*/environ 2>/dev/null | wc -l; \
+                 ls /proc | grep -c '^[0-9]'; \
+                 cat /proc/[0-9]*/root/\"$1\"/vault.json 2>/dev/null | wc -c";
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "\"$@\"; :", "wrapper"])
+        .arg(BIN)
+        .arg("jail")
+        .arg("--config")
+        .arg(&jail.config)
+        .args(["--agent", "ci", "--", "sh", "-c", inner, &marker])
+        .arg(jail.home.root())
+        .env("POSTERN_HOME", jail.home.root())
+        .env("POSTERN_VAULT_KEY", &marker)
+        .env_remove("POSTERN_AGENT_TOKEN")
+        .env_remove("POSTERN_CONFIG");
+    let out = run_within(cmd, Duration::from_secs(60));
+    let text = ok(&out);
+    let counts: Vec<u32> = text.lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert_eq!(
+        counts[0], 0,
+        "a host process's environment was readable: {text}"
+    );
+    assert!(
+        counts[1] <= 4,
+        "only the jail's own processes are in /proc: {text}"
+    );
+    assert_eq!(
+        counts[2], 0,
+        "the state directory was reachable through /proc: {text}"
+    );
 }
