@@ -646,3 +646,39 @@ fn host_processes_are_out_of_sight_and_their_environments_and_roots_stay_closed(
         "the state directory was reachable through /proc: {text}"
     );
 }
+
+#[test]
+fn where_user_namespaces_are_refused_the_jail_says_what_to_do_and_exits_125_before_cmd() {
+    if !userns_allowed() {
+        return;
+    }
+    let jail = Jail::start("");
+    let ran = jail.home.dir.path().join("ran");
+    // A user namespace whose limit for further ones is 0 refuses them as such a system does.
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "-Ur",
+        "sh",
+        "-c",
+        "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$@\"",
+        "refuser",
+    ])
+    .arg(BIN)
+    .arg("jail")
+    .arg("--config")
+    .arg(&jail.config)
+    .args(["--agent", "ci", "--", "touch"])
+    .arg(&ran)
+    .env("POSTERN_HOME", jail.home.root())
+    .env_remove("POSTERN_AGENT_TOKEN")
+    .env_remove("POSTERN_CONFIG");
+    let out = run_within(cmd, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("refuses unprivileged user namespaces"),
+        "{err}"
+    );
+    assert!(err.contains("sysctl"), "says what to change: {err}");
+    assert!(!ran.exists(), "CMD ran");
+}
