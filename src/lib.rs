@@ -15,6 +15,7 @@ pub mod contract;
 pub mod dns;
 pub mod guard;
 pub mod http;
+pub mod jail;
 pub mod journal;
 pub mod lifecycle;
 pub mod listen;

@@ -8,7 +8,7 @@ use super::{CliError, Env, Home, percent_encode};
 use crate::config::Config;
 
 /// Stands in for an `env:` reference that is not set in this shell; never a real token.
-const UNSET: &str = "\u{1}postern-unset:";
+pub(super) const UNSET: &str = "\u{1}postern-unset:";
 
 /// Who the proxy URLs name: `ID:token@` (RFC 3986 userinfo, percent-encoded).
 pub struct Identity {
@@ -60,27 +60,8 @@ fn warn_unreadable(home: &Home) {
 /// inject (every route's, without an agent) exports its placeholder under the variables its
 /// `placeholder_env` names; one without them gets a comment naming its placeholder.
 pub fn placeholder_lines(config: &Config, agent: Option<&str>) -> Vec<String> {
-    let mut ids: Vec<&str> = Vec::new();
-    for route in &config.routes {
-        let for_agent =
-            agent.is_none_or(|a| route.agents.is_empty() || route.agents.iter().any(|r| r == a));
-        if for_agent {
-            for id in &route.credentials {
-                if !ids.contains(&id.as_str()) {
-                    ids.push(id);
-                }
-            }
-        }
-    }
     let mut out = Vec::new();
-    for cred in config
-        .credentials
-        .iter()
-        .filter(|c| ids.contains(&c.id.as_str()))
-    {
-        let Some(place) = crate::policy::placeholder::Place::of(&cred.inject) else {
-            continue;
-        };
+    for (cred, place) in injected(config, agent) {
         if cred.placeholder_env.is_empty() {
             out.push(format!(
                 "# credential {}: send {} as its key ({}); postern puts the secret there",
@@ -94,6 +75,47 @@ pub fn placeholder_lines(config: &Config, agent: Option<&str>) -> Vec<String> {
         }
     }
     out
+}
+
+/// The placeholder variables of `placeholder_lines` as name/value pairs (`postern jail`).
+pub fn placeholder_vars(config: &Config, agent: Option<&str>) -> Vec<(String, String)> {
+    injected(config, agent)
+        .into_iter()
+        .flat_map(|(cred, _)| {
+            cred.placeholder_env
+                .iter()
+                .map(|name| (name.clone(), cred.placeholder.clone()))
+        })
+        .collect()
+}
+
+/// The credentials the agent's routes inject (every route's without an agent) that have
+/// a placeholder place.
+fn injected<'c>(
+    config: &'c Config,
+    agent: Option<&str>,
+) -> Vec<(
+    &'c crate::config::Credential,
+    crate::policy::placeholder::Place,
+)> {
+    let mut ids: Vec<&str> = Vec::new();
+    for route in &config.routes {
+        let for_agent =
+            agent.is_none_or(|a| route.agents.is_empty() || route.agents.iter().any(|r| r == a));
+        if for_agent {
+            for id in &route.credentials {
+                if !ids.contains(&id.as_str()) {
+                    ids.push(id);
+                }
+            }
+        }
+    }
+    config
+        .credentials
+        .iter()
+        .filter(|c| ids.contains(&c.id.as_str()))
+        .filter_map(|c| crate::policy::placeholder::Place::of(&c.inject).map(|p| (c, p)))
+        .collect()
 }
 
 /// One `export NAME=value` line that survives `eval` (paths may hold spaces).

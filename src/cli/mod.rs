@@ -23,6 +23,7 @@ mod client;
 mod drill;
 mod env;
 mod home;
+mod jail;
 mod operator;
 mod render;
 mod retry;
@@ -46,8 +47,8 @@ Environment:
   POSTERN_ADMIN        the daemon's admin API URL, as --admin (default: the config's [admin] listen)
   POSTERN_ADMIN_TOKEN  bearer token for the admin API
   POSTERN_SSH_PROXY    postern's SSH front for ssh-connect, as --proxy (default: the config's [ssh] listen)
-  POSTERN_AGENT        the agent id ssh-connect sends
-  POSTERN_AGENT_TOKEN  the agent's token ssh-connect sends";
+  POSTERN_AGENT        the agent id ssh-connect and jail send
+  POSTERN_AGENT_TOKEN  the agent's token ssh-connect and jail send";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -217,6 +218,26 @@ pub enum Command {
     /// Print the ~/.ssh/config block for the configured SSH targets and postern's known_hosts line.
     #[command(name = "ssh-config")]
     SshConfig,
+    /// Run CMD with postern as its only way out (own network namespace; the state directory
+    /// and config hidden): `postern jail --agent ID -- CMD [ARGS…]`. Exits with CMD's status,
+    /// 125 when the jail cannot be made.
+    Jail(jail::JailArgs),
+    /// The jail's inner process (started by `postern jail`).
+    #[command(name = "__jail-inside", hide = true)]
+    JailInside {
+        #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
+    },
+    /// PID 1 of the jail's PID namespace (started by `postern jail`).
+    #[command(name = "__jail-init", hide = true)]
+    JailInit {
+        #[arg(long)]
+        uid: u32,
+        #[arg(long)]
+        gid: u32,
+        #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Test hook: write one synthetic invocation's events (failpoints builds only).
     #[cfg(feature = "failpoints")]
     #[command(hide = true)]
@@ -319,7 +340,10 @@ fn talks_to_daemon(command: &Command) -> bool {
         | Command::Env { .. }
         | Command::Secret { .. }
         | Command::SshConnect(_)
-        | Command::SshConfig => false,
+        | Command::SshConfig
+        | Command::Jail(_)
+        | Command::JailInside { .. }
+        | Command::JailInit { .. } => false,
         #[cfg(feature = "failpoints")]
         Command::Drill(_) => false,
         _ => true,
@@ -339,6 +363,11 @@ fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
         }
         Command::SshConnect(args) => ssh::connect(config, &args, env),
         Command::SshConfig => ssh::config(config, home, env),
+        Command::Jail(args) => Ok(jail::run(config, home, args, env)),
+        Command::JailInside { command } => Ok(crate::jail::inside(&command)),
+        Command::JailInit { uid, gid, command } => {
+            Ok(crate::jail::init(crate::jail::Ids { uid, gid }, &command))
+        }
         Command::Actions { command, admin } => operator::actions(&target(admin), command),
         Command::Result {
             id,

@@ -17,6 +17,7 @@ mod hostile_agents;
 mod http;
 mod https;
 mod idempotency;
+mod jail;
 mod limits;
 mod origins;
 mod precedence;

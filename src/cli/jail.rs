@@ -1,0 +1,405 @@
+//! `postern jail [--agent ID] -- CMD [ARGS…]` (SPEC §5.7): what the CLI resolves before the
+//! jail is made — the config, the agent's identity (checked against the running daemon),
+//! the files CMD is given and CMD's environment. The namespaces are `crate::jail`'s.
+
+use std::cell::RefCell;
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use base64::Engine as _;
+
+use super::env::UNSET;
+use super::{Env, Home, percent_encode};
+use crate::config::Config;
+use crate::jail::{self, EXIT_SETUP, Outer, Plan, PrivateDir, files, inside_addr};
+
+#[derive(clap::Args, Debug)]
+pub struct JailArgs {
+    /// The agent CMD acts as (token: POSTERN_AGENT_TOKEN, else the config's [[agents]]).
+    #[arg(long, value_name = "ID")]
+    pub agent: Option<String>,
+    /// The command to run and its arguments (after `--`).
+    #[arg(
+        value_name = "CMD",
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// The variables CMD never sees: the daemon's secrets and where its state lives.
+const WITHHELD: &[&str] = &[
+    "POSTERN_VAULT_KEY",
+    "POSTERN_ADMIN_TOKEN",
+    "POSTERN_ADMIN",
+    "POSTERN_HOME",
+    "POSTERN_CONFIG",
+    "ALL_PROXY",
+    "all_proxy",
+];
+
+/// A failure before CMD runs: printed, then exit 125.
+struct Refusal(String);
+
+pub fn run(config: Option<&Path>, home: &Home, args: JailArgs, env: Env<'_>) -> ExitCode {
+    super::home::not_dumpable().ok();
+    match prepare(config, home, &args, env) {
+        Ok(outer) => ExitCode::from(jail::run(outer, &args.command)),
+        Err(Refusal(message)) => {
+            errln!("{message}");
+            ExitCode::from(EXIT_SETUP)
+        }
+    }
+}
+
+/// Who CMD is to postern.
+struct Identity {
+    agent: String,
+    token: String,
+}
+
+impl Identity {
+    fn authorization(&self) -> String {
+        let pair = format!("{}:{}", self.agent, self.token);
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(pair)
+        )
+    }
+}
+
+fn prepare(
+    config_path: Option<&Path>,
+    home: &Home,
+    args: &JailArgs,
+    env: Env<'_>,
+) -> Result<Outer, Refusal> {
+    // Every `env:` name the config reads is a secret of the daemon's: CMD does not get it.
+    let referenced = RefCell::new(Vec::<String>::new());
+    let lookup = |name: &str| {
+        referenced.borrow_mut().push(name.to_owned());
+        env(name)
+            .filter(|v| !v.is_empty())
+            .or_else(|| Some(format!("{UNSET}{name}")))
+    };
+    let config = crate::config::load(config_path, &lookup)
+        .map_err(|e| Refusal(format!("postern jail: {e}")))?;
+    let identity = identity(&config, args.agent.as_deref(), env)?;
+    check_identity(config.proxy.listen, identity.as_ref())?;
+    let dir = PrivateDir::create().map_err(|e| {
+        Refusal(format!(
+            "postern jail: cannot make a private directory: {e}"
+        ))
+    })?;
+    let strict = write_files(dir.path(), home, &config)?;
+    let mut withheld: Vec<String> = WITHHELD.iter().map(|s| (*s).to_owned()).collect();
+    withheld.extend(referenced.into_inner());
+    let vars = jail_vars(dir.path(), &config, identity.as_ref(), strict);
+    let env = environment(std::env::vars_os(), &withheld, vars);
+    let mut hide_dirs = Vec::new();
+    if home.root.is_dir() {
+        hide_dirs.push(std::fs::canonicalize(&home.root).unwrap_or_else(|_| home.root.clone()));
+    }
+    let mut hide_files = Vec::new();
+    if let Some(path) = config_path.filter(|p| p.is_file()) {
+        hide_files.push(std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()));
+    }
+    let plan = Plan {
+        dir: dir.path().to_path_buf(),
+        hide_dirs,
+        hide_files,
+        authorization: identity.as_ref().map(Identity::authorization),
+    };
+    Ok(Outer {
+        dir,
+        proxy: config.proxy.listen,
+        ssh: config.ssh.listen,
+        env,
+        plan,
+    })
+}
+
+/// The agent: `--agent`, else `POSTERN_AGENT`; its token: `POSTERN_AGENT_TOKEN`, else the
+/// config's (with `--agent`). None when neither names one (an agent-less config).
+fn identity(
+    config: &Config,
+    flag: Option<&str>,
+    env: Env<'_>,
+) -> Result<Option<Identity>, Refusal> {
+    let nonempty = |name: &str| env(name).filter(|v| !v.is_empty());
+    let Some(agent) = flag
+        .map(str::to_owned)
+        .or_else(|| nonempty("POSTERN_AGENT"))
+    else {
+        return Ok(None);
+    };
+    if let Some(token) = nonempty("POSTERN_AGENT_TOKEN") {
+        return Ok(Some(Identity { agent, token }));
+    }
+    let configured = config.agents.iter().find(|a| a.id == agent);
+    let token = match configured {
+        Some(a) if flag.is_some() => a.token.expose().to_owned(),
+        _ => {
+            return Err(Refusal(format!(
+                "postern jail: no token for agent `{agent}`: set POSTERN_AGENT_TOKEN, or pass \
+                 --agent with a config whose [[agents]] holds it"
+            )));
+        }
+    };
+    if let Some(var) = token.strip_prefix(UNSET) {
+        return Err(Refusal(format!(
+            "postern jail: agent {agent}'s token comes from {var}, which is not set here \
+             (set {var} or POSTERN_AGENT_TOKEN)"
+        )));
+    }
+    Ok(Some(Identity { agent, token }))
+}
+
+/// Asks the running daemon's proxy for an agent-only page (not journaled when the token is
+/// right): a 407 means the token is wrong, before CMD runs.
+fn check_identity(proxy: SocketAddr, identity: Option<&Identity>) -> Result<(), Refusal> {
+    let addr = crate::jail::dialable(proxy);
+    let unreachable = |e: std::io::Error| {
+        Refusal(format!(
+            "postern jail: cannot reach postern's proxy at {addr}: {e} (is `postern serve` running \
+             with this config?)"
+        ))
+    };
+    let mut stream =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(unreachable)?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(15)));
+    let mut request = String::from(
+        "GET http://postern.internal/v1/invocations/jail-identity-check HTTP/1.0\r\n\
+         Host: postern.internal\r\n",
+    );
+    if let Some(id) = identity {
+        request.push_str(&format!("Proxy-Authorization: {}\r\n", id.authorization()));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).map_err(unreachable)?;
+    let mut answer = Vec::new();
+    let _ = stream.take(256 * 1024).read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    match status {
+        "407" => {
+            let hint = match identity {
+                Some(id) => format!(
+                    "postern refused agent `{}`'s token; CMD did not run",
+                    id.agent
+                ),
+                None => "postern's proxy requires an agent: pass --agent ID or set POSTERN_AGENT \
+                         and POSTERN_AGENT_TOKEN; CMD did not run"
+                    .to_owned(),
+            };
+            let body = body.trim();
+            Err(Refusal(match body.is_empty() {
+                true => format!("postern jail: {hint}"),
+                false => format!("{body}\npostern jail: {hint}"),
+            }))
+        }
+        "" => Err(Refusal(format!(
+            "postern jail: postern's proxy at {addr} gave no answer to the identity check"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The CA copies, known_hosts, resolv.conf and the empty file. Returns whether the
+/// known_hosts holds postern's host key (else ssh is told to accept it on first use).
+fn write_files(dir: &Path, home: &Home, config: &Config) -> Result<bool, Refusal> {
+    let fail = |what: &Path, e: std::io::Error| {
+        Refusal(format!(
+            "postern jail: cannot write {}: {e}",
+            what.display()
+        ))
+    };
+    for (name, to) in [("ca.pem", files::CA), ("bundle.pem", files::BUNDLE)] {
+        let from = home.certs_dir().join(name);
+        std::fs::copy(&from, dir.join(to)).map_err(|e| {
+            Refusal(format!(
+                "postern jail: cannot read postern's CA file {}: {e} (POSTERN_HOME must be the \
+                 daemon's state directory)",
+                from.display()
+            ))
+        })?;
+    }
+    let resolv = dir.join(files::RESOLV);
+    std::fs::write(&resolv, "nameserver 127.0.0.1\n").map_err(|e| fail(&resolv, e))?;
+    let empty = dir.join(files::EMPTY);
+    std::fs::write(&empty, "").map_err(|e| fail(&empty, e))?;
+    let known = dir.join(files::KNOWN_HOSTS);
+    let line = known_hosts_line(home, config);
+    std::fs::write(
+        &known,
+        line.as_deref()
+            .map(|l| format!("{l}\n"))
+            .unwrap_or_default(),
+    )
+    .map_err(|e| fail(&known, e))?;
+    Ok(line.is_some())
+}
+
+/// postern's host key for the configured targets' names, when this user can read it (the
+/// key is the daemon user's; another user's jail accepts it on first use instead).
+fn known_hosts_line(home: &Home, config: &Config) -> Option<String> {
+    use crate::ssh::hostkey;
+    let text = std::fs::read_to_string(hostkey::key_path(&home.ssh_dir())).ok()?;
+    let key = russh::keys::PrivateKey::from_openssh(text.as_bytes()).ok()?;
+    let mut names: Vec<String> = config
+        .ssh_targets
+        .iter()
+        .map(|t| hostkey::known_hosts_name(&t.host, t.port))
+        .collect();
+    names.sort();
+    names.dedup();
+    if names.is_empty() {
+        return None;
+    }
+    hostkey::known_hosts_line(&names, &key).ok()
+}
+
+/// What CMD is given on top of the caller's environment (SPEC §5.7).
+fn jail_vars(
+    dir: &Path,
+    config: &Config,
+    identity: Option<&Identity>,
+    strict: bool,
+) -> Vec<(String, String)> {
+    let path = |name: &str| dir.join(name).display().to_string();
+    let userinfo = identity
+        .map(|i| format!("{}:{}@", percent_encode(&i.agent), percent_encode(&i.token)))
+        .unwrap_or_default();
+    let proxy = format!("http://{userinfo}{}", inside_addr::PROXY);
+    let mut vars = Vec::new();
+    for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+        vars.push((name.to_owned(), proxy.clone()));
+    }
+    for name in ["NO_PROXY", "no_proxy"] {
+        vars.push((name.to_owned(), String::new()));
+    }
+    for name in [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "GIT_SSL_CAINFO",
+        "PIP_CERT",
+        "CARGO_HTTP_CAINFO",
+        "DENO_CERT",
+    ] {
+        vars.push((name.to_owned(), path(files::BUNDLE)));
+    }
+    vars.push(("NODE_EXTRA_CA_CERTS".into(), path(files::CA)));
+    vars.push(("NODE_USE_ENV_PROXY".into(), "1".into()));
+    if let Some(id) = identity {
+        vars.push(("POSTERN_AGENT".into(), id.agent.clone()));
+        vars.push(("POSTERN_AGENT_TOKEN".into(), id.token.clone()));
+    }
+    vars.push(("POSTERN_SSH_PROXY".into(), inside_addr::SSH.into()));
+    vars.push((
+        "GIT_SSH_COMMAND".into(),
+        git_ssh_command(&path(files::KNOWN_HOSTS), strict),
+    ));
+    vars.extend(super::env::placeholder_vars(
+        config,
+        identity.map(|i| i.agent.as_str()),
+    ));
+    vars
+}
+
+/// `ssh` with postern's ProxyCommand (this binary, by absolute path) and the jail's
+/// known_hosts, as a shell command line (git runs it through `sh`).
+fn git_ssh_command(known_hosts: &str, strict: bool) -> String {
+    let exe = std::env::current_exe()
+        .ok()
+        .and_then(|p| std::path::absolute(p).ok())
+        .unwrap_or_else(|| PathBuf::from("postern"));
+    let proxy = format!(
+        "ProxyCommand={} ssh-connect %r %h %p",
+        shell_quote(&exe.display().to_string())
+    );
+    let checking = match strict {
+        true => "StrictHostKeyChecking=yes",
+        false => "StrictHostKeyChecking=accept-new",
+    };
+    format!(
+        "ssh -o {} -o {} -o {checking}",
+        shell_quote(&proxy),
+        shell_quote(&format!("UserKnownHostsFile={known_hosts}"))
+    )
+}
+
+fn shell_quote(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/_.:@%+=,-".contains(c));
+    match plain {
+        true => s.to_owned(),
+        false => format!("'{}'", s.replace('\'', "'\\''")),
+    }
+}
+
+/// The caller's environment without `withheld`, with `vars` set over it.
+fn environment(
+    caller: impl Iterator<Item = (OsString, OsString)>,
+    withheld: &[String],
+    vars: Vec<(String, String)>,
+) -> Vec<(OsString, OsString)> {
+    let set: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+    let mut out: Vec<(OsString, OsString)> = caller
+        .filter(|(k, _)| {
+            let k = k.to_string_lossy();
+            !withheld.iter().any(|w| *w == k) && !set.contains(&k.as_ref())
+        })
+        .collect();
+    out.extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_environment_withholds_the_daemons_secrets_and_sets_the_jail_addresses() {
+        let caller = [
+            ("PATH", "/bin"),
+            ("POSTERN_VAULT_KEY", "vk"),
+            ("POSTERN_ADMIN_TOKEN", "at"),
+            ("OTHER_AGENT_TOKEN", "other"),
+            ("HTTPS_PROXY", "http://elsewhere:1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (OsString::from(k), OsString::from(v)));
+        let mut withheld: Vec<String> = WITHHELD.iter().map(|s| (*s).to_owned()).collect();
+        withheld.push("OTHER_AGENT_TOKEN".into());
+        let vars = vec![("HTTPS_PROXY".to_owned(), "http://127.0.0.1:3128".to_owned())];
+        let env = environment(caller, &withheld, vars);
+        let names: Vec<String> = env
+            .iter()
+            .map(|(k, _)| k.to_string_lossy().into())
+            .collect();
+        assert_eq!(names, ["PATH", "HTTPS_PROXY"]);
+        assert_eq!(env[1].1, "http://127.0.0.1:3128");
+    }
+
+    #[test]
+    fn git_ssh_command_quotes_what_the_shell_would_split() {
+        let cmd = git_ssh_command("/tmp/a b/known_hosts", true);
+        assert!(cmd.starts_with("ssh -o 'ProxyCommand="), "{cmd}");
+        assert!(cmd.contains(" ssh-connect %r %h %p'"), "{cmd}");
+        assert!(
+            cmd.contains("'UserKnownHostsFile=/tmp/a b/known_hosts'"),
+            "{cmd}"
+        );
+        assert!(cmd.ends_with("StrictHostKeyChecking=yes"), "{cmd}");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+    }
+}

@@ -1,0 +1,124 @@
+//! The outer process: the private directory, the unix-socket relay to the daemon, the
+//! inner process, signals and the exit status.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpStream, UnixListener, UnixStream};
+
+use super::relay::{Service, dialable};
+use super::{EXIT_SETUP, PLAN_VAR, Plan, exit_code, signals};
+
+/// The jail's private directory (mode 0700, outside the state directory); removed on drop,
+/// with the relay socket in it.
+pub struct PrivateDir {
+    path: PathBuf,
+}
+
+impl PrivateDir {
+    pub fn create() -> std::io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        let base = std::path::absolute(std::env::temp_dir())?;
+        let path = base.join(format!("postern-jail-{}", ulid::Ulid::generate()));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        Ok(Self { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Everything the outer process needs, resolved by the CLI.
+pub struct Outer {
+    pub dir: PrivateDir,
+    /// The daemon's proxy and SSH front (`[proxy] listen`, `[ssh] listen`).
+    pub proxy: SocketAddr,
+    pub ssh: SocketAddr,
+    /// CMD's whole environment.
+    pub env: Vec<(OsString, OsString)>,
+    pub plan: Plan,
+}
+
+/// Runs CMD in the jail; returns its exit status (125 when the jail could not be made).
+pub fn run(outer: Outer, cmd: &[OsString]) -> u8 {
+    match run_inner(&outer, cmd) {
+        Ok(code) => code,
+        Err(e) => {
+            super::note(&e);
+            EXIT_SETUP
+        }
+    }
+    // `outer.dir` drops here: the socket and the copies go.
+}
+
+fn run_inner(outer: &Outer, cmd: &[OsString]) -> Result<u8, String> {
+    let forward = signals::forwarder(signals::catch()?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("postern-jail")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the relay: {e}"))?;
+    let socket = outer.plan.socket();
+    let listener = {
+        let _guard = runtime.enter();
+        UnixListener::bind(&socket)
+            .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?
+    };
+    runtime.spawn(serve(listener, outer.proxy, outer.ssh));
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the postern binary to re-execute: {e}"))?;
+    let mut child = Command::new(exe)
+        .arg("__jail-inside")
+        .arg("--")
+        .args(cmd)
+        .env_clear()
+        .envs(outer.env.iter().map(|(k, v)| (k, v)))
+        .env(PLAN_VAR, outer.plan.encode())
+        .spawn()
+        .map_err(|e| format!("cannot start the jail: {e}"))?;
+    forward.to(child.id());
+    let status = child
+        .wait()
+        .map_err(|e| format!("cannot wait for the jail: {e}"))?;
+    runtime.shutdown_background();
+    Ok(exit_code(status))
+}
+
+/// Bridges each unix connection to the service its first byte names.
+async fn serve(listener: UnixListener, proxy: SocketAddr, ssh: SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok((conn, _)) => {
+                tokio::spawn(bridge(conn, proxy, ssh));
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    }
+}
+
+async fn bridge(mut conn: UnixStream, proxy: SocketAddr, ssh: SocketAddr) {
+    let Ok(first) = conn.read_u8().await else {
+        return;
+    };
+    let target = match Service::from_byte(first) {
+        Some(Service::Proxy) => proxy,
+        Some(Service::Ssh) => ssh,
+        None => return,
+    };
+    let Ok(mut up) = TcpStream::connect(dialable(target)).await else {
+        return;
+    };
+    let _ = up.set_nodelay(true);
+    let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+}

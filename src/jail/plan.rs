@@ -1,0 +1,32 @@
+//! What the outer process tells the inner one (JSON in `POSTERN_JAIL_PLAN`).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Plan {
+    /// The jail's private directory (relay socket, CA files, resolv.conf).
+    pub dir: PathBuf,
+    /// Directories covered by an empty read-only tmpfs (the state directory).
+    pub hide_dirs: Vec<PathBuf>,
+    /// Files covered by an empty file (the config file).
+    pub hide_files: Vec<PathBuf>,
+    /// `Proxy-Authorization` for the CONNECTs the transparent listeners make (the agent's
+    /// own identity, which CMD holds anyway).
+    pub authorization: Option<String>,
+}
+
+impl Plan {
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    pub fn decode(text: &str) -> Result<Self, String> {
+        serde_json::from_str(text).map_err(|e| format!("bad {}: {e}", super::PLAN_VAR))
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join(super::files::SOCKET)
+    }
+}
