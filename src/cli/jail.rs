@@ -253,13 +253,7 @@ fn known_hosts_line(home: &Home, config: &Config) -> Option<String> {
     use crate::ssh::hostkey;
     let text = std::fs::read_to_string(hostkey::key_path(&home.ssh_dir())).ok()?;
     let key = russh::keys::PrivateKey::from_openssh(text.as_bytes()).ok()?;
-    let mut names: Vec<String> = config
-        .ssh_targets
-        .iter()
-        .map(|t| hostkey::known_hosts_name(&t.host, t.port))
-        .collect();
-    names.sort();
-    names.dedup();
+    let names = hostkey::target_names(config);
     if names.is_empty() {
         return None;
     }

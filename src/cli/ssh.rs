@@ -168,13 +168,7 @@ pub fn config(config: Option<&Path>, home: &Home, env: Env<'_>) -> Result<ExitCo
     home.create()
         .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", home.root.display())))?;
     let key = super::serve::load_host_key(home)?;
-    let mut names: Vec<String> = cfg
-        .ssh_targets
-        .iter()
-        .map(|t| hostkey::known_hosts_name(&t.host, t.port))
-        .collect();
-    names.sort();
-    names.dedup();
+    let names = hostkey::target_names(&cfg);
     let mut hosts: Vec<String> = cfg.ssh_targets.iter().map(|t| t.host.clone()).collect();
     hosts.sort();
     hosts.dedup();

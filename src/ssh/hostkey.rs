@@ -55,6 +55,18 @@ pub fn known_hosts_name(host: &str, port: u16) -> String {
     }
 }
 
+/// The known_hosts names of the configured targets, each once, sorted.
+pub fn target_names(config: &crate::config::Config) -> Vec<String> {
+    let mut names: Vec<String> = config
+        .ssh_targets
+        .iter()
+        .map(|t| known_hosts_name(&t.host, t.port))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// One known_hosts line naming `hosts` with postern's public key.
 pub fn known_hosts_line(hosts: &[String], key: &PrivateKey) -> Result<String, String> {
     let public = key
