@@ -347,10 +347,11 @@ async fn connect(
     let Some(route) = match_connect(&config, &agent, &host, port) else {
         if match_connect_plain(&config, &agent, &host, port).is_some() {
             // Plain HTTP inside the tunnel (`ws://` clients tunnel): read like `http://`.
+            let caller = Caller::of(agent, &req);
             return serve_connected(req, slot, move |io| {
                 serve_inner(
                     proxy,
-                    agent,
+                    caller,
                     (host, port, Scheme::Http),
                     (io, member),
                     false,
@@ -364,8 +365,9 @@ async fn connect(
         let route = route.clone();
         return connect_tunnel(proxy, agent, route, (&host, port), req, slot).await;
     }
+    let caller = Caller::of(agent, &req);
     serve_connected(req, slot, move |io| {
-        intercept(proxy, agent, host, port, (io, member))
+        intercept(proxy, caller, host, port, (io, member))
     })
 }
 
@@ -417,7 +419,7 @@ async fn connect_tunnel(
 /// Terminates the agent's TLS with a minted leaf and serves the requests inside.
 async fn intercept(
     proxy: Arc<Proxy>,
-    agent: String,
+    caller: Caller,
     host: String,
     port: u16,
     (io, member): (TokioIo<hyper::upgrade::Upgraded>, Arc<Member>),
@@ -439,13 +441,40 @@ async fn intercept(
         return;
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    serve_inner(proxy, agent, (host, port, Scheme::Https), (tls, member), h2).await;
+    serve_inner(proxy, caller, (host, port, Scheme::Https), (tls, member), h2).await;
+}
+
+/// Who opened a `CONNECT`, with the proof it gave, so every request inside is admitted
+/// under the config in force when it arrives.
+#[derive(Clone)]
+struct Caller {
+    agent: String,
+    proof: Option<Vec<u8>>,
+}
+
+impl Caller {
+    fn of(agent: String, req: &Request<Incoming>) -> Self {
+        let proof = req
+            .headers()
+            .get(header::PROXY_AUTHORIZATION)
+            .map(|v| v.as_bytes().to_vec());
+        Self { agent, proof }
+    }
+
+    fn still_admitted(&self, config: &crate::config::Config) -> Option<String> {
+        let same = match authenticate(config, self.proof.as_deref()) {
+            AgentAuth::Agent(id) => id == self.agent,
+            AgentAuth::Anonymous => self.agent == "anonymous",
+            AgentAuth::Missing | AgentAuth::Wrong { .. } => false,
+        };
+        same.then(|| self.agent.clone())
+    }
 }
 
 /// Serves the requests inside a `CONNECT` (after TLS, or plain HTTP) for `host:port`.
 async fn serve_inner<I>(
     proxy: Arc<Proxy>,
-    agent: String,
+    caller: Caller,
     (host, port, scheme): (String, u16, Scheme),
     (io, member): (I, Arc<Member>),
     h2: bool,
@@ -463,7 +492,7 @@ async fn serve_inner<I>(
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(watch.clone());
         let proxy = proxy.clone();
-        let agent = agent.clone();
+        let caller = caller.clone();
         let host = host.clone();
         let m = m.clone();
         m.busy();
@@ -471,6 +500,13 @@ async fn serve_inner<I>(
             && req.headers().contains_key(header::TRANSFER_ENCODING);
         async move {
             let head = req.method() == Method::HEAD;
+            // The tunnel's identity is checked again for every request: a reload that removed
+            // the agent or changed its token admits nothing new on a connection it opened before.
+            let Some(agent) = caller.still_admitted(&proxy.config()) else {
+                proxy.metrics.auth_challenges.inc();
+                let resp = respond::fit_to_method(head, respond::with_retry_hint(respond::challenge()));
+                return Ok::<_, Infallible>(idle_once_sent(resp, m));
+            };
             let path = req
                 .uri()
                 .path_and_query()

@@ -265,3 +265,59 @@ fn an_approval_rule_changed_while_a_request_is_held_binds_only_new_requests() {
     let (status, body, _) = waiting.join().unwrap();
     assert_eq!((status, body.as_str()), (201, "paid"));
 }
+
+#[test]
+fn an_agent_removed_by_a_reload_is_refused_on_a_tunnel_it_opened_before() {
+    use std::io::{BufRead, BufReader, Write};
+    let origin = crate::tls_origin::echo_origin();
+    let agents = |with_ci: bool| {
+        let ci = if with_ci {
+            "[[agents]]\nid = \"ci\"\ntoken = \"ci-token-long-enough-1\"\n"
+        } else {
+            ""
+        };
+        format!(
+            "{ci}[[agents]]\nid = \"other\"\ntoken = \"other-token-long-enough\"\n[[routes]]\nid = \"o\"\nmatch = {{ host = \"origin.test\", port = {} }}\nresolve = \"{}\"\nupstream_ca = \"{}\"\n",
+            origin.addr.port(),
+            origin.addr,
+            origin.ca_file.display()
+        )
+    };
+    let s = Setup::start(&agents(true));
+    let proxy_port = s.daemon.proxy.rsplit(':').next().unwrap_or_default().to_owned();
+    let ca = s.home.root().join("certs/ca.pem").display().to_string();
+    // One CONNECT, two requests inside it, the reload between them.
+    let script = format!(
+        r#"
+import base64, http.client, ssl, sys
+ctx = ssl.create_default_context(cafile="{ca}")
+conn = http.client.HTTPSConnection("127.0.0.1", {proxy_port}, context=ctx, timeout=20)
+auth = base64.b64encode(b"ci:ci-token-long-enough-1").decode()
+conn.set_tunnel("origin.test", {port}, headers={{"Proxy-Authorization": "Basic " + auth}})
+for n in (1, 2):
+    conn.request("GET", "/x")
+    r = conn.getresponse(); r.read()
+    print(n, r.status, flush=True)
+    if n == 1:
+        sys.stdin.readline()
+"#,
+        port = origin.addr.port()
+    );
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "1 200");
+    let reloaded = s.reload(&agents(false));
+    assert!(reloaded.status.success(), "{}", String::from_utf8_lossy(&reloaded.stderr));
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "2 407", "the removed agent is refused on its old tunnel");
+    let _ = child.wait();
+}
