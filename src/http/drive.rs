@@ -113,12 +113,17 @@ impl Exchange {
         };
         let idempotent = route.idempotent_methods.contains(&self.method);
         let key_header = route.idempotency.as_ref().map(|c| c.header.as_str());
-        let fp = fingerprint(
-            &self.method,
-            &self.target.url(),
-            &covered_headers(&parts.headers, key_header),
-            &body,
-        );
+        // The placeholder names the credential, bound on its own: however the agent spelt
+        // it (`Bearer p`, `p`, Basic), the operation is the same and so is the fingerprint,
+        // and a kept request (which never holds the agent's Authorization) fingerprints alike.
+        let mut url = self.target.url();
+        let mut covered = covered_headers(&parts.headers, key_header);
+        match &placeholder {
+            Some(placeholder::Place::Header(name)) => covered.retain(|(n, _)| n != name),
+            Some(placeholder::Place::Query(param)) => super::inject::without_param(&mut url, param),
+            None => {}
+        }
+        let fp = fingerprint(&self.method, &url, &covered, &body);
         let held_fingerprint = fp.clone();
         if let Err(resp) = self.same_operation(&fp).await {
             return Outgoing::Respond(resp);
@@ -147,7 +152,7 @@ impl Exchange {
             idempotency: binding.as_ref().map(|b| b.evidence.clone()),
             safe_until_ms: binding.as_ref().map(|b| b.safe_until_ms),
             retry_budget: Some(route.retry_budget),
-            credential_placeholder: placeholder,
+            credential_placeholder: placeholder.is_some(),
             resend,
         };
         let mut drafts = Vec::new();
@@ -336,20 +341,23 @@ impl Exchange {
 
 impl Exchange {
     /// SPEC §3.7: where the route injects, the agent may send only the used credential's
-    /// placeholder (`true`: it did, and the secret replaces it); any other value there is a
-    /// credential of its own, `FORBIDDEN_HEADER`.
+    /// placeholder (`Some(where)`: it did, and the secret replaces it); any other value there
+    /// is a credential of its own, `FORBIDDEN_HEADER`.
     fn placeholder(
         &self,
         config: &Config,
         route: &Route,
         used: Option<&str>,
         headers: &HeaderMap,
-    ) -> Result<bool, Refuse> {
+    ) -> Result<Option<placeholder::Place>, Refuse> {
         let find = |id: &str| config.credentials.iter().find(|c| c.id == id);
         let offered: Vec<_> = route.credentials.iter().filter_map(|id| find(id)).collect();
         let used = used.and_then(find);
         match placeholder::presented(&offered, used, headers, &self.target.path_and_query) {
-            Ok(p) => Ok(p == placeholder::Presented::Placeholder),
+            Ok(placeholder::Presented::Placeholder) => {
+                Ok(used.and_then(|c| placeholder::Place::of(&c.inject)))
+            }
+            Ok(placeholder::Presented::Nothing) => Ok(None),
             Err(field) => Err(Refuse {
                 code: Code::ForbiddenHeader,
                 field: Some(field.into()),

@@ -481,3 +481,41 @@ mod crash {
         assert_eq!(origin.hits(), 0);
     }
 }
+
+#[test]
+fn a_placeholder_spelt_another_way_is_still_the_same_request() {
+    let origin = origins::closes_without_response();
+    let home = Home::new();
+    let key = "resend-placeholder-vault-key";
+    assert!(
+        crate::support::secret_set(&home, "k", "resend-secret-value", Some(key))
+            .status
+            .success()
+    );
+    let extra = "credential = \"k\"\n[[credentials]]\nid = \"k\"\nsecret = \"k\"\ninject = { header = \"Authorization\", format = \"Bearer {secret}\" }";
+    let daemon = Daemon::start_with(
+        &home,
+        Some(&config(origin.port(), extra)),
+        &[("POSTERN_VAULT_KEY", key)],
+    );
+    let a = Agent {
+        home,
+        daemon,
+        port: origin.port(),
+    };
+    let first = a.send("POST", BODY, &["Authorization: Bearer postern:k"], &[]);
+    assert_eq!(first.status, 502, "{}", first.head);
+    for spelt in [
+        "Authorization: postern:k",
+        "Authorization: bearer postern:k",
+        "Authorization: token postern:k",
+    ] {
+        let again = a.send("POST", BODY, &[spelt], &[]);
+        assert_eq!(again.status, 409, "{spelt}: {}", again.head);
+        assert!(again.head.contains("RESEND_REFUSED"), "{spelt}: {}", again.head);
+    }
+    // Without the placeholder the secret is injected all the same: the same operation.
+    let bare = a.post(BODY);
+    assert_eq!(bare.status, 409, "{}", bare.head);
+    assert_eq!(origin.hits(), 1, "one dispatch, however the key was spelt");
+}
