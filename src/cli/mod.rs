@@ -376,7 +376,10 @@ fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
             admin,
         } => operator::result(&target(admin), &id.id, json, output.as_deref()),
         Command::Decide { id, json, admin } => operator::decide(&target(admin), &id.id, json),
-        Command::Reload { json, admin } => operator::reload(&target(admin), json),
+        Command::Reload { json, admin } => {
+            let local = || crate::config::load_addresses(config, env).map(|_| ());
+            operator::reload(&target(admin), json, local)
+        }
         Command::Retry {
             id,
             i_have_reconciled,
@@ -450,13 +453,23 @@ fn cli_admin(flag: Option<String>, config: Option<&std::path::Path>, env: Env<'_
         .unwrap_or_else(|| {
             let listen = crate::config::load_addresses(config, env)
                 .map(|c| c.admin.listen.to_string())
-                .unwrap_or_else(|_| "127.0.0.1:3129".into());
+                .ok()
+                .or_else(|| raw_admin_listen(config))
+                .unwrap_or_else(|| "127.0.0.1:3129".into());
             format!("http://{listen}")
         });
     AdminTarget {
         url,
         token: env("POSTERN_ADMIN_TOKEN"),
     }
+}
+
+/// `[admin] listen` as written, from a config that does not validate: the daemon still runs
+/// on it (`postern reload` of a broken config must reach the daemon to hear why).
+fn raw_admin_listen(config: Option<&std::path::Path>) -> Option<String> {
+    let text = std::fs::read_to_string(config?).ok()?;
+    let value: toml::Value = toml::from_str(&text).ok()?;
+    Some(value.get("admin")?.get("listen")?.as_str()?.to_owned())
 }
 
 /// Percent-encodes everything but RFC 3986 unreserved characters (a path segment, a query

@@ -237,8 +237,22 @@ pub fn reconcile(
 }
 
 /// `postern reload`: the daemon reads its config again; what changed, or every problem.
-pub fn reload(target: &AdminTarget, json: bool) -> Result<ExitCode, CliError> {
-    let (status, reply) = call(target, Method::POST, "/v1/reload", Some(&json!({})))?;
+pub fn reload(
+    target: &AdminTarget,
+    json: bool,
+    local: impl Fn() -> Result<(), crate::config::ConfigErrors>,
+) -> Result<ExitCode, CliError> {
+    let (status, reply) = match call(target, Method::POST, "/v1/reload", Some(&json!({}))) {
+        Ok(answer) => answer,
+        // No daemon answered: the config may be why this CLI looked in the wrong place.
+        Err(unreachable) => match local() {
+            Err(problems) => {
+                errln!("postern: {unreachable}");
+                return Err(CliError::from(problems));
+            }
+            Ok(()) => return Err(unreachable),
+        },
+    };
     if json {
         print_json(&reply);
     }

@@ -441,7 +441,14 @@ async fn intercept(
         return;
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    serve_inner(proxy, caller, (host, port, Scheme::Https), (tls, member), h2).await;
+    serve_inner(
+        proxy,
+        caller,
+        (host, port, Scheme::Https),
+        (tls, member),
+        h2,
+    )
+    .await;
 }
 
 /// Who opened a `CONNECT`, with the proof it gave, so every request inside is admitted
@@ -504,7 +511,8 @@ async fn serve_inner<I>(
             // the agent or changed its token admits nothing new on a connection it opened before.
             let Some(agent) = caller.still_admitted(&proxy.config()) else {
                 proxy.metrics.auth_challenges.inc();
-                let resp = respond::fit_to_method(head, respond::with_retry_hint(respond::challenge()));
+                let resp =
+                    respond::fit_to_method(head, respond::with_retry_hint(respond::challenge()));
                 return Ok::<_, Infallible>(idle_once_sent(resp, m));
             };
             let path = req

@@ -284,7 +284,13 @@ fn an_agent_removed_by_a_reload_is_refused_on_a_tunnel_it_opened_before() {
         )
     };
     let s = Setup::start(&agents(true));
-    let proxy_port = s.daemon.proxy.rsplit(':').next().unwrap_or_default().to_owned();
+    let proxy_port = s
+        .daemon
+        .proxy
+        .rsplit(':')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
     let ca = s.home.root().join("certs/ca.pem").display().to_string();
     // One CONNECT, two requests inside it, the reload between them.
     let script = format!(
@@ -314,10 +320,36 @@ for n in (1, 2):
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "1 200");
     let reloaded = s.reload(&agents(false));
-    assert!(reloaded.status.success(), "{}", String::from_utf8_lossy(&reloaded.stderr));
+    assert!(
+        reloaded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&reloaded.stderr)
+    );
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
     line.clear();
     out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "2 407", "the removed agent is refused on its old tunnel");
+    assert_eq!(
+        line.trim(),
+        "2 407",
+        "the removed agent is refused on its old tunnel"
+    );
     let _ = child.wait();
+}
+
+#[test]
+fn reload_of_a_config_the_cli_cannot_read_names_its_problems_not_a_missing_daemon() {
+    let s = Setup::start("");
+    let path = s.home.config(&format!(
+        "{TEST_CONFIG}[[routes]]\nid = \"b\"\nmatch = {{ host = \"b.test\" }}\nretry_budgets = 1\n"
+    ));
+    let out = s
+        .daemon
+        .cli_command(&["reload"])
+        .env_remove("POSTERN_ADMIN")
+        .env("POSTERN_CONFIG", &path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("routes[0].retry_budgets"), "{err}");
 }

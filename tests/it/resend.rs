@@ -512,7 +512,11 @@ fn a_placeholder_spelt_another_way_is_still_the_same_request() {
     ] {
         let again = a.send("POST", BODY, &[spelt], &[]);
         assert_eq!(again.status, 409, "{spelt}: {}", again.head);
-        assert!(again.head.contains("RESEND_REFUSED"), "{spelt}: {}", again.head);
+        assert!(
+            again.head.contains("RESEND_REFUSED"),
+            "{spelt}: {}",
+            again.head
+        );
     }
     // Without the placeholder the secret is injected all the same: the same operation.
     let bare = a.post(BODY);
