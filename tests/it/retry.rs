@@ -366,14 +366,14 @@ fn an_attempt_in_flight_cannot_be_reconciled_or_retried_and_settles_from_its_own
     assert!(!kinds.contains(&Value::from("RECONCILED")), "{kinds:?}");
 }
 
-/// The README's agent loop ("Retrying safely"), run as written against an origin that drops
+/// The agent loop in docs/retries.md, run as written against an origin that drops
 /// the first answer: it retries with the same key and settles once, on the same invocation.
 #[test]
 fn the_readme_agent_loop_settles_a_dropped_answer_with_one_same_key_retry() {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/retries.md");
     let start = readme
         .find("An agent step that pays at most once")
-        .expect("the README loop");
+        .expect("the docs/retries.md loop");
     let block = &readme[start..];
     let code = block
         .split("```sh\n")
@@ -385,7 +385,7 @@ fn the_readme_agent_loop_settles_a_dropped_answer_with_one_same_key_retry() {
     let s = setup(origin.port(), contract, false);
     let url = format!("http://origin.test:{}/v1/charges", s.port);
     let script = code.replace("https://api.example.com/v1/charges", &url);
-    assert_ne!(script, code, "the README loop names its URL");
+    assert_ne!(script, code, "the docs loop names its URL");
     let dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new("sh")
         .args(["-c", &script])
