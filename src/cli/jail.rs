@@ -92,6 +92,7 @@ fn prepare(
         .map_err(|e| Refusal(format!("postern jail: {e}")))?;
     let identity = identity(&config, args.agent.as_deref(), env)?;
     check_identity(config.proxy.listen, identity.as_ref())?;
+    check_home_is_the_daemons(home)?;
     let dir = PrivateDir::create().map_err(|e| {
         Refusal(format!(
             "postern jail: cannot make a private directory: {e}"
@@ -123,6 +124,32 @@ fn prepare(
         env,
         plan,
     })
+}
+
+/// The state directory hidden from CMD must be the running daemon's: one that no daemon
+/// holds (a stray `./.postern`, another `POSTERN_HOME`) would be hidden while the real one
+/// stays readable. The daemon holds its journal's lock; a directory this user cannot open
+/// is not readable to CMD either.
+fn check_home_is_the_daemons(home: &Home) -> Result<(), Refusal> {
+    let lock = home.journal_dir().join("lock");
+    let file = match std::fs::File::open(&lock) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Ok(()),
+        Err(_) => return Err(not_the_daemons(home)),
+    };
+    match file.try_lock_shared() {
+        Err(std::fs::TryLockError::WouldBlock) => Ok(()),
+        _ => Err(not_the_daemons(home)),
+    }
+}
+
+fn not_the_daemons(home: &Home) -> Refusal {
+    Refusal(format!(
+        "postern jail: no running postern holds the state directory {} (POSTERN_HOME, else \
+         ./.postern); run jail with the daemon's POSTERN_HOME so that CMD cannot read its \
+         state; CMD did not run",
+        home.root.display()
+    ))
 }
 
 /// The agent: `--agent`, else `POSTERN_AGENT`; its token: `POSTERN_AGENT_TOKEN`, else the

@@ -410,6 +410,25 @@ fn exit_status_and_signals_pass_through_a_wrong_token_stops_before_cmd_and_nothi
     assert!(!ran.exists(), "CMD ran with a wrong token");
     assert!(!stderr(&out).contains("not-the-token"));
 
+    // A state directory no daemon holds (a stray one): hiding it would leave the daemon's
+    // own readable, so 125 before CMD.
+    let stray = tmp.path().join("stray");
+    std::fs::create_dir_all(stray.join("journal")).unwrap();
+    std::fs::write(stray.join("journal").join("lock"), "").unwrap();
+    for home in [stray.clone(), tmp.path().join("absent")] {
+        let mut cmd = jail.command(&format!("touch {}", ran.display()));
+        cmd.env("TMPDIR", tmp.path()).env("POSTERN_HOME", &home);
+        let out = run_within(cmd, Duration::from_secs(60));
+        assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("no running postern holds the state directory"),
+            "{}",
+            stderr(&out)
+        );
+        assert!(!ran.exists(), "CMD ran beside the daemon's readable state");
+    }
+    std::fs::remove_dir_all(&stray).unwrap();
+
     // No daemon: 125 before CMD too.
     let port = free_port();
     let text = std::fs::read_to_string(&jail.config)
