@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::config::{self, Config, Live};
+use crate::journal::{Body, ConfigReload, Draft, Journal, Source};
 
 /// The labels of `postern_config_reloads_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -30,41 +31,85 @@ pub struct Reloader {
     /// Called after a swap: drops caches built from the old config.
     pub on_swap: Box<dyn Fn() + Send + Sync>,
     pub counter: ReloadCounter,
+    /// Where every reload, applied or refused, is chained (`CONFIG_RELOADED`).
+    pub journal: Journal,
     /// One reload at a time (SIGHUP and the API may race).
     pub running: Mutex<()>,
 }
 
 impl Reloader {
-    /// Reloads; `Ok`: what changed, `Err`: every problem (the old config stays).
+    /// Reloads; `Ok`: what changed, `Err`: every problem (the old config stays). The
+    /// journal holds the reload before the new config is in force: one that cannot be
+    /// journaled is not applied.
     pub async fn reload(&self) -> Result<Value, Value> {
         let _one = self.running.lock().await;
+        let id = format!("rld_{}", ulid::Ulid::generate());
         let env = |name: &str| std::env::var(name).ok();
         let next = match load(self.path.as_deref(), &env) {
             Ok(c) => c,
             Err(problems) => {
-                self.counter
-                    .get_or_create(&ReloadLabels { result: "refused" })
-                    .inc();
+                self.count("refused");
                 tracing::warn!(
                     problems = problems.len(),
                     "config reload refused; the old config stays"
                 );
+                let paths = problems.iter().map(|p| p.path.clone()).collect();
+                let seq = self
+                    .journal_reload(&id, "refused", Value::Null, paths)
+                    .await;
                 let problems: Vec<Value> = problems
                     .iter()
                     .map(|p| json!({"path": p.path, "message": p.message}))
                     .collect();
-                return Err(json!({"reloaded": false, "problems": problems}));
+                return Err(json!({
+                    "reloaded": false, "problems": problems, "reload_id": id, "seq": seq.ok(),
+                }));
             }
         };
-        let diff = config::diff(&self.live.current(), &next);
+        let changes = json!(config::diff(&self.live.current(), &next));
+        let seq = match self
+            .journal_reload(&id, "applied", changes.clone(), Vec::new())
+            .await
+        {
+            Ok(seq) => seq,
+            Err(e) => {
+                self.count("refused");
+                let message =
+                    format!("the reload could not be journaled ({e}); the old config stays");
+                return Err(json!({
+                    "reloaded": false, "problems": [{"path": "journal", "message": message}],
+                }));
+            }
+        };
         self.live.swap(next);
         (self.on_swap)();
-        self.counter
-            .get_or_create(&ReloadLabels { result: "applied" })
-            .inc();
-        let changes = json!(diff);
-        tracing::info!(changes = %changes, "config reloaded");
-        Ok(json!({"reloaded": true, "changes": changes}))
+        self.count("applied");
+        tracing::info!(changes = %changes, reload_id = %id, "config reloaded");
+        Ok(json!({"reloaded": true, "changes": changes, "reload_id": id, "seq": seq}))
+    }
+
+    fn count(&self, result: &'static str) {
+        self.counter.get_or_create(&ReloadLabels { result }).inc();
+    }
+
+    async fn journal_reload(
+        &self,
+        id: &str,
+        result: &str,
+        changes: Value,
+        problems: Vec<String>,
+    ) -> Result<u64, crate::journal::JournalError> {
+        let body = Body::ConfigReloaded(ConfigReload {
+            result: result.to_owned(),
+            changes,
+            problems,
+        });
+        let draft = Draft::observed(body).source(Source::OperatorAttested);
+        let seq = self.journal.note(id, draft).await;
+        if let Err(e) = &seq {
+            tracing::error!(error = %e, reload_id = %id, "config reload not journaled");
+        }
+        seq
     }
 }
 

@@ -303,6 +303,7 @@ async fn serve_until_stopped(
             Box::new(move || proxy.forget_upstreams())
         },
         counter: reload_counter.clone(),
+        journal: journal.clone(),
         running: Default::default(),
     });
     reload_on_hangup(reloader.clone());

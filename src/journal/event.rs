@@ -32,6 +32,8 @@ pub enum EventKind {
     Failed,
     Reconciled,
     RetryLeased,
+    /// The daemon's own: a config reload applied or refused (no invocation's).
+    ConfigReloaded,
 }
 
 impl EventKind {
@@ -52,6 +54,7 @@ impl EventKind {
         Self::Failed,
         Self::Reconciled,
         Self::RetryLeased,
+        Self::ConfigReloaded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -72,6 +75,7 @@ impl EventKind {
             Self::Failed => "FAILED",
             Self::Reconciled => "RECONCILED",
             Self::RetryLeased => "RETRY_LEASED",
+            Self::ConfigReloaded => "CONFIG_RELOADED",
         }
     }
 
@@ -129,6 +133,7 @@ pub enum Body {
     Failed(Failure),
     Reconciled(Reconciliation),
     RetryLeased(Lease),
+    ConfigReloaded(ConfigReload),
 }
 
 impl Body {
@@ -150,6 +155,7 @@ impl Body {
             Self::Failed(_) => EventKind::Failed,
             Self::Reconciled(_) => EventKind::Reconciled,
             Self::RetryLeased(_) => EventKind::RetryLeased,
+            Self::ConfigReloaded(_) => EventKind::ConfigReloaded,
         }
     }
 }
@@ -335,6 +341,20 @@ pub struct Reconciliation {
     pub note: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unsafe_retry: Option<bool>,
+}
+
+/// `CONFIG_RELOADED`: what a reload changed or why it was refused — ids and config paths,
+/// never a value. Its `invocation_id` is the reload's own (`rld_<ULID>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConfigReload {
+    /// `applied` or `refused`.
+    pub result: String,
+    /// Routes, agents, credentials and SSH targets added, removed or changed.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub changes: serde_json::Value,
+    /// The config paths of a refused reload's problems.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 /// `RETRY_LEASED`: a new generation of the invocation may dispatch (SPEC §3.4).

@@ -31,10 +31,10 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use audit::{AuditReport, ChainBreak, verify};
 pub use event::{
-    Accepted, ApprovalAnswer, ApprovalRequest, Body, ConnectAttempt, Delivered, Dispatch, Draft,
-    Event, EventKind, Failure, GENESIS_HASH, Lease, Preflight, Protocol, Reconciliation,
-    RequestSent, ResponseComplete, ResponseStarted, ResultCommitted, Source, SupersedeReason,
-    Supersession, TlsIdentity, sha256_tagged, sha256_tagged_digest,
+    Accepted, ApprovalAnswer, ApprovalRequest, Body, ConfigReload, ConnectAttempt, Delivered,
+    Dispatch, Draft, Event, EventKind, Failure, GENESIS_HASH, Lease, Preflight, Protocol,
+    Reconciliation, RequestSent, ResponseComplete, ResponseStarted, ResultCommitted, Source,
+    SupersedeReason, Supersession, TlsIdentity, sha256_tagged, sha256_tagged_digest,
 };
 pub use fjall_store::FjallStore;
 pub use health::Health;
@@ -289,6 +289,22 @@ impl Journal {
             .blocking_send(request)
             .map_err(|_| JournalError::Unavailable)?;
         rx.blocking_recv().map_err(|_| JournalError::Unavailable)?
+    }
+
+    /// Appends an event of the daemon's own (a config reload), belonging to no invocation's
+    /// record; `id` names it in the chain. Acked with its seq once durable.
+    pub async fn note(&self, id: &str, draft: Draft) -> Result<u64, JournalError> {
+        let (reply, rx) = oneshot::channel();
+        let request = Request::Note {
+            id: id.to_owned(),
+            draft,
+            reply,
+        };
+        self.tx
+            .send(request)
+            .await
+            .map_err(|_| JournalError::Unavailable)?;
+        rx.await.map_err(|_| JournalError::Unavailable)?
     }
 
     /// Makes everything appended so far durable.

@@ -461,6 +461,8 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             p.dispatched_this_generation = false;
             p.attempt_n = 0;
         }
+        // The daemon's own event never belongs to an invocation.
+        Body::ConfigReloaded(_) => return Err(Refusal::BadData(kind)),
     }
     Ok(())
 }

@@ -61,6 +61,12 @@ pub(super) enum Request {
     },
     /// A request kept for `postern retry`; rides the next write (and its sync).
     Keep { request: Box<StoredRequest> },
+    /// The daemon's own event (no invocation's state); acked with its seq once durable.
+    Note {
+        id: String,
+        draft: Draft,
+        reply: oneshot::Sender<Result<u64, JournalError>>,
+    },
     Flush {
         reply: oneshot::Sender<Result<(), JournalError>>,
     },
@@ -143,6 +149,7 @@ impl Writer {
         // Answered after the group is written: a refused claim's caller reads the holder next.
         let mut refused = Vec::new();
         let mut flushes = Vec::new();
+        let mut notes = Vec::new();
         let mut needs_sync = false;
         let start = (self.head_seq, self.head_hash.clone());
         for request in group {
@@ -218,6 +225,12 @@ impl Writer {
                     set.expired_keys.extend(keys);
                 }
                 Request::Keep { request } => set.requests.push(*request),
+                Request::Note { id, draft, reply } => {
+                    let (event, bytes) = self.seal_note(&id, draft);
+                    notes.push((reply, event.seq));
+                    set.events.push((event, bytes));
+                    needs_sync = true;
+                }
                 Request::Flush { reply } => {
                     needs_sync = true;
                     flushes.push(reply);
@@ -241,9 +254,34 @@ impl Writer {
         for reply in flushes.into_iter().chain(touches) {
             let _ = reply.send(outcome.clone());
         }
+        for (reply, seq) in notes {
+            let _ = reply.send(outcome.clone().map(|()| seq));
+        }
         for (reply, e) in refused {
             let _ = reply.send(Err(e));
         }
+    }
+
+    /// Chains one event of the daemon's own, outside any invocation's projection.
+    fn seal_note(&mut self, id: &str, draft: Draft) -> (Event, Vec<u8>) {
+        let (kind, data) = split_body(&draft.body);
+        let mut event = Event {
+            seq: self.head_seq + 1,
+            invocation_id: id.to_owned(),
+            attempt: draft.attempt,
+            generation: draft.generation.unwrap_or(1),
+            ts: rfc3339((self.clock)()),
+            kind,
+            source: draft.source,
+            hop: draft.hop,
+            data,
+            prev_hash: self.head_hash.clone(),
+            hash: String::new(),
+        };
+        let bytes = event.seal();
+        self.head_seq = event.seq;
+        self.head_hash = event.hash.clone();
+        (event, bytes)
     }
 
     /// `stage`, after checking the index claims riding it; a refused claim writes nothing.

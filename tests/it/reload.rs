@@ -353,3 +353,130 @@ fn reload_of_a_config_the_cli_cannot_read_names_its_problems_not_a_missing_daemo
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("routes[0].retry_budgets"), "{err}");
 }
+
+/// The one `CONFIG_RELOADED` event chained under a reload's id.
+fn reload_event(s: &Setup, report: &serde_json::Value) -> serde_json::Value {
+    let id = report["reload_id"].as_str().unwrap_or_default();
+    assert!(id.starts_with("rld_"), "{report}");
+    let url = s.daemon.url(&format!("/v1/invocations/{id}/events"));
+    let (status, events) = get_json(&url, &[]);
+    assert_eq!(status, 200, "{events}");
+    let events = events["events"].as_array().cloned().unwrap_or_default();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["kind"], "CONFIG_RELOADED");
+    assert_eq!(events[0]["seq"], report["seq"]);
+    events[0].clone()
+}
+
+#[test]
+fn every_reload_is_in_the_hash_chain_with_what_changed_and_never_a_value() {
+    let a = origins::responds("200 OK", &[], "a");
+    let agent = |token: &str| format!("[[agents]]\nid = \"x\"\ntoken = \"{token}\"\n");
+    let first = route("a", "a.test", a.port(), "");
+    let s = Setup::start(&format!("{}{first}", agent("first-token-long-enough-1")));
+    let next = format!(
+        "{}{first}{}",
+        agent("second-token-long-enough-2"),
+        route("b", "b.test", a.port(), "")
+    );
+    let out = s.reload(&next);
+    assert!(out.status.success(), "{}", stdout(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let event = reload_event(&s, &report);
+    assert_eq!(event["source"], "operator_attested");
+    assert_eq!(event["data"]["result"], "applied");
+    assert_eq!(
+        event["data"]["changes"]["routes"]["added"],
+        serde_json::json!(["b"])
+    );
+    assert_eq!(
+        event["data"]["changes"]["agents"]["changed"],
+        serde_json::json!(["x"])
+    );
+    let text = event.to_string();
+    assert!(
+        !text.contains("token-long-enough"),
+        "a token reached the journal: {text}"
+    );
+
+    // A refused reload is chained too, with its problems' config paths.
+    let out = s.reload(&format!(
+        "{next}[[routes]]\nid = \"c\"\nmatch = {{ host = \"c.test\" }}\ncredential = \"nope\"\n"
+    ));
+    assert!(!out.status.success());
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let event = reload_event(&s, &report);
+    assert_eq!(event["data"]["result"], "refused");
+    let paths = event["data"]["problems"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        paths
+            .iter()
+            .any(|p| p.as_str().is_some_and(|p| p.contains("credential"))),
+        "{event}"
+    );
+
+    let out = s.daemon.cli(&["audit", "verify"], &[]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        stdout(&out),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Many requests in flight, fast and slow, while the config is reloaded again and again:
+/// every one is answered by the route it started with, none is cut or refused.
+#[test]
+fn reloads_under_load_lose_no_request_in_flight() {
+    let (fast, slow) = (origins::responds("200 OK", &[], "fast"), slow());
+    let base = format!(
+        "{}{}",
+        route("f", "f.test", fast.port(), ""),
+        route("s", "s.test", slow.port(), "")
+    );
+    let s = Setup::start(&base);
+    let proxy = s.daemon.proxy.clone();
+    let workers: Vec<_> = (0..6)
+        .map(|i| {
+            let proxy = proxy.clone();
+            let (host, port, rounds) = match i {
+                0 | 1 => ("s.test", slow.port(), 3),
+                _ => ("f.test", fast.port(), 25),
+            };
+            std::thread::spawn(move || {
+                let url = format!("http://{host}:{port}/x");
+                (0..rounds)
+                    .map(|_| curl(&["-x", &proxy, "--max-time", "20", &url]))
+                    .map(|(status, body, _)| (status, body))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let extra = route("e", "e.test", fast.port(), "");
+    for round in 0..12 {
+        let routes = if round % 2 == 0 {
+            format!("{base}{extra}")
+        } else {
+            base.clone()
+        };
+        let out = s.reload(&routes);
+        assert!(out.status.success(), "{}", stdout(&out));
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    for (i, worker) in workers.into_iter().enumerate() {
+        let want = if i < 2 { "slow" } else { "fast" };
+        for (status, body) in worker.join().unwrap() {
+            assert_eq!((status, body.as_str()), (200, want), "worker {i}");
+        }
+    }
+    let (_, metrics, _) = curl(&["-s", &s.daemon.url("/metrics")]);
+    assert!(
+        metrics.contains("postern_config_reloads_total{result=\"applied\"} 12"),
+        "{metrics}"
+    );
+    let out = s.daemon.cli(&["audit", "verify"], &[]);
+    assert!(out.status.success(), "{}", stdout(&out));
+}
