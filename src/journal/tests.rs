@@ -516,3 +516,40 @@ fn low_free_space_releases_the_reserve_and_refuses_new_dispatches() {
 }
 
 mod recovery;
+
+#[test]
+fn a_daemon_note_is_chained_between_invocations_and_survives_a_restart() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let note = || {
+        Draft::observed(Body::ConfigReloaded(ConfigReload {
+            result: "applied".into(),
+            changes: serde_json::json!({"routes": {"added": ["b"]}}),
+            problems: vec![],
+        }))
+        .source(Source::OperatorAttested)
+    };
+    let id = new_invocation_id();
+    {
+        let journal = open(dir.path());
+        assert!(journal.append_blocking(&id, vec![accepted("POST")]).is_ok());
+        let seq = rt().block_on(journal.note("rld_1", note()));
+        assert_eq!(seq, Ok(2));
+        // The note is no invocation: nothing projects it, and it cannot start one.
+        assert!(journal.record("rld_1").is_ok_and(|r| r.is_none()));
+        let refused = journal.append_blocking("rld_2", vec![note()]);
+        assert_eq!(
+            refused.err(),
+            Some(JournalError::Refused(Refusal::UnknownInvocation))
+        );
+    }
+    // Recovery closes the open invocation (seq 3); the chain goes on past the note.
+    let journal = open(dir.path());
+    let next = journal.append_blocking(&new_invocation_id(), vec![accepted("GET")]);
+    assert!(next.as_ref().is_ok_and(|a| a.seqs == vec![4]), "{next:?}");
+    assert!(journal.verify().is_ok_and(|r| r.ok && r.events == 4));
+    let events = journal.events("rld_1").unwrap_or_default();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].kind, EventKind::ConfigReloaded);
+}
