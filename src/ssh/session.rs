@@ -100,6 +100,11 @@ fn command_denied(why: CommandRefusal) -> Failure {
     failure
 }
 
+/// A NUL or other control character (tab aside) in a command.
+fn holds_control(command: &str) -> bool {
+    command.chars().any(|c| c.is_control() && c != '\t')
+}
+
 /// A refused request, for the journal.
 struct Refusal {
     method: &'static str,
@@ -147,6 +152,16 @@ impl russh::server::Handler for AgentSession {
             self.refuse_channel(id, session, refusal);
             return Ok(());
         };
+        if holds_control(&command) {
+            // It can only fail at the remote (sshd drops a NUL): refused before any connection.
+            let refusal = Refusal {
+                method: "exec",
+                command: Some(command),
+                failure: refuse::failure(Code::MalformedRequest, "command"),
+            };
+            self.refuse_channel(id, session, refusal);
+            return Ok(());
+        }
         if let Some(why) = self.target.command_refusal(&command) {
             let refusal = Refusal {
                 method: "exec",
@@ -288,5 +303,16 @@ impl russh::server::Handler for AgentSession {
             .insert("remote_forward".into(), listen.into());
         self.refuse_quietly(refusal);
         Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_nul_or_escape_is_a_control_character_and_a_tab_is_not() {
+        for bad in ["echo a\0; id", "ls\u{7f}", "echo \u{9b}31m"] {
+            assert!(super::holds_control(bad), "{bad:?}");
+        }
+        assert!(!super::holds_control("printf 'a\tb' é"));
     }
 }

@@ -451,6 +451,37 @@ fn a_command_outside_commands_is_route_denied_naming_the_command() {
     );
 }
 
+/// A control character can only fail at the remote (sshd drops a NUL, a terminal obeys an
+/// escape): refused as malformed before any connection, so it makes no reconcile work.
+#[test]
+fn a_command_with_a_control_character_is_malformed_before_any_connection() {
+    let f = Front::start("commands = [\"echo .*\"]");
+    for command in ["echo a\u{1}b", "echo a\u{1b}[2Jb", "echo a\rb", "echo a\nb"] {
+        let out = f.ssh(TOKEN, &["--", "", command]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(255), "{command:?}: {err}");
+        assert!(out.stdout.is_empty(), "{command:?}: nothing ran");
+        let env = envelope(&err);
+        assert_eq!(env["error"]["code"], "MALFORMED_REQUEST", "{command:?}: {err}");
+        assert_eq!(env["error"]["field"], "command", "{err}");
+        assert_eq!(env["error"]["outcome"], "not_attempted", "{err}");
+    }
+    let list = f.daemon.cli(&["actions", "list", "--json"], &[]);
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap_or(Value::Null);
+    let records = list["invocations"].as_array().cloned().unwrap_or_default();
+    assert_eq!(records.len(), 4, "{records:?}");
+    for r in &records {
+        let id = r["invocation_id"].as_str().unwrap_or("");
+        let shown = f.daemon.cli(&["actions", "show", id, "--json"], &[]);
+        let text = String::from_utf8_lossy(&shown.stdout);
+        assert!(!text.contains("CONNECT_ATTEMPT"), "no connection: {text}");
+        assert!(!text.contains("DISPATCH_STARTED"), "{text}");
+    }
+    // A tab is no control character here: it runs.
+    let out = f.ssh(TOKEN, &["--", "", "echo a\tb"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "a b\n", "{}", stderr(&out));
+}
+
 #[test]
 fn port_forwarding_and_sftp_are_unsupported_actions() {
     let f = Front::start("");
