@@ -469,7 +469,12 @@ fn refuse(code: Code, field: &'static str) -> Refuse {
 
 /// Which offered credential this request uses (`Postern-Credential`), never echoed back.
 fn select_credential<'r>(route: &'r Route, headers: &HeaderMap) -> Result<Option<&'r str>, Refuse> {
-    let asked = headers.get(POSTERN_CREDENTIAL).map(|v| v.as_bytes());
+    let mut offered = headers.get_all(POSTERN_CREDENTIAL).iter();
+    let asked = offered.next().map(|v| v.as_bytes());
+    if offered.next().is_some() {
+        // Two choices are none: using the first silently would hide the other.
+        return Err(refuse(Code::MalformedRequest, "headers.postern-credential"));
+    }
     match asked {
         None => Ok(route.credentials.first().map(String::as_str)),
         Some(name) => route

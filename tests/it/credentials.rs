@@ -220,6 +220,30 @@ fn the_agent_picks_from_a_credential_list_and_unknown_names_are_not_echoed() {
     assert!(!body.contains("gh-admin-please"));
 }
 
+/// Two choices are no choice: the first must not be used silently (an agent could hide one).
+#[test]
+fn two_postern_credential_headers_are_malformed() {
+    let s = setup("credentials = [\"read\", \"write\"]", Some(VAULT_KEY));
+    for pair in [["read", "write"], ["write", "write"]] {
+        let (a, b) = (
+            format!("Postern-Credential: {}", pair[0]),
+            format!("Postern-Credential: {}", pair[1]),
+        );
+        let (status, body, _) = s.get("/x", &["-H", &a, "-H", &b]);
+        assert_eq!(status, 400, "{pair:?}: {body}");
+        let e: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        assert_eq!(
+            (e["error"]["code"].as_str(), e["error"]["field"].as_str()),
+            (
+                Some("MALFORMED_REQUEST"),
+                Some("headers.postern-credential")
+            ),
+            "{body}"
+        );
+        assert_eq!(e["error"]["outcome"], "not_attempted", "{body}");
+    }
+}
+
 #[test]
 fn a_missing_secret_and_a_locked_vault_fail_before_connecting() {
     let s = setup("credential = \"ghost\"", Some(VAULT_KEY));

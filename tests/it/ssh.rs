@@ -462,7 +462,10 @@ fn a_command_with_a_control_character_is_malformed_before_any_connection() {
         assert_eq!(out.status.code(), Some(255), "{command:?}: {err}");
         assert!(out.stdout.is_empty(), "{command:?}: nothing ran");
         let env = envelope(&err);
-        assert_eq!(env["error"]["code"], "MALFORMED_REQUEST", "{command:?}: {err}");
+        assert_eq!(
+            env["error"]["code"], "MALFORMED_REQUEST",
+            "{command:?}: {err}"
+        );
         assert_eq!(env["error"]["field"], "command", "{err}");
         assert_eq!(env["error"]["outcome"], "not_attempted", "{err}");
     }
@@ -479,7 +482,12 @@ fn a_command_with_a_control_character_is_malformed_before_any_connection() {
     }
     // A tab is no control character here: it runs.
     let out = f.ssh(TOKEN, &["--", "", "echo a\tb"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "a b\n", "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "a b\n",
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
