@@ -17,6 +17,8 @@ pub struct FrontMetrics {
     pub auth_failures_unjournaled: Counter,
     /// Refusals before any route past an agent's journaling rate: refused, not journaled.
     pub refusals_unjournaled: Counter,
+    /// Refusals inside SSH sessions past an agent's journaling rate: refused, not journaled.
+    pub ssh_refusals_unjournaled: Counter,
     /// Agent connections refused at `[proxy] max_connections`.
     pub proxy_refused: Counter,
     /// Admin connections refused at `[admin] max_connections`.
@@ -101,6 +103,11 @@ pub fn registry(
             "postern_proxy_refusals_unjournaled",
             "refusals before any route past the per-agent journaling rate (not journaled)",
             &front.refusals_unjournaled,
+        ),
+        (
+            "postern_ssh_refusals_unjournaled",
+            "refusals inside SSH sessions past the per-agent journaling rate (not journaled)",
+            &front.ssh_refusals_unjournaled,
         ),
     ];
     for (name, help, counter) in counters {

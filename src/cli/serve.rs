@@ -45,13 +45,21 @@ pub(super) fn load_host_key(home: &Home) -> Result<russh::keys::PrivateKey, CliE
 pub fn init(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
     // The config is checked, but init uses no token: an `env:` reference unset here stands
     // in as a long dummy value instead of failing.
+    let unset = std::cell::RefCell::new(std::collections::BTreeSet::new());
     let lenient = |name: &str| {
-        env(name)
-            .filter(|v| !v.is_empty())
-            .or_else(|| Some(format!("postern-init-unset-{name}")))
+        env(name).filter(|v| !v.is_empty()).or_else(|| {
+            unset.borrow_mut().insert(name.to_owned());
+            Some(format!("postern-init-unset-{name}"))
+        })
     };
     load(config_path, &lenient)?;
     create_home(home)?;
+    for name in unset.borrow().iter() {
+        outln!(
+            "postern: {name} is not set; a fresh token for it: export {name}={}",
+            fresh_token()
+        );
+    }
     load_ca(home)?;
     load_host_key(home)?;
     outln!("postern: state directory ready at {}", home.root.display());
@@ -64,6 +72,12 @@ pub fn init(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exi
         crate::ssh::hostkey::key_path(&home.ssh_dir()).display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// 32 hex digits from a cryptographic generator: what a token should look like.
+fn fresh_token() -> String {
+    let bytes: [u8; 16] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn open_journal(config: &Config, home: &Home) -> Result<Journal, CliError> {
@@ -277,6 +291,7 @@ async fn serve_until_stopped(
         host_key,
         exec.clone(),
         busy.clone(),
+        front.ssh_refusals_unjournaled.clone(),
     ));
     let proxy = Arc::new(Proxy {
         live: live.clone(),

@@ -2,8 +2,8 @@ use super::*;
 
 fn env(name: &str) -> Option<String> {
     match name {
-        "CI_AGENT_TOKEN" => Some("ci-token".into()),
-        "POSTERN_ADMIN_TOKEN" => Some("admin-token".into()),
+        "CI_AGENT_TOKEN" => Some("ci-token-0123456789".into()),
+        "POSTERN_ADMIN_TOKEN" => Some("admin-token-0123456789".into()),
         _ => None,
     }
 }
@@ -158,7 +158,7 @@ fn a_non_loopback_listener_needs_agents() {
         paths("[proxy]\nlisten = \"0.0.0.0:3128\"\n"),
         ["proxy.listen"]
     );
-    let with_agent = "[proxy]\nlisten = \"0.0.0.0:3128\"\n[[agents]]\nid = \"a\"\ntoken = \"t\"\n";
+    let with_agent = "[proxy]\nlisten = \"0.0.0.0:3128\"\n[[agents]]\nid = \"a\"\ntoken = \"t-0123456789abcdef\"\n";
     assert!(paths(with_agent).is_empty());
 }
 
@@ -220,15 +220,15 @@ inject = { header = "X-Api-Key" }
 
 #[test]
 fn secrets_never_show_in_debug_output() {
-    let text = "[[agents]]\nid = \"a\"\ntoken = \"canary-5f3a\"\n[admin]\ntoken = \"env:POSTERN_ADMIN_TOKEN\"\n";
+    let text = "[[agents]]\nid = \"a\"\ntoken = \"canary-5f3a-0123456789\"\n[admin]\ntoken = \"env:POSTERN_ADMIN_TOKEN\"\n";
     let c = parse(text, None, &env).ok();
     let dump = format!("{c:?}");
     assert!(c.is_some());
-    assert!(!dump.contains("canary-5f3a") && !dump.contains("admin-token"));
+    assert!(!dump.contains("canary-5f3a-0123456789") && !dump.contains("admin-token-0123456789"));
     assert!(c.is_some_and(|c| {
         c.agents
             .first()
-            .is_some_and(|a| a.token.matches("canary-5f3a"))
+            .is_some_and(|a| a.token.matches("canary-5f3a-0123456789"))
     }));
 }
 
@@ -472,4 +472,24 @@ fn a_route_timeout_of_zero_is_an_error() {
         let text = route(&format!("{key} = \"0s\""));
         assert_eq!(paths(&text), [format!("routes[0].{key}")], "{key}");
     }
+}
+
+#[test]
+fn a_token_under_16_characters_is_a_config_error_that_never_shows_it() {
+    let agent = |token: &str| format!("[[agents]]\nid = \"a\"\ntoken = \"{token}\"\n");
+    assert_eq!(paths(&agent("short-tok-15chr")), ["agents[0].token"]);
+    assert!(paths(&agent("long-enough-16ch")).is_empty());
+    let e = parse(&agent("short-tok-15chr"), None, &env)
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        e.as_deref()
+            .is_some_and(|e| e.contains("16") && !e.contains("short-tok")),
+        "{e:?}"
+    );
+    let short_env = |name: &str| (name == "POSTERN_ADMIN_TOKEN").then(|| "a".to_owned());
+    let admin = "[admin]\ntoken = \"env:POSTERN_ADMIN_TOKEN\"\n";
+    let e = parse(admin, None, &short_env).err();
+    let paths: Vec<String> = e.into_iter().flat_map(|e| e.0).map(|p| p.path).collect();
+    assert_eq!(paths, ["admin.token"]);
 }

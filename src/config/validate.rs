@@ -14,6 +14,9 @@ use super::units::{Quantity, parse_duration, parse_size};
 use crate::contract::Outcome;
 use crate::journal::Durability;
 
+/// Shortest agent or admin token accepted (SPEC §3.1).
+pub const MIN_TOKEN_CHARS: usize = 16;
+
 mod ssh_target;
 mod tunnel;
 mod via;
@@ -117,21 +120,32 @@ impl Checker<'_> {
     }
 
     /// `env:NAME` reads the environment; anything else is a literal.
+    /// An agent or admin token: long enough that guessing it is no way in.
     fn secret(&mut self, path: &str, v: &str) -> Option<SecretValue> {
-        match v.strip_prefix("env:") {
+        let value = match v.strip_prefix("env:") {
             Some(name) => match (self.env)(name) {
-                Some(value) if !value.is_empty() => Some(SecretValue::new(value)),
+                Some(value) if !value.is_empty() => value,
                 _ => {
                     self.bad(path, format!("environment variable {name} is not set"));
-                    None
+                    return None;
                 }
             },
             None if v.is_empty() => {
                 self.bad(path, "must not be empty");
-                None
+                return None;
             }
-            None => Some(SecretValue::new(v.to_owned())),
+            None => v.to_owned(),
+        };
+        let chars = value.chars().count();
+        if chars < MIN_TOKEN_CHARS {
+            // The length only: the value is a secret.
+            self.bad(
+                path,
+                format!("a token must be at least {MIN_TOKEN_CHARS} characters (this one has {chars}); `openssl rand -hex 16` makes one"),
+            );
+            return None;
         }
+        Some(SecretValue::new(value))
     }
 
     fn path(&self, v: &str) -> PathBuf {

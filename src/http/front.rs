@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use http::{Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
@@ -50,9 +50,11 @@ pub async fn serve(listener: Guarded, proxy: Arc<Proxy>) {
             let (stream, watch) = Flushed::new(stream, false);
             let header_timeout = proxy.config().proxy.header_read_timeout;
             let m = member.clone();
+            let failed_logins = Arc::new(AtomicU32::new(0));
             let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 req.extensions_mut().insert(watch.clone());
                 let (proxy, slot, m) = (proxy.clone(), slot.clone(), m.clone());
+                let failed_logins = failed_logins.clone();
                 let framing_conflict = conflict.load(Ordering::SeqCst);
                 async move {
                     m.busy();
@@ -61,6 +63,7 @@ pub async fn serve(listener: Guarded, proxy: Arc<Proxy>) {
                         source,
                         slot,
                         member: m.clone(),
+                        failed_logins,
                     };
                     let resp = front_request(proxy, req, framing_conflict, from).await;
                     // An opened `CONNECT` carries a tunnel or intercepted requests from now.
@@ -139,7 +142,13 @@ struct Peer {
     slot: Arc<Slot>,
     /// Its place on the idle roster: intercepted requests inside a `CONNECT` keep it.
     member: Arc<Member>,
+    /// Wrong tokens sent on this connection so far.
+    failed_logins: Arc<AtomicU32>,
 }
+
+/// Wrong tokens one connection may send; the last one's answer closes it. Per connection,
+/// so one agent guessing cannot lock another out.
+const MAX_FAILED_LOGINS: u32 = 5;
 
 /// Journals a refusal that happened before any exchange could start.
 async fn refuse_early(
@@ -196,7 +205,7 @@ async fn journal_refusal(
 async fn identify(
     proxy: &Proxy,
     req: &Request<Incoming>,
-    source: IpAddr,
+    from: &Peer,
 ) -> Result<String, Response<ProxyBody>> {
     let header = req
         .headers()
@@ -209,7 +218,14 @@ async fn identify(
             proxy.metrics.auth_challenges.inc();
             Err(respond::challenge())
         }
-        AgentAuth::Wrong { claimed } => Err(failed_login(proxy, req, source, claimed).await),
+        AgentAuth::Wrong { claimed } => {
+            let mut resp = failed_login(proxy, req, from.source, claimed).await;
+            if from.failed_logins.fetch_add(1, Ordering::SeqCst) + 1 >= MAX_FAILED_LOGINS {
+                resp.headers_mut()
+                    .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+            }
+            Err(resp)
+        }
     }
 }
 
@@ -258,7 +274,7 @@ async fn front_request(
     framing_conflict: bool,
     from: Peer,
 ) -> Response<ProxyBody> {
-    let agent = match identify(&proxy, &req, from.source).await {
+    let agent = match identify(&proxy, &req, &from).await {
         Ok(a) => a,
         Err(resp) if req.method() == Method::CONNECT => return respond::explain_in_reason(resp),
         Err(resp) => return resp,

@@ -87,7 +87,7 @@ mod tests {
 
     fn config(agents: bool) -> Config {
         let text = if agents {
-            "[[agents]]\nid = \"ci\"\ntoken = \"s3cret\"\n"
+            "[[agents]]\nid = \"ci\"\ntoken = \"s3cret-0123456789ab\"\n"
         } else {
             ""
         };
@@ -106,7 +106,7 @@ mod tests {
     fn agents_authenticate_with_basic() {
         let c = config(true);
         assert_eq!(
-            authenticate(&c, Some(&basic("ci:s3cret"))),
+            authenticate(&c, Some(&basic("ci:s3cret-0123456789ab"))),
             AgentAuth::Agent("ci".into())
         );
         assert_eq!(authenticate(&c, None), AgentAuth::Missing);

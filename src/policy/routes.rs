@@ -398,10 +398,10 @@ mod tests {
         let text = r#"
 [[agents]]
 id = "ci"
-token = "t"
+token = "t-0123456789abcdef"
 [[agents]]
 id = "other"
-token = "u"
+token = "u-0123456789abcdef"
 [[routes]]
 id = "gh-read"
 agents = ["ci"]

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use russh::keys::ssh_key::PrivateKey;
 use russh::{MethodKind, MethodSet};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -42,6 +43,9 @@ pub struct SshFront {
     failed_logins: RefusalRate,
     /// Connections each agent keeps busy, shared with the HTTP proxy.
     busy: Arc<BusyPerAgent>,
+    /// Refusals inside sessions journaled per agent (bounded); the rest counted.
+    refusals: Arc<RefusalRate>,
+    refusals_unjournaled: Counter,
 }
 
 impl SshFront {
@@ -51,6 +55,7 @@ impl SshFront {
         host_key: PrivateKey,
         dispatch: Arc<dyn ExecDispatch>,
         busy: Arc<BusyPerAgent>,
+        refusals_unjournaled: Counter,
     ) -> Self {
         let server = russh::server::Config {
             keys: vec![host_key],
@@ -64,6 +69,8 @@ impl SshFront {
         Self {
             failed_logins: RefusalRate::failed_logins(),
             busy,
+            refusals: Arc::new(RefusalRate::refusals()),
+            refusals_unjournaled,
             live,
             journal,
             dispatch,
@@ -117,6 +124,9 @@ async fn connection(front: Arc<SshFront>, stream: TcpStream) {
         target,
         source,
         inputs: HashMap::new(),
+        refusal_rate: front.refusals.clone(),
+        unjournaled: front.refusals_unjournaled.clone(),
+        refused: 0,
     };
     match russh::server::run_stream(front.server.clone(), stream, handler).await {
         Ok(running) => {

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use prometheus_client::metrics::counter::Counter;
 use russh::server::{Auth, Msg, Session};
 use russh::{Channel, ChannelId, ChannelMsg};
 use tokio::sync::mpsc;
@@ -14,11 +15,16 @@ use tokio::sync::mpsc;
 use super::dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent};
 use super::refuse::{self, Refused};
 use crate::config::{CommandRefusal, SshTarget};
-use crate::contract::Code;
+use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Failure, Journal};
+use crate::lifecycle::refusals::RefusalRate;
 
 /// Agent stdin messages buffered per channel before the dispatch reads them.
 const INPUT_BUFFER: usize = 32;
+
+/// Refusals one session may get before postern closes it: a session that keeps asking for
+/// what it may not have is probing or flooding, not working.
+pub(crate) const MAX_SESSION_REFUSALS: u32 = 32;
 
 /// One agent connection after `OK`.
 pub(crate) struct AgentSession {
@@ -29,6 +35,12 @@ pub(crate) struct AgentSession {
     pub source: IpAddr,
     /// Each open session channel's stdin, until an exec takes it.
     pub inputs: HashMap<ChannelId, mpsc::Receiver<InputEvent>>,
+    /// How often refusals are journaled, per agent over all its sessions.
+    pub refusal_rate: Arc<RefusalRate>,
+    /// Refusals past that rate: answered all the same, only counted.
+    pub unjournaled: Counter,
+    /// Refusals on this session so far.
+    pub refused: u32,
 }
 
 /// Moves the channel's stdin into a queue, so the session never stalls on a full channel
@@ -49,17 +61,44 @@ async fn drain(mut channel: Channel<Msg>, tx: mpsc::Sender<InputEvent>) {
 
 impl AgentSession {
     /// Journals a refused channel request and tells the agent on the channel's stderr.
-    fn refuse_channel(&mut self, id: ChannelId, session: &Session, what: Refusal) {
+    fn refuse_channel(&mut self, id: ChannelId, session: &mut Session, what: Refusal) {
         self.inputs.remove(&id);
         self.journal_refusal(what, Some(AgentChannel::new(session.handle(), id)));
+        self.close_if_it_keeps_asking(session);
     }
 
     /// Journals a refusal that has no channel to write to (forwarding requests).
-    fn refuse_quietly(&self, what: Refusal) {
+    fn refuse_quietly(&mut self, session: &mut Session, what: Refusal) {
         self.journal_refusal(what, None);
+        self.close_if_it_keeps_asking(session);
     }
 
-    fn journal_refusal(&self, what: Refusal, channel: Option<AgentChannel>) {
+    fn close_if_it_keeps_asking(&self, session: &mut Session) {
+        if self.refused >= MAX_SESSION_REFUSALS {
+            tracing::info!(agent = %self.agent, refused = self.refused, "closing an SSH session that keeps asking for refused things");
+            let _ = session.disconnect(
+                russh::Disconnect::ByApplication,
+                "postern: too many refused requests on this session",
+                "",
+            );
+        }
+    }
+
+    /// Past the agent's journaling rate the refusal is answered with an unjournaled
+    /// envelope and counted, so one session cannot fill the disk with them.
+    fn journal_refusal(&mut self, what: Refusal, channel: Option<AgentChannel>) {
+        self.refused = self.refused.saturating_add(1);
+        if !self.refusal_rate.may_journal(&self.agent) {
+            self.unjournaled.inc();
+            if let Some(channel) = channel {
+                let field = what.failure.field.clone().unwrap_or_default();
+                let envelope = unjournaled_refusal(what.failure.code, &field);
+                tokio::spawn(async move {
+                    let _ = channel.refuse(&envelope).await;
+                });
+            }
+            return;
+        }
         let journal = self.journal.clone();
         let (agent, target) = (self.agent.clone(), self.target.url());
         tokio::spawn(async move {
@@ -259,9 +298,10 @@ impl russh::server::Handler for AgentSession {
     async fn agent_request(
         &mut self,
         _id: ChannelId,
-        _: &mut Session,
+        session: &mut Session,
     ) -> Result<bool, Self::Error> {
-        self.refuse_quietly(self.unsupported("agent_forward"));
+        let refusal = self.unsupported("agent_forward");
+        self.refuse_quietly(session, refusal);
         Ok(false)
     }
 
@@ -274,7 +314,7 @@ impl russh::server::Handler for AgentSession {
         _originator: &str,
         _originator_port: u32,
         reply: russh::server::ChannelOpenHandle,
-        _session: &mut Session,
+        session: &mut Session,
     ) -> Result<(), Self::Error> {
         let mut refusal = self.unsupported("port_forward");
         let destination = format!("{host}:{port}");
@@ -282,7 +322,7 @@ impl russh::server::Handler for AgentSession {
             .failure
             .evidence
             .insert("forward".into(), destination.into());
-        self.refuse_quietly(refusal);
+        self.refuse_quietly(session, refusal);
         reply
             .reject(russh::ChannelOpenFailure::AdministrativelyProhibited)
             .await;
@@ -293,7 +333,7 @@ impl russh::server::Handler for AgentSession {
         &mut self,
         address: &str,
         port: &mut u32,
-        _session: &mut Session,
+        session: &mut Session,
     ) -> Result<bool, Self::Error> {
         let mut refusal = self.unsupported("port_forward");
         let listen = format!("{address}:{port}");
@@ -301,7 +341,7 @@ impl russh::server::Handler for AgentSession {
             .failure
             .evidence
             .insert("remote_forward".into(), listen.into());
-        self.refuse_quietly(refusal);
+        self.refuse_quietly(session, refusal);
         Ok(false)
     }
 }

@@ -12,7 +12,7 @@ use crate::support::{BIN, Daemon, Home, TEST_CONFIG, curl, get_json, secret_set,
 
 const VAULT_KEY: &str = "vault-passphrase-for-cli";
 /// Characters a URL's userinfo cannot carry as they are.
-const AGENT_TOKEN: &str = "t0k:en@/%+ #1";
+const AGENT_TOKEN: &str = "t0k:en@/%+ #1-0123456789abcdef";
 
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -148,7 +148,7 @@ fn cli_env_prints_the_agent_identity_percent_encoded_and_absolute_paths() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
-    let want = format!("http://ci:t0k%3Aen%40%2F%25%2B%20%231@127.0.0.1:{port}");
+    let want = format!("http://ci:t0k%3Aen%40%2F%25%2B%20%231-0123456789abcdef@127.0.0.1:{port}");
     for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
         assert_eq!(export(&text, name), Some(want.as_str()), "{name}: {text}");
     }

@@ -179,4 +179,22 @@ fn init_needs_none_of_the_tokens_it_does_not_use() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(home.root().join("certs/ca.pem").exists());
+    // It offers a fresh token for each one unset, long enough for the config's rule.
+    let said = String::from_utf8_lossy(&out.stdout);
+    let fresh: Vec<&str> = said
+        .lines()
+        .filter_map(|l| l.split_once("export ").map(|(_, v)| v))
+        .collect();
+    assert_eq!(fresh.len(), 2, "{said}");
+    for (line, name) in fresh
+        .iter()
+        .zip(["FIRST_DAY_ADMIN_TOKEN", "FIRST_DAY_CI_TOKEN"])
+    {
+        let value = line.strip_prefix(&format!("{name}=")).unwrap_or("");
+        assert!(
+            value.len() >= 32 && value.chars().all(|c| c.is_ascii_hexdigit()),
+            "{line}"
+        );
+    }
+    assert_ne!(fresh[0].split('=').nth(1), fresh[1].split('=').nth(1));
 }

@@ -152,14 +152,16 @@ fn git_clones_and_pushes_through_postern() {
     let config = format!(
         "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
          [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
-         [[agents]]\nid = \"ci\"\ntoken = \"tok\"\n\
+         [[agents]]\nid = \"ci\"\ntoken = \"tok-0123456789abcdef\"\n\
          [[routes]]\nid = \"git\"\nmatch = {{ host = \"git.test\", port = {port}, path_prefix = \"/team/\" }}\n\
          resolve = \"127.0.0.1:{port}\"\nupstream_ca = \"{ca}\"\n",
         port = origin.port,
         ca = work.path().join("ca.pem").display()
     );
     let daemon = Daemon::start(&home, Some(&config));
-    let proxy = daemon.proxy.replace("http://", "http://ci:tok@");
+    let proxy = daemon
+        .proxy
+        .replace("http://", "http://ci:tok-0123456789abcdef@");
     let bundle = home.root().join("certs/bundle.pem").display().to_string();
     let envs = [
         ("https_proxy", proxy.as_str()),

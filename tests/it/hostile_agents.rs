@@ -14,7 +14,7 @@ fn config(port: u16) -> String {
     format!(
         "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
          [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
-         [[agents]]\nid = \"ci\"\ntoken = \"tok-123\"\n\
+         [[agents]]\nid = \"ci\"\ntoken = \"tok-123-0123456789abcdef\"\n\
          [[routes]]\nid = \"repos\"\nmatch = {{ scheme = \"http\", host = \"origin.test\", port = {port}, path_prefix = \"/repos\" }}\n\
          resolve = \"127.0.0.1:{port}\"\n"
     )
@@ -29,6 +29,85 @@ fn raw_request(proxy: &str, head: &str) -> String {
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Reads one response (head and a `Content-Length` body) from a kept-alive connection.
+fn read_response(s: &mut TcpStream) -> Option<String> {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => buf.push(byte[0]),
+            _ => return None,
+        }
+    }
+    let head = String::from_utf8_lossy(&buf).into_owned();
+    let len = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().to_owned())
+        })
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).ok()?;
+    Some(head + &String::from_utf8_lossy(&body))
+}
+
+/// Guessing tokens on one kept-alive connection: the fifth wrong one closes it, and an agent
+/// with the right token on its own connection is not locked out.
+#[test]
+fn a_connection_that_fails_authentication_five_times_is_closed() {
+    let origin = origins::responds("200 OK", &[], "hi");
+    let home = Home::new();
+    let daemon = Daemon::start(&home, Some(&config(origin.port())));
+    let addr = daemon.proxy.trim_start_matches("http://").to_owned();
+    let request = |token: &str| {
+        use base64::Engine;
+        let auth = base64::engine::general_purpose::STANDARD.encode(format!("ci:{token}"));
+        format!(
+            "GET http://origin.test:{}/repos/x HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: Basic {auth}\r\n\r\n",
+            origin.port()
+        )
+    };
+    let mut guesser = TcpStream::connect(&addr).unwrap();
+    guesser
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answered = 0;
+    for i in 0..20 {
+        if guesser
+            .write_all(request(&format!("guess-{i:02}-0123456789")).as_bytes())
+            .is_err()
+        {
+            break;
+        }
+        let Some(resp) = read_response(&mut guesser) else {
+            break;
+        };
+        assert!(resp.starts_with("HTTP/1.1 407"), "{resp}");
+        answered += 1;
+        let closing = resp.to_ascii_lowercase().contains("connection: close");
+        assert_eq!(closing, answered == 5, "guess {answered}: {resp}");
+    }
+    assert_eq!(answered, 5, "the fifth wrong token closed the connection");
+    let mut rest = Vec::new();
+    let _ = guesser.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "nothing after the close");
+    // The right token on its own connection still works, twice on one connection.
+    let mut agent = TcpStream::connect(&addr).unwrap();
+    agent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    for _ in 0..2 {
+        agent
+            .write_all(request("tok-123-0123456789abcdef").as_bytes())
+            .unwrap();
+        let resp = read_response(&mut agent).unwrap_or_default();
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    }
 }
 
 fn json_body(response: &str) -> Value {
@@ -124,7 +203,7 @@ fn paths_origins_read_differently_are_refused_before_matching() {
     let origin = origins::responds("200 OK", &[], "hi");
     let home = Home::new();
     let daemon = Daemon::start(&home, Some(&config(origin.port())));
-    let auth = "Basic Y2k6dG9rLTEyMw=="; // ci:tok-123
+    let auth = "Basic Y2k6dG9rLTEyMy0wMTIzNDU2Nzg5YWJjZGVm"; // ci:tok-123-0123456789abcdef
     let send = |path: &str| {
         raw_request(
             &daemon.proxy,
@@ -177,7 +256,9 @@ fn a_request_handed_back_unwritten_is_sent_on_a_fresh_connection() {
         Some(&config(origin.port())),
         &[("POSTERN_PAUSE_BEFORE_SEND_MS", "600")],
     );
-    let proxy = daemon.proxy.replace("http://", "http://ci:tok-123@");
+    let proxy = daemon
+        .proxy
+        .replace("http://", "http://ci:tok-123-0123456789abcdef@");
     let url = format!("http://origin.test:{}/repos/x", origin.port());
     let (status, body, _) = curl(&["-x", &proxy, &url]);
     assert_eq!((status, body.as_str()), (200, "request 1"));
@@ -202,7 +283,7 @@ fn a_flood_of_refused_requests_cannot_fill_the_journal() {
     let origin = origins::responds("200 OK", &[], "hi");
     let home = Home::new();
     let daemon = Daemon::start(&home, Some(&config(origin.port())));
-    let auth = "Basic Y2k6dG9rLTEyMw=="; // ci:tok-123
+    let auth = "Basic Y2k6dG9rLTEyMy0wMTIzNDU2Nzg5YWJjZGVm"; // ci:tok-123-0123456789abcdef
     let head = format!(
         "GET http://origin.test:{}/deny/{} HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {auth}\r\nConnection: close\r\n\r\n",
         origin.port(),

@@ -583,7 +583,8 @@ fn an_unresolvable_name_is_a_dns_error() {
 fn agents_authenticate_and_bad_tokens_are_journaled() {
     let origin = origins::responds("200 OK", &[], "hi");
     let home = Home::new();
-    let config = route_to(origin.port(), "") + "\n[[agents]]\nid = \"ci\"\ntoken = \"tok-123\"\n";
+    let config = route_to(origin.port(), "")
+        + "\n[[agents]]\nid = \"ci\"\ntoken = \"tok-123-0123456789abcdef\"\n";
     let daemon = Daemon::start(&home, Some(&config));
     let url = format!("http://origin.test:{}/x", origin.port());
     let (status, body, head) = curl(&["-x", &daemon.proxy, &url]);
@@ -609,7 +610,9 @@ fn agents_authenticate_and_bad_tokens_are_journaled() {
         "after_correction",
     );
     assert!(!body.contains("wrong"));
-    let with_good = daemon.proxy.replace("http://", "http://ci:tok-123@");
+    let with_good = daemon
+        .proxy
+        .replace("http://", "http://ci:tok-123-0123456789abcdef@");
     let (status, body, _) = curl(&["-x", &with_good, &url]);
     assert_eq!((status, body.as_str()), (200, "hi"));
     let (_, list) = get_json(&daemon.url("/v1/invocations?outcome=not_attempted"), &[]);
@@ -678,10 +681,14 @@ fn agents_read_their_own_invocations_through_postern_internal() {
     let origin = origins::responds("200 OK", &[], "mine");
     let home = Home::new();
     let config = route_to(origin.port(), "")
-        + "\n[[agents]]\nid = \"ci\"\ntoken = \"t1\"\n[[agents]]\nid = \"other\"\ntoken = \"t2\"\n";
+        + "\n[[agents]]\nid = \"ci\"\ntoken = \"t1-0123456789abcdef\"\n[[agents]]\nid = \"other\"\ntoken = \"t2-0123456789abcdef\"\n";
     let daemon = Daemon::start(&home, Some(&config));
-    let ci = daemon.proxy.replace("http://", "http://ci:t1@");
-    let other = daemon.proxy.replace("http://", "http://other:t2@");
+    let ci = daemon
+        .proxy
+        .replace("http://", "http://ci:t1-0123456789abcdef@");
+    let other = daemon
+        .proxy
+        .replace("http://", "http://other:t2-0123456789abcdef@");
     let (_, _, head) = curl(&[
         "-x",
         &ci,

@@ -21,7 +21,7 @@ fn config(origin: &TlsOrigin, trust: bool) -> String {
     };
     format!(
         "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
-         [[agents]]\nid = \"ci\"\ntoken = \"tok\"\n\
+         [[agents]]\nid = \"ci\"\ntoken = \"tok-0123456789abcdef\"\n\
          [[routes]]\nid = \"secure\"\nmatch = {{ host = \"origin.test\", port = {} }}\nresolve = \"{}\"\n{ca}",
         origin.addr.port(),
         origin.addr
@@ -48,7 +48,9 @@ impl Setup {
     }
 
     fn proxy(&self) -> String {
-        self.daemon.proxy.replace("http://", "http://ci:tok@")
+        self.daemon
+            .proxy
+            .replace("http://", "http://ci:tok-0123456789abcdef@")
     }
 
     fn url(&self, path: &str) -> String {
@@ -569,7 +571,7 @@ fn over_h2_result_delivered_waits_until_the_end_stream_left_postern() {
     let g = gate.clone();
     let (mut send, req) = rt.block_on(async move {
         let mut tcp = tokio::net::TcpStream::connect(&proxy).await.unwrap();
-        let auth = base64::engine::general_purpose::STANDARD.encode("ci:tok");
+        let auth = base64::engine::general_purpose::STANDARD.encode("ci:tok-0123456789abcdef");
         let connect = format!(
             "CONNECT origin.test:{port} HTTP/1.1\r\nHost: origin.test:{port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
         );

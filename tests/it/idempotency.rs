@@ -20,7 +20,7 @@ pub(super) const GENERATING: &str = "idempotency = { header = \"Idempotency-Key\
 /// Two agents and one POST route to `pay.test:<port>`, pinned to loopback.
 pub(super) fn config(port: u16, route_extra: &str) -> String {
     format!(
-        "{TEST_CONFIG}\n[[agents]]\nid = \"a\"\ntoken = \"ta\"\n[[agents]]\nid = \"b\"\ntoken = \"tb\"\n\
+        "{TEST_CONFIG}\n[[agents]]\nid = \"a\"\ntoken = \"ta-0123456789abcdef\"\n[[agents]]\nid = \"b\"\ntoken = \"tb-0123456789abcdef\"\n\
          [[routes]]\nid = \"payments\"\nmatch = {{ scheme = \"http\", host = \"pay.test\", port = {port}, methods = [\"POST\"] }}\n\
          resolve = \"127.0.0.1:{port}\"\n{route_extra}\n"
     )
@@ -106,10 +106,11 @@ impl Cell {
         headers: &[&str],
         body: &str,
     ) -> Reply {
-        let proxy = self
-            .daemon
-            .proxy
-            .replacen("http://", &format!("http://{agent}:t{agent}@"), 1);
+        let proxy = self.daemon.proxy.replacen(
+            "http://",
+            &format!("http://{agent}:t{agent}-0123456789abcdef@"),
+            1,
+        );
         let url = format!("http://pay.test:{}/v1/charges", self.port);
         let key_header = key.map(|k| format!("Idempotency-Key: {k}"));
         let mut args = vec![
@@ -411,7 +412,10 @@ fn a_changed_payload_under_a_key_is_refused_locally_and_rejected_by_the_origin()
     assert_eq!((origin.hits(), origin.effects()), (2, 1));
 
     // Two values for the key are not a key.
-    let proxy = c.daemon.proxy.replacen("http://", "http://a:ta@", 1);
+    let proxy = c
+        .daemon
+        .proxy
+        .replacen("http://", "http://a:ta-0123456789abcdef@", 1);
     let url = format!("http://pay.test:{}/v1/charges", c.port);
     let (status, body, _) = curl(&[
         "-x",

@@ -94,7 +94,7 @@ impl Jail {
             .args(["--agent", "ci", "--", "sh", "-c", script])
             .env("POSTERN_HOME", self.home.root())
             .env("POSTERN_VAULT_KEY", VAULT_KEY)
-            .env("POSTERN_ADMIN_TOKEN", "admin-secret")
+            .env("POSTERN_ADMIN_TOKEN", "admin-secret-0123456789abcdef")
             .env_remove("POSTERN_AGENT")
             .env_remove("POSTERN_AGENT_TOKEN")
             .env_remove("POSTERN_CONFIG")

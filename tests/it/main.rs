@@ -30,6 +30,7 @@ mod retry_origins;
 mod sdk;
 mod serve;
 mod ssh;
+mod ssh_flood;
 mod ssh_hostile;
 mod ssh_output;
 mod ssh_password;

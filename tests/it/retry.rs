@@ -234,7 +234,10 @@ fn a_retry_binds_the_agent_and_is_not_sent_once_it_no_longer_acts() {
     let id = invocation(&head);
     // The invocation was the loopback `anonymous` agent's; now agents are configured.
     s.daemon.kill();
-    let config = format!("{}[[agents]]\nid = \"ci\"\ntoken = \"tok\"\n", s.config);
+    let config = format!(
+        "{}[[agents]]\nid = \"ci\"\ntoken = \"tok-0123456789abcdef\"\n",
+        s.config
+    );
     s.daemon = Daemon::start(&s.home, Some(&config));
     let out = s.retry(&[&id]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");

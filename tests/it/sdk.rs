@@ -329,7 +329,7 @@ fn setup(sdk: Sdk, act: Act, credential: bool, extra: &str) -> Setup {
     let id = sdk.credential();
     let mut config = String::from(
         "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
-         [[agents]]\nid = \"agent\"\ntoken = \"tok\"\n",
+         [[agents]]\nid = \"agent\"\ntoken = \"tok-0123456789abcdef\"\n",
     );
     if credential {
         assert!(
@@ -371,7 +371,10 @@ struct Run {
 impl Setup {
     /// Runs the SDK once as the agent with `api_key` and `args` after the base URL.
     fn run(&self, api_key: &str, args: &[&str]) -> Run {
-        let proxy = self.daemon.proxy.replace("http://", "http://agent:tok@");
+        let proxy = self
+            .daemon
+            .proxy
+            .replace("http://", "http://agent:tok-0123456789abcdef@");
         let bundle = self.home.root().join("certs/bundle.pem");
         let ca = self.home.root().join("certs/ca.pem");
         let sdk_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk");

@@ -210,7 +210,7 @@ fn env_and_the_operator_cli_read_addresses_without_the_daemons_secrets() {
     let daemon = Daemon::start_with(
         &home,
         Some(&config),
-        &[("QUICKSTART_AGENT_TOKEN", "s3cret")],
+        &[("QUICKSTART_AGENT_TOKEN", "s3cret-0123456789abcdef")],
     );
     let path = home.config(&config);
     let shell = |args: &[&str]| {
@@ -234,7 +234,7 @@ fn env_and_the_operator_cli_read_addresses_without_the_daemons_secrets() {
         "{text}"
     );
     assert!(
-        !text.contains("s3cret") && !text.contains("not set"),
+        !text.contains("s3cret-0123456789abcdef") && !text.contains("not set"),
         "{text}"
     );
     let list = shell(&["actions", "list", "--json"]);
@@ -267,7 +267,8 @@ fn a_bad_config_is_refused_with_every_problem_in_one_run() {
 #[test]
 fn an_admin_api_without_a_token_is_a_warning_when_agents_are_configured() {
     let home = Home::new();
-    let config = format!("{TEST_CONFIG}\n[[agents]]\nid = \"ci\"\ntoken = \"t\"\n");
+    let config =
+        format!("{TEST_CONFIG}\n[[agents]]\nid = \"ci\"\ntoken = \"t-0123456789abcdef\"\n");
     let daemon = Daemon::start(&home, Some(&config));
     assert!(
         daemon.stderr().contains("[admin] has no token"),

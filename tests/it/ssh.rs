@@ -13,7 +13,7 @@ use crate::sshd::{Sshd, keygen};
 use crate::support::{BIN, Daemon, Home, TEST_CONFIG, secret_set, stderr};
 
 pub const VAULT_KEY: &str = "ssh test vault key";
-pub const TOKEN: &str = "ci-ssh-token";
+pub const TOKEN: &str = "ci-ssh-token-0123456789abcdef";
 
 /// A config with one agent, one key credential and one target for `sshd` (host app1.internal).
 fn config_text(sshd: &Sshd, known_hosts: &Path, extra: &str) -> String {

@@ -18,7 +18,7 @@ use crate::tls_origin::echo_origin_for;
 /// A tunnel route for `ci` to `127.0.0.1:<port>`; `extra` lines go into the route.
 fn config(port: u16, extra: &str) -> String {
     format!(
-        "{TEST_CONFIG}\n[[agents]]\nid = \"ci\"\ntoken = \"tok\"\n\
+        "{TEST_CONFIG}\n[[agents]]\nid = \"ci\"\ntoken = \"tok-0123456789abcdef\"\n\
          [[routes]]\nid = \"pinned\"\nagents = [\"ci\"]\nintercept = false\n\
          match = {{ host = \"127.0.0.1\", port = {port} }}\n{extra}\n"
     )
@@ -28,17 +28,19 @@ const PRIVATE: &str = "allow_private = true";
 
 /// The agent's proxy URL with its identity.
 fn proxy(daemon: &Daemon) -> String {
-    daemon.proxy.replace("http://", "http://ci:tok@")
+    daemon
+        .proxy
+        .replace("http://", "http://ci:tok-0123456789abcdef@")
 }
 
 /// A raw `CONNECT 127.0.0.1:<port>` as agent `ci`: the socket and the response head.
 fn connect(daemon: &Daemon, port: u16) -> (TcpStream, String) {
     let addr = daemon.proxy.trim_start_matches("http://");
     let mut s = TcpStream::connect(addr).unwrap();
-    // base64("ci:tok")
+    // base64("ci:tok-0123456789abcdef")
     write!(
         s,
-        "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic Y2k6dG9r\r\n\r\n"
+        "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic Y2k6dG9rLTAxMjM0NTY3ODlhYmNkZWY=\r\n\r\n"
     )
     .unwrap();
     let head = read_head(&mut s);

@@ -166,7 +166,7 @@ fn setup_for(tls: bool) -> Setup {
     let config = format!(
         "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
          [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
-         [[agents]]\nid = \"ci\"\ntoken = \"agent-tok\"\n\
+         [[agents]]\nid = \"ci\"\ntoken = \"agent-tok-0123456789abcdef\"\n\
          [[credentials]]\nid = \"api\"\nsecret = \"tok\"\ninject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\n\
          [[routes]]\nid = \"chat\"\ncredential = \"api\"\nresolve = \"127.0.0.1:{port}\"\n{route}\n"
     );
@@ -193,7 +193,7 @@ url, proxy_port, ca = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 try:
     ws = websocket.create_connection(
         url, http_proxy_host="127.0.0.1", http_proxy_port=proxy_port, proxy_type="http",
-        http_proxy_auth=("ci", "agent-tok"), sslopt={"ca_certs": ca},
+        http_proxy_auth=("ci", "agent-tok-0123456789abcdef"), sslopt={"ca_certs": ca},
         header=["Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits"],
         timeout=20)
     for m in sys.argv[4:]:
