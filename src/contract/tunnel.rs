@@ -49,6 +49,46 @@ pub struct UpgradeEvidence {
     pub closed_by: ClosedBy,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub redactions: u64,
+    /// The origin sent a frame it may not send: postern ended the relay with close `1002`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol_error: Option<FrameError>,
+}
+
+/// Why a frame from a WebSocket origin ended the relay (RFC 6455 §5; SPEC §3.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FrameError {
+    /// The mask bit is set: only a client masks.
+    Masked,
+    /// RSV1–3 set, with no extension negotiated.
+    ReservedBit,
+    /// An opcode RFC 6455 does not define.
+    UnknownOpcode,
+    /// A control frame with more than 125 bytes of payload.
+    ControlTooLong,
+    /// A control frame without FIN.
+    FragmentedControl,
+    /// A continuation frame with no message open.
+    ContinuationWithoutMessage,
+    /// A new text or binary frame while a message is still open.
+    MessageInsideMessage,
+    /// A 64-bit length with its most significant bit set.
+    LengthTooLarge,
+}
+
+impl FrameError {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Masked => "masked",
+            Self::ReservedBit => "reserved_bit",
+            Self::UnknownOpcode => "unknown_opcode",
+            Self::ControlTooLong => "control_too_long",
+            Self::FragmentedControl => "fragmented_control",
+            Self::ContinuationWithoutMessage => "continuation_without_message",
+            Self::MessageInsideMessage => "message_inside_message",
+            Self::LengthTooLarge => "length_too_large",
+        }
+    }
 }
 
 fn is_zero(n: &u64) -> bool {

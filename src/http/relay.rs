@@ -30,6 +30,10 @@ pub trait Downstream: Send {
     fn holds_releasable(&self) -> bool {
         false
     }
+    /// This direction is over for postern's own reason (what `pass` gave ends it).
+    fn stopped(&self) -> bool {
+        false
+    }
 }
 
 /// Bytes passed on as they came.
@@ -79,6 +83,8 @@ struct Tally {
     read: u64,
     written: u64,
     hash: Option<Sha256>,
+    /// The filter ended this direction and what it had to say was written.
+    stopped: bool,
 }
 
 /// How one direction ended, and which side ended it.
@@ -172,6 +178,14 @@ where
         }
         tally.written += out.len() as u64;
         activity.touch();
+        if filter.stopped() {
+            let _ = to.shutdown().await;
+            tally.stopped = true;
+            return Ended {
+                by: ClosedBy::Postern,
+                clean: true,
+            };
+        }
     }
 }
 
@@ -229,11 +243,15 @@ where
             bytes_down: down_tally.read,
             closed_by: first,
         },
-        delivered: down_tally.written == down_tally.read,
+        delivered: down_tally.stopped || down_tally.written == down_tally.read,
         clean,
         digest,
     }
 }
+
+/// How long the other direction may go on after a filter stopped one (the agent answering
+/// a close frame), before postern closes both.
+const LINGER: Duration = Duration::from_secs(1);
 
 /// Runs both directions until both ended cleanly, one broke, or the tunnel went idle
 /// (then postern is the one that closed it). Dropping the pumps closes both connections.
@@ -244,13 +262,20 @@ async fn until_both_end(
 ) -> (ClosedBy, bool) {
     tokio::pin!(up, down, idle);
     let (mut up_done, mut down_done) = (false, false);
-    let mut first = None;
+    let (mut first, mut linger) = (None, None);
     while !(up_done && down_done) {
         let ended = tokio::select! {
             e = &mut up, if !up_done => { up_done = true; e }
             e = &mut down, if !down_done => { down_done = true; e }
             () = &mut idle => return (ClosedBy::Postern, false),
+            () = tokio::time::sleep_until(linger.unwrap_or_else(Instant::now)), if linger.is_some() => {
+                return (first.unwrap_or(ClosedBy::Postern), false);
+            }
         };
+        // Only a filter that stopped ends a pump as postern.
+        if ended.by == ClosedBy::Postern {
+            linger = Some(Instant::now() + LINGER);
+        }
         let by = *first.get_or_insert(ended.by);
         if !ended.clean {
             return (by, false);
