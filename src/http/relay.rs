@@ -385,4 +385,54 @@ mod tests {
         assert!(!r.clean && !r.delivered);
         Ok(())
     }
+
+    /// Passes `said` once, then says it stopped.
+    struct Stops {
+        said: &'static [u8],
+        done: bool,
+    }
+
+    impl Downstream for Stops {
+        fn pass<'a>(&mut self, _: &'a [u8]) -> Cow<'a, [u8]> {
+            self.done = true;
+            Cow::Borrowed(self.said)
+        }
+
+        fn finish(&mut self) -> Vec<u8> {
+            Vec::new()
+        }
+
+        fn stopped(&self) -> bool {
+            self.done
+        }
+    }
+
+    #[tokio::test]
+    async fn a_filter_that_stops_ends_the_relay_even_if_the_agent_stays() -> std::io::Result<()> {
+        let (mut agent, agent_near) = duplex(64);
+        let (mut origin, origin_near) = duplex(64);
+        let mut stops = Stops {
+            said: b"close",
+            done: false,
+        };
+        let idle = Duration::from_secs(30);
+        let run =
+            tokio::spawn(async move { relay(agent_near, origin_near, idle, &mut stops).await });
+        origin.write_all(b"forbidden frame").await?;
+        let mut got = Vec::new();
+        agent.read_to_end(&mut got).await?;
+        assert_eq!(
+            got, b"close",
+            "the filter's last word, then the end of input"
+        );
+        // The agent neither answers nor closes: postern ends it after `LINGER`.
+        let r = tokio::time::timeout(LINGER * 3, run)
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(std::io::Error::other)?;
+        assert_eq!(r.tunnel.closed_by, ClosedBy::Postern);
+        assert_eq!(r.tunnel.bytes_down, 15);
+        assert!(r.delivered, "all the filter would hand on was handed on");
+        Ok(())
+    }
 }

@@ -185,7 +185,7 @@ impl Frames {
         self.error = Some(e);
         self.at = At::Stopped;
         self.message = None;
-        self.out.mask_pending();
+        let _ = self.out.mask_pending();
         self.out.raw(&CLOSE_PROTOCOL_ERROR);
     }
 }
@@ -201,7 +201,7 @@ impl Downstream for Frames {
     /// a partial control frame's payload as `*`s. Every byte read keeps its place.
     fn finish(&mut self) -> Vec<u8> {
         self.message = None;
-        self.out.mask_pending();
+        let _ = self.out.mask_pending();
         match std::mem::replace(&mut self.at, At::Stopped) {
             At::Head(head) => self.out.raw(&head),
             At::Control { frame, head } => {
@@ -298,7 +298,16 @@ fn check(head: &[u8], open: bool) -> Result<(), FrameError> {
 struct Out {
     ready: Vec<u8>,
     waiting: VecDeque<Item>,
+    /// Raw bytes in `waiting`.
+    waiting_raw: usize,
+    /// Payload bytes the guard has yet to give that already went as `*`s.
+    skip: usize,
 }
+
+/// Raw bytes that may wait behind held payload. A held start of the secret followed by
+/// frame after frame (empty fragments, pings) would otherwise grow without end: past
+/// this, the held payload goes as `*`s now.
+const MAX_WAITING: usize = 16 * 1024;
 
 enum Item {
     /// Bytes that go as they are, once everything before them went.
@@ -314,6 +323,12 @@ impl Out {
             Some(Item::Raw(queued)) => queued.extend_from_slice(bytes),
             Some(Item::Payload(_)) => self.waiting.push_back(Item::Raw(bytes.to_vec())),
         }
+        if !self.waiting.is_empty() {
+            self.waiting_raw += bytes.len();
+        }
+        if self.waiting_raw > MAX_WAITING {
+            self.skip += self.mask_pending();
+        }
     }
 
     fn payload(&mut self, n: usize) {
@@ -327,10 +342,16 @@ impl Out {
     }
 
     /// Payload bytes the guard let go (same length, so each fills its own place).
-    fn fill(&mut self, mut scanned: &[u8]) {
+    fn fill(&mut self, scanned: &[u8]) {
+        let skipped = self.skip.min(scanned.len());
+        self.skip -= skipped;
+        let mut scanned = scanned.get(skipped..).unwrap_or_default();
         while let Some(front) = self.waiting.front_mut() {
             match front {
-                Item::Raw(bytes) => self.ready.append(bytes),
+                Item::Raw(bytes) => {
+                    self.waiting_raw -= bytes.len();
+                    self.ready.append(bytes);
+                }
                 Item::Payload(n) => {
                     if scanned.is_empty() {
                         return;
@@ -351,14 +372,20 @@ impl Out {
         self.ready.extend_from_slice(scanned);
     }
 
-    /// Every payload byte still held goes as `*`.
-    fn mask_pending(&mut self) {
+    /// Every payload byte still held goes as `*`; how many did.
+    fn mask_pending(&mut self) -> usize {
+        let mut masked = 0;
         for item in std::mem::take(&mut self.waiting) {
             match item {
                 Item::Raw(bytes) => self.ready.extend_from_slice(&bytes),
-                Item::Payload(n) => self.ready.resize(self.ready.len() + n, b'*'),
+                Item::Payload(n) => {
+                    self.ready.resize(self.ready.len() + n, b'*');
+                    masked += n;
+                }
             }
         }
+        self.waiting_raw = 0;
+        masked
     }
 
     fn take(&mut self) -> Vec<u8> {

@@ -213,3 +213,33 @@ fn an_origin_ending_mid_message_leaves_the_held_start_masked() {
     assert_eq!(out, frame(0x01, b"key=*********"));
     assert_eq!(f.error, None);
 }
+
+/// A held start of the secret, then frame after frame: what waits behind it stays bounded
+/// (the held bytes go as `*`s early), and the secret is still masked when its rest comes.
+#[test]
+fn frames_behind_a_held_start_wait_in_bounded_memory() {
+    let ping = frame(0x89, &[b'p'; 125]);
+    let mut f = Frames::new(guard());
+    let mut out = f.pass(&frame(0x01, b"key=ws-canary")).to_vec();
+    let mut most = 0;
+    for _ in 0..2000 {
+        out.extend_from_slice(&f.pass(&ping));
+        out.extend_from_slice(&f.pass(&frame(0x00, b"")));
+        most = most.max(f.out.waiting_raw);
+    }
+    out.extend_from_slice(&f.pass(&frame(0x80, b"-3f9a1c7e5b2d end")));
+    out.extend(f.finish());
+    assert!(most <= MAX_WAITING + ping.len(), "{most} bytes waited");
+    let mut want = frame(0x01, b"key=*********");
+    for _ in 0..2000 {
+        want.extend_from_slice(&ping);
+        want.extend(frame(0x00, b""));
+    }
+    want.extend(frame(0x80, b"************* end"));
+    assert!(
+        out == want,
+        "{}",
+        String::from_utf8_lossy(&out[out.len() - 40..])
+    );
+    assert_eq!((f.hits, f.error), (1, None));
+}
