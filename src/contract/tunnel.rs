@@ -152,4 +152,24 @@ mod tests {
             serde_json::json!({"bytes_up": 3, "bytes_down": 4, "closed_by": "postern"})
         );
     }
+
+    #[test]
+    fn a_refused_frame_shows_as_protocol_error_in_the_upgrade_evidence() {
+        let upgrade = UpgradeEvidence {
+            protocol: "websocket".into(),
+            bytes_up: 1,
+            bytes_down: 2,
+            closed_by: ClosedBy::Postern,
+            redactions: 0,
+            protocol_error: Some(FrameError::ReservedBit),
+        };
+        let json = serde_json::to_value(&upgrade).unwrap_or_default();
+        assert_eq!(json["protocol_error"], FrameError::ReservedBit.as_str());
+        let clean = UpgradeEvidence {
+            protocol_error: None,
+            ..upgrade
+        };
+        let json = serde_json::to_value(&clean).unwrap_or_default();
+        assert!(json.get("protocol_error").is_none(), "{json}");
+    }
 }

@@ -165,17 +165,15 @@ impl Frames {
         }
     }
 
+    /// A control frame's payload, scanned on its own.
     fn scan_alone(&mut self, payload: &[u8]) -> Vec<u8> {
         let mut paced = Paced::masked(Mask::SameLength);
-        let (mut scanned, hits) = paced.pass(&self.guard, payload);
+        let (scanned, hits) = paced.pass(&self.guard, payload);
         let (tail, more) = paced.finish(&self.guard);
         self.hits += (hits + more) as u64;
-        if !tail.is_empty() {
-            let mut all = scanned.to_vec();
-            all.extend_from_slice(&tail);
-            scanned = all.into();
-        }
-        scanned.to_vec()
+        let mut all = scanned.to_vec();
+        all.extend_from_slice(&tail);
+        all
     }
 
     /// The frame in `head` may not be sent. Frames before it are whole, so the agent is at
