@@ -28,4 +28,6 @@ pub use status::{
     classify_status, parse_grpc_status,
 };
 pub use tls::TlsProblem;
-pub use tunnel::{ClosedBy, TunnelEvidence, UpgradeEvidence, classify_tunnel, classify_upgrade};
+pub use tunnel::{
+    ClosedBy, FrameError, TunnelEvidence, UpgradeEvidence, classify_tunnel, classify_upgrade,
+};

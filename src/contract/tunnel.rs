@@ -49,6 +49,46 @@ pub struct UpgradeEvidence {
     pub closed_by: ClosedBy,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub redactions: u64,
+    /// The origin sent a frame it may not send: postern ended the relay with close `1002`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol_error: Option<FrameError>,
+}
+
+/// Why a frame from a WebSocket origin ended the relay (RFC 6455 §5; SPEC §3.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FrameError {
+    /// The mask bit is set: only a client masks.
+    Masked,
+    /// RSV1–3 set, with no extension negotiated.
+    ReservedBit,
+    /// An opcode RFC 6455 does not define.
+    UnknownOpcode,
+    /// A control frame with more than 125 bytes of payload.
+    ControlTooLong,
+    /// A control frame without FIN.
+    FragmentedControl,
+    /// A continuation frame with no message open.
+    ContinuationWithoutMessage,
+    /// A new text or binary frame while a message is still open.
+    MessageInsideMessage,
+    /// A 64-bit length with its most significant bit set.
+    LengthTooLarge,
+}
+
+impl FrameError {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Masked => "masked",
+            Self::ReservedBit => "reserved_bit",
+            Self::UnknownOpcode => "unknown_opcode",
+            Self::ControlTooLong => "control_too_long",
+            Self::FragmentedControl => "fragmented_control",
+            Self::ContinuationWithoutMessage => "continuation_without_message",
+            Self::MessageInsideMessage => "message_inside_message",
+            Self::LengthTooLarge => "length_too_large",
+        }
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -111,5 +151,25 @@ mod tests {
             json,
             serde_json::json!({"bytes_up": 3, "bytes_down": 4, "closed_by": "postern"})
         );
+    }
+
+    #[test]
+    fn a_refused_frame_shows_as_protocol_error_in_the_upgrade_evidence() {
+        let upgrade = UpgradeEvidence {
+            protocol: "websocket".into(),
+            bytes_up: 1,
+            bytes_down: 2,
+            closed_by: ClosedBy::Postern,
+            redactions: 0,
+            protocol_error: Some(FrameError::ReservedBit),
+        };
+        let json = serde_json::to_value(&upgrade).unwrap_or_default();
+        assert_eq!(json["protocol_error"], FrameError::ReservedBit.as_str());
+        let clean = UpgradeEvidence {
+            protocol_error: None,
+            ..upgrade
+        };
+        let json = serde_json::to_value(&clean).unwrap_or_default();
+        assert!(json.get("protocol_error").is_none(), "{json}");
     }
 }

@@ -30,6 +30,10 @@ pub trait Downstream: Send {
     fn holds_releasable(&self) -> bool {
         false
     }
+    /// This direction is over for postern's own reason (what `pass` gave ends it).
+    fn stopped(&self) -> bool {
+        false
+    }
 }
 
 /// Bytes passed on as they came.
@@ -79,6 +83,8 @@ struct Tally {
     read: u64,
     written: u64,
     hash: Option<Sha256>,
+    /// The filter ended this direction and what it had to say was written.
+    stopped: bool,
 }
 
 /// How one direction ended, and which side ended it.
@@ -172,6 +178,14 @@ where
         }
         tally.written += out.len() as u64;
         activity.touch();
+        if filter.stopped() {
+            let _ = to.shutdown().await;
+            tally.stopped = true;
+            return Ended {
+                by: ClosedBy::Postern,
+                clean: true,
+            };
+        }
     }
 }
 
@@ -229,11 +243,15 @@ where
             bytes_down: down_tally.read,
             closed_by: first,
         },
-        delivered: down_tally.written == down_tally.read,
+        delivered: down_tally.stopped || down_tally.written == down_tally.read,
         clean,
         digest,
     }
 }
+
+/// How long the other direction may go on after a filter stopped one (the agent answering
+/// a close frame), before postern closes both.
+const LINGER: Duration = Duration::from_secs(1);
 
 /// Runs both directions until both ended cleanly, one broke, or the tunnel went idle
 /// (then postern is the one that closed it). Dropping the pumps closes both connections.
@@ -244,13 +262,20 @@ async fn until_both_end(
 ) -> (ClosedBy, bool) {
     tokio::pin!(up, down, idle);
     let (mut up_done, mut down_done) = (false, false);
-    let mut first = None;
+    let (mut first, mut linger) = (None, None);
     while !(up_done && down_done) {
         let ended = tokio::select! {
             e = &mut up, if !up_done => { up_done = true; e }
             e = &mut down, if !down_done => { down_done = true; e }
             () = &mut idle => return (ClosedBy::Postern, false),
+            () = tokio::time::sleep_until(linger.unwrap_or_else(Instant::now)), if linger.is_some() => {
+                return (first.unwrap_or(ClosedBy::Postern), false);
+            }
         };
+        // Only a filter that stopped ends a pump as postern.
+        if ended.by == ClosedBy::Postern {
+            linger = Some(Instant::now() + LINGER);
+        }
         let by = *first.get_or_insert(ended.by);
         if !ended.clean {
             return (by, false);
@@ -358,6 +383,56 @@ mod tests {
         assert_eq!(r.tunnel.closed_by, ClosedBy::Agent);
         assert_eq!(r.tunnel.bytes_down, 11);
         assert!(!r.clean && !r.delivered);
+        Ok(())
+    }
+
+    /// Passes `said` once, then says it stopped.
+    struct Stops {
+        said: &'static [u8],
+        done: bool,
+    }
+
+    impl Downstream for Stops {
+        fn pass<'a>(&mut self, _: &'a [u8]) -> Cow<'a, [u8]> {
+            self.done = true;
+            Cow::Borrowed(self.said)
+        }
+
+        fn finish(&mut self) -> Vec<u8> {
+            Vec::new()
+        }
+
+        fn stopped(&self) -> bool {
+            self.done
+        }
+    }
+
+    #[tokio::test]
+    async fn a_filter_that_stops_ends_the_relay_even_if_the_agent_stays() -> std::io::Result<()> {
+        let (mut agent, agent_near) = duplex(64);
+        let (mut origin, origin_near) = duplex(64);
+        let mut stops = Stops {
+            said: b"close",
+            done: false,
+        };
+        let idle = Duration::from_secs(30);
+        let run =
+            tokio::spawn(async move { relay(agent_near, origin_near, idle, &mut stops).await });
+        origin.write_all(b"forbidden frame").await?;
+        let mut got = Vec::new();
+        agent.read_to_end(&mut got).await?;
+        assert_eq!(
+            got, b"close",
+            "the filter's last word, then the end of input"
+        );
+        // The agent neither answers nor closes: postern ends it after `LINGER`.
+        let r = tokio::time::timeout(LINGER * 3, run)
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(std::io::Error::other)?;
+        assert_eq!(r.tunnel.closed_by, ClosedBy::Postern);
+        assert_eq!(r.tunnel.bytes_down, 15);
+        assert!(r.delivered, "all the filter would hand on was handed on");
         Ok(())
     }
 }

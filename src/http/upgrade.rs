@@ -3,12 +3,10 @@
 //! — sent on a fresh HTTP/1.1 connection (it never returns to the pool) without
 //! `Sec-WebSocket-Extensions`, so no compression hides a payload from the guard. The
 //! origin's `101` commits it (`classify_upgrade`); any other answer is an ordinary response.
-//! After the `101` the bytes go both ways unparsed; the origin's pass the reflection guard
-//! with same-length masks (frame lengths stay valid), and when the relay ends
-//! `RESULT_DELIVERED` carries what it saw (evidence `upgrade`).
-
-use std::borrow::Cow;
-use std::sync::Arc;
+//! After the `101` the agent's bytes go to the origin unparsed; the origin's are read as
+//! frames (`wsframe`): each message's payload passes the reflection guard with same-length
+//! masks, and a frame the origin may not send ends the relay with close `1002`. When the
+//! relay ends `RESULT_DELIVERED` carries what it saw (evidence `upgrade`).
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
@@ -24,13 +22,13 @@ use super::headers::{redact_headers, strip_hop_by_hop};
 use super::outgoing::{Outgoing, Switch};
 use super::pool::Sender;
 use super::receive::{Whole, origin_committed};
-use super::relay::{self, Downstream};
+use super::relay;
 use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed};
 use super::tap::Tap;
 use super::upstream::{Offer, dial_offering};
+use super::wsframe::Frames;
 use crate::config::Route;
 use crate::contract::{Code, Completion, UpgradeEvidence, classify_upgrade};
-use crate::guard::{Mask, Paced, ReflectionGuard};
 use crate::journal::{
     Body, Dispatch, Draft, Failure, ResponseStarted, Source, sha256_tagged_digest,
 };
@@ -222,11 +220,7 @@ impl Exchange {
             self.inv.delivery_failed().await;
             return;
         };
-        let mut down = Guarded {
-            guard: switch.guard,
-            paced: Paced::masked(Mask::SameLength),
-            hits: 0,
-        };
+        let mut down = Frames::new(switch.guard);
         let (agent, origin) = (TokioIo::new(agent), TokioIo::new(origin));
         let relayed = relay::relay(agent, origin, switch.idle, &mut down).await;
         let upgrade = UpgradeEvidence {
@@ -235,39 +229,11 @@ impl Exchange {
             bytes_down: relayed.tunnel.bytes_down,
             closed_by: relayed.tunnel.closed_by,
             redactions: down.hits,
+            protocol_error: down.error,
         };
         match relayed.delivered {
             true => self.inv.delivered_upgrade(upgrade).await,
             false => self.inv.delivery_failed_upgrade(upgrade).await,
         }
-    }
-}
-
-/// The origin's bytes through the reflection guard, each hit masked byte for byte.
-struct Guarded {
-    guard: Arc<ReflectionGuard>,
-    paced: Paced,
-    hits: u64,
-}
-
-impl Downstream for Guarded {
-    fn pass<'a>(&mut self, chunk: &'a [u8]) -> Cow<'a, [u8]> {
-        let (out, hits) = self.paced.pass(&self.guard, chunk);
-        self.hits += hits as u64;
-        Cow::Owned(out.to_vec())
-    }
-
-    fn finish(&mut self) -> Vec<u8> {
-        let (out, hits) = self.paced.finish(&self.guard);
-        self.hits += hits as u64;
-        out.to_vec()
-    }
-
-    fn release(&mut self) -> Option<Vec<u8>> {
-        Some(self.paced.release().to_vec())
-    }
-
-    fn holds_releasable(&self) -> bool {
-        self.paced.releasable()
     }
 }

@@ -237,29 +237,37 @@ impl Setup {
     }
 
     fn newest(&self) -> Value {
-        let (_, list) = get_json(&self.daemon.url("/v1/invocations"), &[]);
-        list["invocations"][0].clone()
+        newest(&self.daemon)
     }
 
-    /// The record once `RESULT_DELIVERED` or a delivery failure settled it.
     fn settled(&self, id: &str) -> (Value, Vec<Value>) {
-        for _ in 0..200 {
-            let url = self.daemon.url(&format!("/v1/invocations/{id}/events"));
-            let events = get_json(&url, &[]).1["events"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            let ended = events.iter().any(|e| {
-                e["kind"] == "RESULT_DELIVERED" || e["data"]["code"] == "RESULT_DELIVERY_FAILED"
-            });
-            if ended {
-                let url = self.daemon.url(&format!("/v1/invocations/{id}"));
-                return (get_json(&url, &[]).1, events);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        panic!("the relay of {id} never settled");
+        settled(&self.daemon, id)
     }
+}
+
+fn newest(daemon: &Daemon) -> Value {
+    let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);
+    list["invocations"][0].clone()
+}
+
+/// The record once `RESULT_DELIVERED` or a delivery failure settled it.
+fn settled(daemon: &Daemon, id: &str) -> (Value, Vec<Value>) {
+    for _ in 0..200 {
+        let url = daemon.url(&format!("/v1/invocations/{id}/events"));
+        let events = get_json(&url, &[]).1["events"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let ended = events.iter().any(|e| {
+            e["kind"] == "RESULT_DELIVERED" || e["data"]["code"] == "RESULT_DELIVERY_FAILED"
+        });
+        if ended {
+            let url = daemon.url(&format!("/v1/invocations/{id}"));
+            return (get_json(&url, &[]).1, events);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("the relay of {id} never settled");
 }
 
 #[test]
@@ -373,4 +381,250 @@ fn an_origin_forcing_an_extension_gets_no_relay() {
     assert_eq!(record["code"], "RESULT_DELIVERY_FAILED", "{record}");
     assert_eq!(record["evidence"]["extension_forced"], true, "{record}");
     assert!(!said.contains(CANARY), "{said}");
+}
+
+/// A hostile plain-TCP WebSocket origin: it answers any handshake with a `101` by hand and
+/// then writes the frames `script` builds for the request path from the canary it was sent
+/// (the `Authorization` value without `Bearer `), then ends its side and waits for postern's.
+fn raw_origin(script: fn(&str, &[u8]) -> Vec<u8>) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            let Ok(mut tcp) = tcp else { return };
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let head = crate::support::read_head(&mut tcp);
+                let path = head.split(' ').nth(1).unwrap_or("").to_owned();
+                let canary = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("authorization")
+                            .then(|| v.trim().to_owned())
+                    })
+                    .unwrap_or_default();
+                let canary = canary.trim_start_matches("Bearer ").to_owned();
+                let switched = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+                                Connection: Upgrade\r\nSec-WebSocket-Accept: x\r\n\r\n";
+                let _ = tcp.write_all(switched.as_bytes());
+                let _ = tcp.write_all(&script(&path, canary.as_bytes()));
+                let _ = tcp.shutdown(std::net::Shutdown::Write);
+                let _ = tcp.read_to_end(&mut Vec::new());
+            });
+        }
+    });
+    port
+}
+
+/// One unmasked frame: `first` is FIN/RSV/opcode, lengths encoded minimally.
+fn frame(first: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![first];
+    match payload.len() {
+        n @ 0..=125 => f.push(n as u8),
+        n @ 126..=0xFFFF => {
+            f.push(126);
+            f.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            f.push(127);
+            f.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    f.extend_from_slice(payload);
+    f
+}
+
+const TEXT_FIN: u8 = 0x81;
+const TEXT_MORE: u8 = 0x01;
+const CONT_MORE: u8 = 0x00;
+const CONT_FIN: u8 = 0x80;
+const CLOSE_1002: &[u8] = &[0x88, 0x02, 0x03, 0xEA];
+
+/// `key=<canary> end` as one text message in fragments, each cut inside the canary at `cuts`.
+fn fragmented(canary: &[u8], cuts: &[usize]) -> Vec<u8> {
+    let mut payload = b"key=".to_vec();
+    payload.extend_from_slice(canary);
+    payload.extend_from_slice(b" end");
+    let mut bounds = vec![0];
+    bounds.extend(cuts.iter().map(|c| 4 + c));
+    bounds.push(payload.len());
+    let mut out = Vec::new();
+    for (i, w) in bounds.windows(2).enumerate() {
+        let (first, last) = (i == 0, i + 2 == bounds.len());
+        let op = match (first, last) {
+            (true, _) => TEXT_MORE,
+            (false, false) => CONT_MORE,
+            (false, true) => CONT_FIN,
+        };
+        out.extend(frame(op, &payload[w[0]..w[1]]));
+    }
+    out
+}
+
+/// What the hostile origin sends, per path, around the canary.
+fn hostile_script(path: &str, canary: &[u8]) -> Vec<u8> {
+    let hello = frame(TEXT_FIN, b"hello");
+    let mut out = hello.clone();
+    match path {
+        // Messages without a secret (one fragmented around a ping, a 200-byte binary),
+        // then the canary in two fragments, then a normal close.
+        "/split2" => {
+            out.extend(frame(TEXT_MORE, b"frag"));
+            out.extend(frame(0x89, b"are you there"));
+            out.extend(frame(CONT_FIN, b"ment"));
+            out.extend(frame(0x82, &[7u8; 200]));
+            out.extend(fragmented(canary, &[8]));
+            out.extend(frame(0x88, &[0x03, 0xE8]));
+        }
+        "/split3" => out.extend(fragmented(canary, &[5, 14])),
+        "/masked" => {
+            let key = [0x11, 0x22, 0x33, 0x44];
+            let mut f = vec![TEXT_FIN, 0x80 | canary.len() as u8];
+            f.extend_from_slice(&key);
+            f.extend(canary.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+            out.extend(f);
+        }
+        "/rsv1" => out.extend(frame(0xC1, canary)),
+        "/bigping" => {
+            let mut payload = canary.to_vec();
+            payload.resize(126, b'.');
+            out.extend(frame(0x89, &payload));
+        }
+        _ => {}
+    }
+    out.extend(frame(TEXT_FIN, b"after"));
+    out
+}
+
+/// A ws route to the raw origin on `port`.
+fn setup_raw(port: u16) -> (Home, Daemon) {
+    let home = Home::new();
+    assert!(
+        secret_set(&home, "tok", CANARY, Some(VAULT_KEY))
+            .status
+            .success()
+    );
+    let config = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
+         [[agents]]\nid = \"ci\"\ntoken = \"agent-tok\"\n\
+         [[credentials]]\nid = \"api\"\nsecret = \"tok\"\ninject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\n\
+         [[routes]]\nid = \"chat\"\ncredential = \"api\"\nresolve = \"127.0.0.1:{port}\"\n\
+         match = {{ scheme = \"http\", host = \"origin.test\", port = {port} }}\n"
+    );
+    let daemon = Daemon::start_with(&home, Some(&config), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
+    (home, daemon)
+}
+
+/// A raw agent: `CONNECT`, the handshake for `path`, then every byte postern sends until it
+/// ends the connection.
+fn raw_agent(daemon: &Daemon, port: u16, path: &str) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let addr = daemon.proxy.trim_start_matches("http://");
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    let target = format!("origin.test:{port}");
+    // Y2k6YWdlbnQtdG9r = base64("ci:agent-tok")
+    let connect = format!(
+        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic Y2k6YWdlbnQtdG9r\r\n\r\n"
+    );
+    tcp.write_all(connect.as_bytes()).unwrap();
+    let head = crate::support::read_head(&mut tcp);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let get = format!(
+        "GET {path} HTTP/1.1\r\nHost: {target}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    tcp.write_all(get.as_bytes()).unwrap();
+    let head = crate::support::read_head(&mut tcp);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = tcp.read_to_end(&mut got);
+    got
+}
+
+/// The raw agent's bytes for `path` and the settled record.
+fn through_hostile(path: &str) -> (Vec<u8>, Value, String) {
+    let port = raw_origin(hostile_script);
+    let (home, daemon) = setup_raw(port);
+    let got = raw_agent(&daemon, port, path);
+    let id = newest(&daemon)["invocation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (record, events) = settled(&daemon, &id);
+    let mut all = daemon.stderr() + &record.to_string();
+    all += &serde_json::to_string(&events).unwrap_or_default();
+    for entry in crate::support::files_under(&crate::support::journal_dir(&home.root())) {
+        all += &String::from_utf8_lossy(&std::fs::read(entry).unwrap_or_default());
+    }
+    (got, record, all)
+}
+
+fn stars(canary: &str) -> Vec<u8> {
+    vec![b'*'; canary.len()]
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The origin splits the echoed secret across two fragments of one message (with a ping
+/// between other fragments): the agent gets every frame byte for byte, the secret as `*`s.
+#[test]
+fn a_secret_split_across_two_fragments_is_masked_and_other_frames_arrive_intact() {
+    let (got, record, all) = through_hostile("/split2");
+    let want = hostile_script("/split2", &stars(CANARY));
+    assert!(
+        !contains(&got, CANARY.as_bytes()),
+        "the secret reached the agent"
+    );
+    assert_eq!(got, want, "{}", String::from_utf8_lossy(&got));
+    assert_eq!(record["outcome"], "committed", "{record}");
+    assert_eq!(record["evidence"]["upgrade"]["redactions"], 1, "{record}");
+    assert!(record["evidence"]["upgrade"]["protocol_error"].is_null());
+    assert!(!all.contains(CANARY), "the secret leaked");
+}
+
+#[test]
+fn a_secret_split_across_three_fragments_is_masked() {
+    let (got, _, _) = through_hostile("/split3");
+    let want = hostile_script("/split3", &stars(CANARY));
+    assert!(
+        !contains(&got, CANARY.as_bytes()),
+        "the secret reached the agent"
+    );
+    assert_eq!(got, want, "{}", String::from_utf8_lossy(&got));
+}
+
+/// A frame the origin may not send: what came before it arrives, then a close `1002`, and
+/// nothing of it or after it.
+fn refused(path: &str, reason: &str) {
+    let (got, record, all) = through_hostile(path);
+    assert!(!all.contains(CANARY), "the secret leaked");
+    assert!(all.contains("RESULT_DELIVERED"), "{all}");
+    let mut want = frame(TEXT_FIN, b"hello");
+    want.extend_from_slice(CLOSE_1002);
+    assert_eq!(got, want, "{path}: {}", String::from_utf8_lossy(&got));
+    let upgrade = &record["evidence"]["upgrade"];
+    assert_eq!(upgrade["protocol_error"], reason, "{record}");
+    assert_eq!(upgrade["closed_by"], "postern", "{record}");
+    assert_eq!(record["outcome"], "committed", "{record}");
+}
+
+#[test]
+fn a_masked_frame_from_the_origin_ends_the_relay_with_1002() {
+    refused("/masked", "masked");
+}
+
+#[test]
+fn a_frame_with_rsv1_from_the_origin_ends_the_relay_with_1002() {
+    refused("/rsv1", "reserved_bit");
+}
+
+#[test]
+fn a_control_frame_over_125_bytes_ends_the_relay_with_1002() {
+    refused("/bigping", "control_too_long");
 }
