@@ -508,7 +508,7 @@ fn setup_raw(port: u16) -> (Home, Daemon) {
     let config = format!(
         "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
          [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
-         [[agents]]\nid = \"ci\"\ntoken = \"agent-tok\"\n\
+         [[agents]]\nid = \"ci\"\ntoken = \"agent-tok-0123456789abcdef\"\n\
          [[credentials]]\nid = \"api\"\nsecret = \"tok\"\ninject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\n\
          [[routes]]\nid = \"chat\"\ncredential = \"api\"\nresolve = \"127.0.0.1:{port}\"\n\
          match = {{ scheme = \"http\", host = \"origin.test\", port = {port} }}\n"
@@ -524,9 +524,9 @@ fn raw_agent(daemon: &Daemon, port: u16, path: &str) -> Vec<u8> {
     let addr = daemon.proxy.trim_start_matches("http://");
     let mut tcp = std::net::TcpStream::connect(addr).unwrap();
     let target = format!("origin.test:{port}");
-    // Y2k6YWdlbnQtdG9r = base64("ci:agent-tok")
+    // Y2k6YWdlbnQtdG9rLTAxMjM0NTY3ODlhYmNkZWY= = base64("ci:agent-tok-0123456789abcdef")
     let connect = format!(
-        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic Y2k6YWdlbnQtdG9r\r\n\r\n"
+        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic Y2k6YWdlbnQtdG9rLTAxMjM0NTY3ODlhYmNkZWY=\r\n\r\n"
     );
     tcp.write_all(connect.as_bytes()).unwrap();
     let head = crate::support::read_head(&mut tcp);
