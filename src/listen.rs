@@ -100,6 +100,11 @@ impl Backoff {
     }
 }
 
+/// A connection's place, carried by each request on it: what outlives the connection's
+/// HTTP serving (a WebSocket relay) keeps the place while it runs.
+#[derive(Debug, Clone)]
+pub struct HeldSlot(pub std::sync::Arc<Slot>);
+
 /// A connection's place under the cap; dropping it frees the place.
 #[derive(Debug)]
 pub struct Slot {

@@ -24,6 +24,7 @@ use crate::config::{Approval, Config, Route};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Body, Draft, Failure, Preflight};
 use crate::lifecycle::Invocation;
+use crate::listen::HeldSlot;
 use crate::policy::{
     covered_headers, denial_field, fingerprint, match_route, placeholder, route_is_built,
 };
@@ -397,6 +398,10 @@ async fn run_spawned(mut ex: Exchange, inbound: Inbound) -> Response<ProxyBody> 
     tokio::spawn(async move {
         let (mut parts, body) = inbound.request.into_parts();
         ex.agent_upgrade = take_websocket(&mut parts);
+        if ex.agent_upgrade.is_some() {
+            // A relay keeps the connection's place under the cap while it runs.
+            ex.agent_slot = parts.extensions.remove::<HeldSlot>();
+        }
         ex.run(parts, AgentBody::Incoming(body), tx).await;
     });
     match rx.await {

@@ -60,6 +60,8 @@ pub(super) struct Exchange {
     pub(super) flush: Option<FlushWatch>,
     /// The agent asked for a WebSocket: its side of the switch, once the origin agrees.
     pub(super) agent_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    /// The agent connection's place under the cap, held by a WebSocket relay.
+    pub(super) agent_slot: Option<crate::listen::HeldSlot>,
     /// The agent's place under `max_busy_per_agent`, held while the exchange runs.
     pub(super) busy: Option<crate::listen::Busy>,
     /// The twin slot this request claims with its preflight (SPEC §3.7 resends).
@@ -133,6 +135,7 @@ impl Exchange {
             added_key: None,
             flush: None,
             agent_upgrade: None,
+            agent_slot: None,
             busy: None,
             twin: None,
         }

@@ -22,7 +22,7 @@ use crate::config::{Route, Scheme};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Accepted, Body, Draft, Failure, Protocol, new_invocation_id};
 use crate::lifecycle::refusals::{UNAUTHENTICATED, capped_target};
-use crate::listen::{Guarded, IdleRoster, Member, Slot};
+use crate::listen::{Guarded, HeldSlot, IdleRoster, Member, Slot};
 use crate::policy::{
     AgentAuth, Target, TargetError, authenticate, connect_denial_field, match_connect,
     match_connect_plain,
@@ -53,6 +53,7 @@ pub async fn serve(listener: Guarded, proxy: Arc<Proxy>) {
             let failed_logins = Arc::new(AtomicU32::new(0));
             let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 req.extensions_mut().insert(watch.clone());
+                req.extensions_mut().insert(HeldSlot(slot.clone()));
                 let (proxy, slot, m) = (proxy.clone(), slot.clone(), m.clone());
                 let failed_logins = failed_logins.clone();
                 let framing_conflict = conflict.load(Ordering::SeqCst);
@@ -364,12 +365,12 @@ async fn connect(
         if match_connect_plain(&config, &agent, &host, port).is_some() {
             // Plain HTTP inside the tunnel (`ws://` clients tunnel): read like `http://`.
             let caller = Caller::of(agent, &req);
-            return serve_connected(req, slot, move |io| {
+            return serve_connected(req, slot, move |io, slot| {
                 serve_inner(
                     proxy,
                     caller,
                     (host, port, Scheme::Http),
-                    (io, member),
+                    (io, member, slot),
                     false,
                 )
             });
@@ -382,8 +383,8 @@ async fn connect(
         return connect_tunnel(proxy, agent, route, (&host, port), req, slot).await;
     }
     let caller = Caller::of(agent, &req);
-    serve_connected(req, slot, move |io| {
-        intercept(proxy, caller, host, port, (io, member))
+    serve_connected(req, slot, move |io, slot| {
+        intercept(proxy, caller, host, port, (io, member, slot))
     })
 }
 
@@ -394,14 +395,13 @@ fn serve_connected<F, Fut>(
     serve: F,
 ) -> Response<ProxyBody>
 where
-    F: FnOnce(TokioIo<hyper::upgrade::Upgraded>) -> Fut + Send + 'static,
+    F: FnOnce(TokioIo<hyper::upgrade::Upgraded>, HeldSlot) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
-        let _slot = slot;
         let Ok(upgraded) = upgrade.await else { return };
-        serve(TokioIo::new(upgraded)).await;
+        serve(TokioIo::new(upgraded), HeldSlot(slot)).await;
     });
     plain(StatusCode::OK)
 }
@@ -438,7 +438,7 @@ async fn intercept(
     caller: Caller,
     host: String,
     port: u16,
-    (io, member): (TokioIo<hyper::upgrade::Upgraded>, Arc<Member>),
+    (io, member, slot): (TokioIo<hyper::upgrade::Upgraded>, Arc<Member>, HeldSlot),
 ) {
     // No request runs before the agent's TLS handshake: a silent `CONNECT` makes room too.
     member.idle();
@@ -461,7 +461,7 @@ async fn intercept(
         proxy,
         caller,
         (host, port, Scheme::Https),
-        (tls, member),
+        (tls, member, slot),
         h2,
     )
     .await;
@@ -499,7 +499,7 @@ async fn serve_inner<I>(
     proxy: Arc<Proxy>,
     caller: Caller,
     (host, port, scheme): (String, u16, Scheme),
-    (io, member): (I, Arc<Member>),
+    (io, member, slot): (I, Arc<Member>, HeldSlot),
     h2: bool,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
@@ -514,6 +514,7 @@ async fn serve_inner<I>(
     let (io, watch) = Flushed::new(io, h2);
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(watch.clone());
+        req.extensions_mut().insert(slot.clone());
         let proxy = proxy.clone();
         let caller = caller.clone();
         let host = host.clone();

@@ -216,6 +216,7 @@ impl Exchange {
     /// After the agent got its `101`: bytes both ways until the relay ends, then what it
     /// carried is recorded with the delivery.
     pub(super) async fn relay_switched(&mut self, switch: Switch) {
+        let _place = self.agent_slot.take();
         let (Ok(agent), Ok(origin)) = (switch.agent.await, switch.origin.await) else {
             self.inv.delivery_failed().await;
             return;

@@ -520,7 +520,18 @@ fn setup_raw(port: u16) -> (Home, Daemon) {
 /// A raw agent: `CONNECT`, the handshake for `path`, then every byte postern sends until it
 /// ends the connection.
 fn raw_agent(daemon: &Daemon, port: u16, path: &str) -> Vec<u8> {
-    use std::io::{Read, Write};
+    use std::io::Read;
+    let mut tcp = open_relay(daemon, port, path);
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = tcp.read_to_end(&mut got);
+    got
+}
+
+/// A raw agent's connection once postern relayed the origin's `101` for `path`.
+fn open_relay(daemon: &Daemon, port: u16, path: &str) -> std::net::TcpStream {
+    use std::io::Write;
     let addr = daemon.proxy.trim_start_matches("http://");
     let mut tcp = std::net::TcpStream::connect(addr).unwrap();
     let target = format!("origin.test:{port}");
@@ -538,11 +549,7 @@ fn raw_agent(daemon: &Daemon, port: u16, path: &str) -> Vec<u8> {
     tcp.write_all(get.as_bytes()).unwrap();
     let head = crate::support::read_head(&mut tcp);
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)))
-        .unwrap();
-    let mut got = Vec::new();
-    let _ = tcp.read_to_end(&mut got);
-    got
+    tcp
 }
 
 /// The raw agent's bytes for `path` and the settled record.
@@ -627,4 +634,84 @@ fn a_frame_with_rsv1_from_the_origin_ends_the_relay_with_1002() {
 #[test]
 fn a_control_frame_over_125_bytes_ends_the_relay_with_1002() {
     refused("/bigping", "control_too_long");
+}
+
+/// An origin that answers every handshake with a `101` and then holds the relay open.
+fn holding_origin() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            let Ok(mut tcp) = tcp else { return };
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let _ = crate::support::read_head(&mut tcp);
+                let switched = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+                                Connection: Upgrade\r\nSec-WebSocket-Accept: x\r\n\r\n";
+                let _ = tcp.write_all(switched.as_bytes());
+                let _ = tcp.read_to_end(&mut Vec::new());
+            });
+        }
+    });
+    port
+}
+
+fn gauge(daemon: &Daemon, name: &str) -> Option<u64> {
+    let (_, text, _) = crate::support::curl(&[&daemon.url("/metrics")]);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+}
+
+/// A relay keeps its connection's place under `[proxy] max_connections`: one agent cannot
+/// hold more relays than the cap, and the gauge counts them.
+#[test]
+fn websocket_relays_count_against_the_connection_cap() {
+    let port = holding_origin();
+    let home = Home::new();
+    assert!(
+        secret_set(&home, "tok", CANARY, Some(VAULT_KEY))
+            .status
+            .success()
+    );
+    let config = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nmax_connections = 4\nmax_busy_per_agent = 16\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
+         [[agents]]\nid = \"ci\"\ntoken = \"agent-tok-0123456789abcdef\"\n\
+         [[credentials]]\nid = \"api\"\nsecret = \"tok\"\ninject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\n\
+         [[routes]]\nid = \"chat\"\ncredential = \"api\"\nresolve = \"127.0.0.1:{port}\"\n\
+         match = {{ scheme = \"http\", host = \"origin.test\", port = {port} }}\n"
+    );
+    let daemon = Daemon::start_with(&home, Some(&config), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
+    let relays: Vec<_> = (0..4).map(|_| open_relay(&daemon, port, "/hold")).collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(gauge(&daemon, "postern_proxy_connections_open"), Some(4));
+    // A fifth connection finds no room: every place is a running relay.
+    use std::io::{Read, Write};
+    let addr = daemon.proxy.trim_start_matches("http://");
+    let mut fifth = std::net::TcpStream::connect(addr).unwrap();
+    fifth
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let target = format!("origin.test:{port}");
+    let _ =
+        fifth.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
+    let mut answer = Vec::new();
+    let _ = fifth.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        !answer.starts_with("HTTP/1.1 200"),
+        "admitted over the cap: {answer}"
+    );
+    assert!(
+        !answer.starts_with("HTTP/1.1 407"),
+        "admitted over the cap: {answer}"
+    );
+    // Closing relays gives the places back.
+    drop(relays);
+    let freed = (0..50).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        gauge(&daemon, "postern_proxy_connections_open") == Some(0)
+    });
+    assert!(freed, "closed relays free their places");
+    let _again = open_relay(&daemon, port, "/hold");
 }
