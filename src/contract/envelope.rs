@@ -181,8 +181,15 @@ impl Envelope {
         )
     }
 
-    /// `Proxy-Status` (RFC 9209) for this failure.
+    /// `Proxy-Status` (RFC 9209) for this failure: postern's own resource running out is
+    /// postern's error, whatever stage it hit.
     pub fn proxy_status(&self) -> String {
+        if self.evidence.extra.contains_key(POSTERN_RESOURCE) {
+            return format!(
+                "postern; error=proxy_internal_error; details={}",
+                sf_string(&self.error.message)
+            );
+        }
         proxy_status(self.error.code, &self.error.message)
     }
 }
@@ -194,11 +201,17 @@ fn message(code: Code, evidence: &Evidence) -> String {
         .get("tls_problem")
         .and_then(serde_json::Value::as_str)
         .and_then(TlsProblem::parse);
+    if evidence.extra.contains_key(POSTERN_RESOURCE) {
+        return "postern ran out of its own resources (file descriptors or memory) before it could connect; nothing was sent, and the destination is not to blame. Retry later.".to_owned();
+    }
     match tls {
         Some(problem) if code == Code::TlsCertificateError => problem.message().to_owned(),
         _ => code.message().to_owned(),
     }
 }
+
+/// Evidence key: postern's own limit (file descriptors, memory) stopped the step.
+pub const POSTERN_RESOURCE: &str = "postern_resource";
 
 /// A validation refusal answered without a record: `invocation_id` is null.
 pub fn unjournaled_refusal(code: Code, field: &str) -> Envelope {
@@ -309,6 +322,32 @@ mod tests {
         assert_eq!(e["attempts"][0]["stage"], "tcp_connect");
         assert_eq!(e["attempts"][0]["outcome"], "not_attempted");
         assert_eq!(e["attempts"][0]["code"], "CONNECTION_REFUSED");
+    }
+
+    #[test]
+    fn postern_running_out_of_descriptors_is_postern_s_error_not_the_destination_s() {
+        let resolution = Resolution {
+            code: Code::ConnectionRefused,
+            phase: Phase::ConnectionSetup,
+            outcome: Outcome::NotAttempted,
+            retry: Retry::Backoff,
+        };
+        let mut evidence = Evidence {
+            hop: "postern".into(),
+            ..Evidence::default()
+        };
+        evidence
+            .extra
+            .insert(POSTERN_RESOURCE.into(), "no file descriptor left".into());
+        let env = Envelope::new("act_01J", resolution, None, evidence);
+        assert!(
+            env.proxy_status()
+                .starts_with("postern; error=proxy_internal_error;"),
+            "{}",
+            env.proxy_status()
+        );
+        assert!(env.error.message.contains("postern ran out"));
+        assert!(env.error.message.contains("not to blame"));
     }
 
     #[test]

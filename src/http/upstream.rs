@@ -46,6 +46,9 @@ pub struct DialFailure {
     pub hop_status: Option<u16>,
     /// What is wrong with the origin's certificate (`TLS_CERTIFICATE_ERROR`), when known.
     pub tls_problem: Option<TlsProblem>,
+    /// postern's own limit that stopped the connection (no file descriptor, no memory): the
+    /// failure is postern's, never the destination's.
+    pub postern_resource: Option<String>,
 }
 
 impl DialFailure {
@@ -59,11 +62,29 @@ impl DialFailure {
         if let Some(status) = self.hop_status {
             f.evidence.insert("hop_status".into(), status.into());
         }
+        if let Some(what) = &self.postern_resource {
+            f.evidence
+                .insert(POSTERN_RESOURCE.into(), what.clone().into());
+        }
         f
     }
 }
 
 const MAX_TCP_ATTEMPTS: usize = 3;
+
+use crate::contract::POSTERN_RESOURCE;
+
+/// A connect error that is postern's own resource running out, described for the evidence.
+pub fn postern_resource(e: &std::io::Error) -> Option<String> {
+    use rustix::io::Errno;
+    let what = match Errno::from_io_error(e)? {
+        Errno::MFILE => "postern has no file descriptor left (EMFILE)",
+        Errno::NFILE => "the system has no file descriptor left (ENFILE)",
+        Errno::NOBUFS | Errno::NOMEM => "postern has no memory left for a socket",
+        _ => return None,
+    };
+    Some(what.to_owned())
+}
 
 /// What the origin is offered by ALPN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -132,6 +153,7 @@ impl TlsClients {
 struct Attempts {
     list: Vec<ConnectAttempt>,
     hop_status: Option<u16>,
+    postern_resource: Option<String>,
 }
 
 impl Attempts {
@@ -188,6 +210,7 @@ impl Attempts {
             attempts: self.list,
             hop_status: self.hop_status,
             tls_problem: None,
+            postern_resource: self.postern_resource,
         }
     }
 }
@@ -289,7 +312,7 @@ pub async fn dial_offering(
     } = connect_tcp(route, target, dns, tunnel_hop).await?;
     let mut at = Attempts {
         list: attempts,
-        hop_status: None,
+        ..Attempts::default()
     };
     if plain {
         return Ok(Dialed {
@@ -416,6 +439,17 @@ async fn tcp_stages(
                 break;
             }
             Ok(Err(e)) => {
+                if let Some(what) = postern_resource(&e) {
+                    // Another address would fail the same way: this is postern's limit.
+                    at.failed(
+                        Stage::TcpConnect,
+                        Code::ConnectionRefused,
+                        None,
+                        what.clone(),
+                    );
+                    at.postern_resource = Some(what);
+                    return Err(Code::ConnectionRefused);
+                }
                 at.failed(
                     Stage::TcpConnect,
                     Code::ConnectionRefused,
@@ -517,6 +551,16 @@ pub fn is_prohibited(ip: IpAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn postern_s_own_exhaustion_is_told_apart_from_a_refusing_destination() {
+        let own = |n| postern_resource(&std::io::Error::from_raw_os_error(n));
+        assert!(own(rustix::io::Errno::MFILE.raw_os_error()).is_some_and(|w| w.contains("EMFILE")));
+        assert!(own(rustix::io::Errno::NFILE.raw_os_error()).is_some());
+        assert!(own(rustix::io::Errno::CONNREFUSED.raw_os_error()).is_none());
+        let plain = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(postern_resource(&plain).is_none());
+    }
 
     #[test]
     fn the_ssrf_guard_covers_the_usual_ranges() {

@@ -257,12 +257,9 @@ async fn tcp_connect(
                 return Ok((stream, peer));
             }
             Ok(Err(e)) => {
-                last = Some((
-                    Stage::TcpConnect,
-                    Code::ConnectionRefused,
-                    Some(addr),
-                    e.to_string(),
-                ))
+                // postern's own limit (EMFILE…) is named as such, not as the remote's refusal.
+                let diag = crate::http::upstream::postern_resource(&e).unwrap_or(e.to_string());
+                last = Some((Stage::TcpConnect, Code::ConnectionRefused, Some(addr), diag))
             }
             Err(_) => {
                 let diag = format!("no connection within {:?}", target.connect_timeout);
