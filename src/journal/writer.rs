@@ -231,7 +231,11 @@ impl Writer {
                     set.expired_results.extend(results);
                     set.expired_keys.extend(keys);
                 }
-                Request::Keep { request } => set.requests.push(*request),
+                Request::Keep { request } => {
+                    if self.keeps(&request.invocation_id, &overlay) {
+                        set.requests.push(*request);
+                    }
+                }
                 Request::Note { id, draft, reply } => {
                     let (event, bytes) = self.seal_note(&id, draft);
                     notes.push((reply, event.seq));
@@ -457,6 +461,14 @@ impl Writer {
         self.metrics.synced(started.elapsed());
         self.last_sync = Instant::now();
         Ok(())
+    }
+
+    /// A kept request is written unless the journal refuses new work and its invocation
+    /// is not live yet (it is queued before the append that `admit_new` will refuse).
+    fn keeps(&self, id: &str, overlay: &HashMap<String, Arc<State>>) -> bool {
+        !self.health.refusing_dispatch()
+            || overlay.contains_key(id)
+            || self.live.lock().is_ok_and(|l| l.contains_key(id))
     }
 
     /// A new invocation while the journal refuses new work (low disk) writes nothing;
