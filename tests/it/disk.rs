@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::origins;
-use crate::support::{Daemon, Home, curl, journal_dir, stdout};
+use crate::support::{Daemon, Home, curl, get_json, journal_dir, stdout};
 
 const MIB: u64 = 1 << 20;
 /// Small enough to fill in seconds, large enough for a CA, a host key and fjall's files.
@@ -181,6 +181,35 @@ fn bytes_under(dir: &Path) -> u64 {
         .sum()
 }
 
+/// After space returned: one POST every 250 ms until one is accepted, for at most 20 s.
+fn assert_accepted_again(daemon: &Daemon, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut answer = post(&daemon.proxy, port);
+    while answer != Answer::Ok && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        answer = post(&daemon.proxy, port);
+    }
+    assert_eq!(
+        answer,
+        Answer::Ok,
+        "not accepted again after space returned"
+    );
+}
+
+/// `/healthz`'s journal state, polled until it is `want` (at most 15 s: three ticks).
+fn wait_journal_state(daemon: &Daemon, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, health) = get_json(&daemon.url("/healthz"), &[]);
+        let state = health["journal"].as_str().unwrap_or_default().to_owned();
+        if state == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "journal still {state}: {health}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn alive(daemon: &mut Daemon) -> bool {
     matches!(daemon.child.try_wait(), Ok(None))
 }
@@ -251,21 +280,41 @@ fn a_filling_disk_is_answered_with_503_until_space_returns_and_the_chain_verifie
 
     // Space returns: accepted again within a few ticks of the timer.
     std::fs::remove_file(disk.filler()).expect("remove filler");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut answer = post(&daemon.proxy, origin.port());
-    while answer != Answer::Ok && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(250));
-        answer = post(&daemon.proxy, origin.port());
-    }
-    assert_eq!(
-        answer,
-        Answer::Ok,
-        "not accepted again after space returned"
-    );
+    assert_accepted_again(&daemon, origin.port());
 
     assert_eq!(daemon.terminate(), Some(0));
     let out = home.cli(&["audit", "verify"], &[]);
     assert!(out.status.success(), "{out:?}");
     assert!(stdout(&out).starts_with("ok: "), "{}", stdout(&out));
+    drop(disk);
+}
+
+#[test]
+fn a_disk_that_fills_while_postern_already_refuses_is_answered_not_fatal() {
+    let home = Home::new();
+    let Some(disk) = SmallDisk::mount(&home) else {
+        return;
+    };
+    let origin = origins::responds("201 Created", &[], "stored");
+    let mut daemon = Daemon::start(&home, Some(&config(origin.port())));
+    // Below the threshold with nothing running: the timer flips the journal to refusing.
+    disk.fill_until(MIN_FREE / 2);
+    wait_journal_state(&daemon, "refusing_dispatch");
+    disk.fill_until(0);
+    assert!(disk.free() < 64 << 10, "{} bytes still free", disk.free());
+    let events = metric(&daemon, "postern_journal_events_total");
+    let full = flood(&daemon.proxy, origin.port(), 40, Duration::from_secs(30));
+    assert!(alive(&mut daemon), "postern exited:\n{}", daemon.stderr());
+    assert_all_answered(&full, "a full disk");
+    assert!(full.iter().all(|a| *a == Answer::Unavailable));
+    assert_eq!(metric(&daemon, "postern_journal_events_total"), events);
+    assert_eq!(origin.hits(), 0, "nothing was dispatched");
+
+    std::fs::remove_file(disk.filler()).expect("remove filler");
+    assert_accepted_again(&daemon, origin.port());
+    wait_journal_state(&daemon, "ok");
+    assert_eq!(daemon.terminate(), Some(0));
+    let out = home.cli(&["audit", "verify"], &[]);
+    assert!(out.status.success(), "{out:?}");
     drop(disk);
 }
