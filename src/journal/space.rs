@@ -77,8 +77,11 @@ impl SpaceGuard {
         let reserve_missing = self
             .reserve_bytes
             .saturating_sub(allocated(&self.reserve_path()));
+        // Looked at again after the reserve is written: the writer may have seen space
+        // fall meanwhile, and only a check after the last write may resume.
         if free >= self.min_free_bytes.saturating_add(reserve_missing)
             && self.ensure_reserve().is_ok()
+            && !self.check_low(health)
         {
             if health.low_space() {
                 tracing::info!(free, "journal disk has room again; accepting dispatches");

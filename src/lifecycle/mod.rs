@@ -329,6 +329,12 @@ impl Invocation {
         hop: &str,
         claims: Claims,
     ) -> Result<(), Boundary> {
+        if self.journal.health().refusing_dispatch() {
+            // Low on disk space since this one was admitted: a new dispatch is refused
+            // (and its results never written); the failure is recorded if it can be.
+            let failure = Failure::of(Code::JournalUnavailable);
+            return Err(Boundary::Answer(Box::new(self.fail(drafts, failure).await)));
+        }
         drafts.push(Draft::observed(Body::DispatchStarted(dispatch)).hop(hop));
         match self.record_with(drafts, claims).await {
             Ok(_) => {
@@ -411,3 +417,6 @@ impl Invocation {
         self.observe(vec![Draft::observed(done)]).await;
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -91,9 +91,29 @@ fn config(port: u16) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Answer {
     Ok,
-    Unavailable,
+    /// `503 JOURNAL_UNAVAILABLE`; the invocation it names, if the journal recorded it (one
+    /// admitted just before the disk ran low, refused at the dispatch boundary).
+    Unavailable(Option<String>),
     /// Anything else: another status, a reset, no answer.
     Broken(String),
+}
+
+impl Answer {
+    fn unavailable(&self) -> bool {
+        matches!(self, Answer::Unavailable(_))
+    }
+}
+
+/// A refusal that names an invocation names one the journal holds, settled `not_attempted`.
+fn assert_named_records_exist(daemon: &Daemon, answers: &[Answer]) {
+    for a in answers {
+        if let Answer::Unavailable(Some(id)) = a {
+            let id = id.to_uppercase().replacen("ACT_", "act_", 1);
+            let (status, record) = get_json(&daemon.url(&format!("/v1/invocations/{id}")), &[]);
+            assert_eq!(status, 200, "{id}: {record}");
+            assert_eq!(record["outcome"], "not_attempted", "{record}");
+        }
+    }
 }
 
 /// One 32 KiB POST through the proxy on its own connection.
@@ -115,16 +135,18 @@ fn post(proxy: &str, port: u16) -> Answer {
     if let Err(e) = s.read_to_end(&mut resp) {
         return Answer::Broken(format!("read: {e} after {} bytes", resp.len()));
     }
-    let text = String::from_utf8_lossy(&resp);
-    if text.starts_with("HTTP/1.1 2") {
+    let text = String::from_utf8_lossy(&resp).to_ascii_lowercase();
+    if text.starts_with("http/1.1 2") {
         Answer::Ok
-    } else if text.starts_with("HTTP/1.1 503")
-        && text.contains("\"JOURNAL_UNAVAILABLE\"")
-        && text.to_ascii_lowercase().contains("retry-after: 5")
-        // Nothing of it is in the journal: no id to look up.
-        && !text.to_ascii_lowercase().contains("postern-invocation:")
+    } else if text.starts_with("http/1.1 503")
+        && text.contains("\"journal_unavailable\"")
+        && text.contains("retry-after: 5")
     {
-        Answer::Unavailable
+        let id = text
+            .lines()
+            .find_map(|l| l.strip_prefix("postern-invocation:"))
+            .map(|id| id.trim().to_owned());
+        Answer::Unavailable(id)
     } else {
         Answer::Broken(text.chars().take(300).collect())
     }
@@ -150,7 +172,7 @@ fn flood(proxy: &str, port: u16, count: usize, within: Duration) -> Vec<Answer> 
                     {
                         let a = post(proxy, port);
                         refused_in_a_row = match a {
-                            Answer::Unavailable => refused_in_a_row + 1,
+                            Answer::Unavailable(_) => refused_in_a_row + 1,
                             _ => 0,
                         };
                         answers.push(a);
@@ -248,10 +270,11 @@ fn a_filling_disk_is_answered_with_503_until_space_returns_and_the_chain_verifie
     let flooded = flood(&daemon.proxy, origin.port(), 1500, Duration::from_secs(60));
     assert!(alive(&mut daemon), "postern exited:\n{}", daemon.stderr());
     assert_all_answered(&flooded, "flood toward a full disk");
+    assert_named_records_exist(&daemon, &flooded);
     let ok = flooded.iter().filter(|a| **a == Answer::Ok).count();
     assert!(ok > 0, "nothing was accepted before the disk ran low");
     assert!(
-        flooded.contains(&Answer::Unavailable),
+        flooded.iter().any(Answer::unavailable),
         "never refused: {ok} accepted"
     );
 
@@ -261,12 +284,16 @@ fn a_filling_disk_is_answered_with_503_until_space_returns_and_the_chain_verifie
     let bytes = bytes_under(&journal_dir(&home.root()));
     let refused = flood(&daemon.proxy, origin.port(), 40, Duration::from_secs(30));
     assert_all_answered(&refused, "refusals while low");
-    assert!(refused.iter().all(|a| *a == Answer::Unavailable));
+    assert!(refused.iter().all(|a| *a == Answer::Unavailable(None)));
     assert_eq!(metric(&daemon, "postern_journal_events_total"), events);
     assert!(metric(&daemon, "postern_journal_refusals_unrecorded_total") >= 40);
     let grown = bytes_under(&journal_dir(&home.root())).saturating_sub(bytes);
+    let named = flooded
+        .iter()
+        .filter(|a| matches!(a, Answer::Unavailable(Some(_))))
+        .count();
     eprintln!(
-        "flood: {ok} accepted, {} refused; {} refusals while low grew the journal by {grown} bytes",
+        "flood: {ok} accepted, {} refused ({named} at the dispatch boundary); {} refusals while low grew the journal by {grown} bytes",
         flooded.len() - ok,
         refused.len()
     );
@@ -276,7 +303,7 @@ fn a_filling_disk_is_answered_with_503_until_space_returns_and_the_chain_verifie
     let full = flood(&daemon.proxy, origin.port(), 40, Duration::from_secs(30));
     assert!(alive(&mut daemon), "postern exited:\n{}", daemon.stderr());
     assert_all_answered(&full, "a full disk");
-    assert!(full.iter().all(|a| *a == Answer::Unavailable));
+    assert!(full.iter().all(|a| *a == Answer::Unavailable(None)));
 
     // Space returns: accepted again within a few ticks of the timer.
     std::fs::remove_file(disk.filler()).expect("remove filler");
@@ -306,7 +333,7 @@ fn a_disk_that_fills_while_postern_already_refuses_is_answered_not_fatal() {
     let full = flood(&daemon.proxy, origin.port(), 40, Duration::from_secs(30));
     assert!(alive(&mut daemon), "postern exited:\n{}", daemon.stderr());
     assert_all_answered(&full, "a full disk");
-    assert!(full.iter().all(|a| *a == Answer::Unavailable));
+    assert!(full.iter().all(|a| *a == Answer::Unavailable(None)));
     assert_eq!(metric(&daemon, "postern_journal_events_total"), events);
     assert_eq!(origin.hits(), 0, "nothing was dispatched");
 
