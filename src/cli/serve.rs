@@ -84,6 +84,12 @@ fn open_journal(config: &Config, home: &Home) -> Result<Journal, CliError> {
     let options = JournalOptions {
         durability: config.journal.durability,
         result_retention_ms: config.journal.result_retention.as_millis() as i64,
+        space: Some(SpaceGuard {
+            dir: home.journal_dir(),
+            reserve_bytes: config.journal.reserve_bytes,
+            min_free_bytes: config.journal.min_free_bytes,
+            interval: Duration::from_secs(5),
+        }),
         ..JournalOptions::default()
     };
     let (journal, report) = Journal::open(&home.journal_dir(), options).map_err(|e| match e {
@@ -135,13 +141,6 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
     let authority = Arc::new(load_ca(home)?);
     let host_key = load_host_key(home)?;
     let journal = open_journal(&config, home)?;
-    SpaceGuard {
-        dir: home.journal_dir(),
-        reserve_bytes: config.journal.reserve_bytes,
-        min_free_bytes: config.journal.min_free_bytes,
-        interval: Duration::from_secs(5),
-    }
-    .spawn(journal.health().clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -235,6 +235,14 @@ pub fn unjournaled_refusal(code: Code, field: &str) -> Envelope {
     )
 }
 
+/// `JOURNAL_UNAVAILABLE` without a record: the journal refuses new work (low disk), and
+/// recording the refusal could be the very write that fails.
+pub fn journal_unavailable() -> Envelope {
+    let mut env = unjournaled_refusal(Code::JournalUnavailable, "");
+    env.error.field = None;
+    env
+}
+
 /// `Postern-Outcome`: an RFC 8941 dictionary of tokens.
 pub fn postern_outcome(outcome: Outcome, phase: Phase, retry: Retry, code: Option<Code>) -> String {
     let mut s = format!("outcome={outcome}, phase={phase}, retry={retry}");

@@ -16,8 +16,8 @@ pub use codes::{Code, CodeRow, Outcome, OutcomeRule, Phase, PhaseRule, Retry, Re
 pub use decide::{OperationView, RecordFacts, Verdict, decide};
 pub use envelope::{
     AttemptEvidence, Completion, CredentialEvidence, Envelope, ErrorBody, Evidence,
-    IdempotencyEvidence, POSTERN_RESOURCE, Stage, postern_outcome, proxy_status,
-    unjournaled_refusal,
+    IdempotencyEvidence, POSTERN_RESOURCE, Stage, journal_unavailable, postern_outcome,
+    proxy_status, unjournaled_refusal,
 };
 pub use hints::{should_retry, should_retry_value};
 pub use resolve::{

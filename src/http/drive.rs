@@ -21,7 +21,7 @@ use super::stream::StreamEnd;
 use super::upgrade::take_websocket;
 use super::upstream::{Hop, dial};
 use crate::config::{Approval, Config, Route};
-use crate::contract::{Code, unjournaled_refusal};
+use crate::contract::{Code, journal_unavailable, unjournaled_refusal};
 use crate::journal::{Body, Draft, Failure, Preflight};
 use crate::lifecycle::Invocation;
 use crate::listen::HeldSlot;
@@ -90,10 +90,7 @@ impl Exchange {
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
     ) -> Outgoing {
         if self.inv.journal().admit().is_err() {
-            return Outgoing::Respond(
-                self.fail(vec![], Failure::of(Code::JournalUnavailable))
-                    .await,
-            );
+            return Outgoing::Respond(respond::envelope(&journal_unavailable()));
         }
         let config = self.config.clone();
         let route = match self.validate(&parts.headers, &config) {
@@ -283,7 +280,9 @@ impl Exchange {
         let mut failure = Failure::of(r.code);
         failure.field = Some(field.clone().into_owned());
         if self.inv.unrecorded() {
-            if !self.proxy.refusals.may_journal(&self.agent) {
+            if !self.inv.journal().records_refusals()
+                || !self.proxy.refusals.may_journal(&self.agent)
+            {
                 self.proxy.metrics.refusals_unjournaled.inc();
                 return respond::envelope(&unjournaled_refusal(r.code, &field));
             }

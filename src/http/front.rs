@@ -160,7 +160,7 @@ async fn refuse_early(
     code: Code,
     field: &str,
 ) -> Response<ProxyBody> {
-    if !proxy.refusals.may_journal(agent) {
+    if !proxy.journal.records_refusals() || !proxy.refusals.may_journal(agent) {
         proxy.metrics.refusals_unjournaled.inc();
         return respond::envelope(&unjournaled_refusal(code, field));
     }
@@ -240,7 +240,7 @@ async fn failed_login(
 ) -> Response<ProxyBody> {
     const FIELD: &str = "headers.proxy-authorization";
     proxy.metrics.auth_failures.inc();
-    if !proxy.failed_logins.may_journal(&source.to_string()) {
+    if !proxy.journal.records_refusals() || !proxy.failed_logins.may_journal(&source.to_string()) {
         proxy.metrics.auth_failures_unjournaled.inc();
         return respond::envelope(&unjournaled_refusal(Code::AgentUnauthenticated, FIELD));
     }

@@ -73,6 +73,13 @@ pub fn envelope(env: &Envelope) -> Response<ProxyBody> {
             .entry(header::RETRY_AFTER)
             .or_insert(HeaderValue::from_static("1"));
     }
+    if env.error.code == Code::JournalUnavailable {
+        // A journal refusing new work looks at free space again within 5 s; callers that
+        // know their limit better (busy, budget) set their own.
+        resp.headers_mut()
+            .entry(header::RETRY_AFTER)
+            .or_insert(HeaderValue::from_static("5"));
+    }
     if env.error.code == Code::AgentUnauthenticated {
         resp.headers_mut().insert(
             header::PROXY_AUTHENTICATE,

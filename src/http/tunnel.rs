@@ -27,7 +27,9 @@ use super::relay::{self, Relayed, Unread};
 use super::respond::{self, POSTERN_INVOCATION, ProxyBody};
 use super::upstream::{Connected, connect_tcp};
 use crate::config::{Approval, Route};
-use crate::contract::{Code, Completion, Envelope, StatusResolution, classify_tunnel};
+use crate::contract::{
+    Code, Completion, Envelope, StatusResolution, classify_tunnel, journal_unavailable,
+};
 use crate::journal::{
     Accepted, Body, Dispatch, Draft, Failure, Payload, Preflight, Protocol, ResultCommitted,
     Source, StoredResult, TunnelResult, rfc3339,
@@ -125,8 +127,7 @@ impl Tunnel {
     /// dispatch boundary. On `Err` nothing reached the origin beyond a TCP handshake.
     async fn set_up(&mut self, reply: &mut Reply) -> Result<Connected, Envelope> {
         if self.inv.journal().admit().is_err() {
-            let failure = Failure::of(Code::JournalUnavailable);
-            return Err(self.inv.fail(vec![], failure).await);
+            return Err(journal_unavailable());
         }
         let busy = self.proxy.busy.clone();
         let Some(hold) = busy.hold(&self.opening.agent) else {

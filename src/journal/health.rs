@@ -9,7 +9,8 @@ use tokio::sync::Notify;
 #[derive(Debug, Default)]
 pub struct Health {
     fatal: AtomicBool,
-    refusing_dispatch: AtomicBool,
+    /// Free space is below `min_free_bytes` (the space guard).
+    low_space: AtomicBool,
     reason: Mutex<Option<String>>,
     /// Woken once when a storage fault makes a restart necessary.
     pub fatal_notify: Notify,
@@ -31,11 +32,15 @@ impl Health {
 
     /// New dispatches are refused (low space or a fault); resolutions still record.
     pub fn refusing_dispatch(&self) -> bool {
-        self.is_fatal() || self.refusing_dispatch.load(Ordering::SeqCst)
+        self.is_fatal() || self.low_space()
     }
 
-    pub fn set_refusing_dispatch(&self, refusing: bool) {
-        self.refusing_dispatch.store(refusing, Ordering::SeqCst);
+    pub fn low_space(&self) -> bool {
+        self.low_space.load(Ordering::SeqCst)
+    }
+
+    pub fn set_low_space(&self, low: bool) {
+        self.low_space.store(low, Ordering::SeqCst);
     }
 
     pub fn reason(&self) -> Option<String> {

@@ -25,6 +25,8 @@ pub struct JournalMetrics {
     pub syncs: Counter,
     pub sync_seconds: Histogram,
     pub invocations: Family<SettledLabels, Counter>,
+    /// Requests refused without a record while the journal refused new work (low disk).
+    pub unrecorded_refusals: Counter,
 }
 
 impl Default for JournalMetrics {
@@ -34,6 +36,7 @@ impl Default for JournalMetrics {
             syncs: Counter::default(),
             sync_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             invocations: Family::default(),
+            unrecorded_refusals: Counter::default(),
         }
     }
 }
@@ -59,6 +62,11 @@ impl JournalMetrics {
             "postern_invocations",
             "Invocations settled, by phase, outcome and code",
             self.invocations.clone(),
+        );
+        registry.register(
+            "postern_journal_refusals_unrecorded",
+            "Requests refused without a journal record because the journal refused new work (low disk space or a storage fault)",
+            self.unrecorded_refusals.clone(),
         );
     }
 

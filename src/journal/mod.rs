@@ -89,6 +89,8 @@ pub struct JournalOptions {
     pub durability: Durability,
     pub result_retention_ms: i64,
     pub clock: fn() -> time::OffsetDateTime,
+    /// The free-space guard, watched on its timer and before every group commit.
+    pub space: Option<SpaceGuard>,
 }
 
 impl Default for JournalOptions {
@@ -97,6 +99,7 @@ impl Default for JournalOptions {
             durability: Durability::Fsync,
             result_retention_ms: 7 * 24 * 3600 * 1000,
             clock: time::OffsetDateTime::now_utc,
+            space: None,
         }
     }
 }
@@ -143,7 +146,7 @@ impl Journal {
         let health = Arc::new(Health::default());
         let metrics = JournalMetrics::default();
         let live = LiveStates::default();
-        let writer = Writer::new(
+        let mut writer = Writer::new(
             store.clone(),
             options.durability,
             health.clone(),
@@ -151,6 +154,10 @@ impl Journal {
             options.clock,
             live.clone(),
         )?;
+        if let Some(guard) = &options.space {
+            guard.clone().spawn(health.clone());
+            writer.space = Some(guard.clone());
+        }
         let (tx, rx) = mpsc::channel(8192);
         std::thread::Builder::new()
             .name("postern-journal".into())
@@ -317,13 +324,24 @@ impl Journal {
         rx.await.map_err(|_| JournalError::Unavailable)?
     }
 
-    /// Refuses new dispatches while the journal is degraded.
+    /// Refuses new dispatches while the journal is degraded. A refusal here is answered
+    /// without a record (on a full disk, recording it could be the write that fails) and
+    /// counted instead.
     pub fn admit(&self) -> Result<(), Code> {
-        if self.health.refusing_dispatch() {
-            Err(Code::JournalUnavailable)
-        } else {
-            Ok(())
+        match self.records_refusals() {
+            true => Ok(()),
+            false => Err(Code::JournalUnavailable),
         }
+    }
+
+    /// Whether a refusal may be journaled now: not while the journal refuses new work,
+    /// when it is counted in `postern_journal_refusals_unrecorded` instead.
+    pub fn records_refusals(&self) -> bool {
+        if self.health.refusing_dispatch() {
+            self.metrics.unrecorded_refusals.inc();
+            return false;
+        }
+        true
     }
 
     pub fn record(&self, invocation_id: &str) -> Result<Option<Record>, StoreError> {

@@ -491,28 +491,88 @@ fn a_failed_sync_stops_the_journal_and_refuses_dispatch() {
     assert_eq!(later.err(), Some(JournalError::Unavailable));
 }
 
+fn guard(dir: &Path, min_free_bytes: u64) -> SpaceGuard {
+    SpaceGuard {
+        dir: dir.to_path_buf(),
+        reserve_bytes: 1 << 20,
+        min_free_bytes,
+        interval: std::time::Duration::from_secs(60),
+    }
+}
+
+/// Bytes the file really holds on disk.
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map_or(0, |m| m.blocks() * 512)
+}
+
 #[test]
 fn low_free_space_releases_the_reserve_and_refuses_new_dispatches() {
     let Ok(dir) = tempfile::tempdir() else {
         panic!("no temp dir");
     };
     let health = Health::default();
-    let guard = SpaceGuard {
-        dir: dir.path().to_path_buf(),
-        reserve_bytes: 4096,
-        min_free_bytes: 1,
-        interval: std::time::Duration::from_secs(60),
-    };
-    guard.check(&health);
+    let reserve = dir.path().join("reserve.bin");
+    guard(dir.path(), 1).check(&health);
     assert!(!health.refusing_dispatch());
-    assert!(dir.path().join("reserve.bin").exists());
-    let starved = SpaceGuard {
-        min_free_bytes: u64::MAX / 2,
-        ..guard
-    };
-    starved.check(&health);
+    // A sparse file (Blocks 0) would free nothing when released.
+    assert!(
+        allocated(&reserve) >= 1 << 20,
+        "reserve holds {} bytes on disk",
+        allocated(&reserve)
+    );
+    guard(dir.path(), u64::MAX / 2).check_low(&health);
     assert!(health.refusing_dispatch());
-    assert!(!dir.path().join("reserve.bin").exists());
+    assert!(!reserve.exists());
+    // Only the timer resumes, once the threshold and a fresh reserve fit.
+    guard(dir.path(), 1).check_low(&health);
+    assert!(health.refusing_dispatch());
+    guard(dir.path(), 1).check(&health);
+    assert!(!health.refusing_dispatch());
+    assert!(allocated(&reserve) >= 1 << 20);
+}
+
+#[test]
+fn a_sparse_reserve_left_by_an_older_postern_is_allocated_at_start() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let reserve = dir.path().join("reserve.bin");
+    let made = std::fs::File::create(&reserve).and_then(|f| f.set_len(1 << 20));
+    assert!(made.is_ok());
+    guard(dir.path(), 1).check(&Health::default());
+    assert!(allocated(&reserve) >= 1 << 20);
+}
+
+#[test]
+fn while_low_on_space_no_new_invocation_is_written_and_those_in_flight_resolve() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let journal = open(dir.path());
+    let id = new_invocation_id();
+    let started =
+        journal.append_blocking(&id, vec![accepted("POST"), preflight(false), dispatch()]);
+    assert!(started.is_ok());
+    journal.health().set_low_space(true);
+    let events = journal.metrics().events.get();
+    let refused = journal.append_blocking(
+        &new_invocation_id(),
+        vec![
+            accepted("GET"),
+            Draft::observed(Body::Failed(Failure::of(Code::RouteDenied))),
+        ],
+    );
+    assert_eq!(refused.err(), Some(JournalError::Unavailable));
+    assert_eq!(
+        journal.metrics().events.get(),
+        events,
+        "a refusal was written"
+    );
+    assert_eq!(journal.metrics().unrecorded_refusals.get(), 1);
+    let failed = Draft::observed(Body::Failed(Failure::of(Code::RemoteTimeout)));
+    assert!(journal.append_blocking(&id, vec![failed]).is_ok());
+    assert!(!journal.health().is_fatal());
 }
 
 mod recovery;

@@ -18,6 +18,7 @@ use super::metrics::JournalMetrics;
 use super::projection::{Refusal, State, apply_body, replay};
 use super::request::StoredRequest;
 use super::result::StoredResult;
+use super::space::SpaceGuard;
 use super::store::{EventStore, StoreError, WriteSet};
 use super::twins::{TwinClaim, TwinEntry, TwinWrite};
 use super::{Durability, JournalError};
@@ -86,6 +87,8 @@ pub(super) struct Writer {
     head_hash: String,
     live: LiveStates,
     last_sync: Instant,
+    /// Checked before each group: the timer alone lets a burst fill the disk between ticks.
+    pub space: Option<SpaceGuard>,
 }
 
 struct Staged {
@@ -121,6 +124,7 @@ impl Writer {
             head_hash,
             live,
             last_sync: Instant::now(),
+            space: None,
         })
     }
 
@@ -140,6 +144,9 @@ impl Writer {
     }
 
     fn commit_group(&mut self, group: Vec<Request>) {
+        if let Some(guard) = &self.space {
+            guard.check_low(&self.health);
+        }
         let mut set = WriteSet::default();
         let mut overlay: HashMap<String, Arc<State>> = HashMap::new();
         let mut keys: HashMap<Vec<u8>, KeyEntry> = HashMap::new();
@@ -224,7 +231,11 @@ impl Writer {
                     set.expired_results.extend(results);
                     set.expired_keys.extend(keys);
                 }
-                Request::Keep { request } => set.requests.push(*request),
+                Request::Keep { request } => {
+                    if self.keeps(&request.invocation_id, &overlay) {
+                        set.requests.push(*request);
+                    }
+                }
                 Request::Note { id, draft, reply } => {
                     let (event, bytes) = self.seal_note(&id, draft);
                     notes.push((reply, event.seq));
@@ -452,6 +463,24 @@ impl Writer {
         Ok(())
     }
 
+    /// A kept request is written unless the journal refuses new work and its invocation
+    /// is not live yet (it is queued before the append that `admit_new` will refuse).
+    fn keeps(&self, id: &str, overlay: &HashMap<String, Arc<State>>) -> bool {
+        !self.health.refusing_dispatch()
+            || overlay.contains_key(id)
+            || self.live.lock().is_ok_and(|l| l.contains_key(id))
+    }
+
+    /// A new invocation while the journal refuses new work (low disk) writes nothing;
+    /// those in flight still record their resolutions.
+    fn admit_new(&self) -> Result<(), JournalError> {
+        if self.health.refusing_dispatch() {
+            self.metrics.unrecorded_refusals.inc();
+            return Err(JournalError::Unavailable);
+        }
+        Ok(())
+    }
+
     /// A failed write or sync: fjall is poisoned, postern must restart.
     fn storage_fault(&self, e: StoreError) -> JournalError {
         tracing::error!(error = %e, "journal storage fault; postern stops accepting work");
@@ -515,7 +544,10 @@ impl Writer {
         }
         let (mut state, was_open, was_live) = match self.current(id, overlay)? {
             Some((s, open)) => (Some(s), open, open),
-            None => (None, false, true),
+            None => {
+                self.admit_new()?;
+                (None, false, true)
+            }
         };
         let mut seq = self.head_seq;
         let mut prev = self.head_hash.clone();

@@ -251,6 +251,7 @@ fn leased(journal: Journal, id: &str, before: &State, lease: &Lease) -> Invocati
         last_attempt: 0,
         generation: lease.generation,
         leased: true,
+        journaled: true,
     }
 }
 

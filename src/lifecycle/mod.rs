@@ -58,6 +58,8 @@ pub struct Invocation {
     generation: u32,
     /// Made by `lease` (a new generation), not by `accept`.
     leased: bool,
+    /// Some append of this invocation is in the journal: an envelope may name its id.
+    journaled: bool,
 }
 
 impl Invocation {
@@ -72,6 +74,7 @@ impl Invocation {
             last_attempt: 0,
             generation: 1,
             leased: false,
+            journaled: false,
         }
     }
 
@@ -144,6 +147,7 @@ impl Invocation {
         let all = self.take_drafts(drafts);
         let recorded = self.journal.append(&self.id, all).await;
         self.note_superseded(&recorded);
+        self.journaled |= recorded.is_ok();
         recorded
     }
 
@@ -173,6 +177,7 @@ impl Invocation {
         let kept = claimed.then(|| all.clone());
         let recorded = self.journal.append_with(&self.id, all, claims).await;
         self.note_superseded(&recorded);
+        self.journaled |= recorded.is_ok();
         if let Err(JournalError::Refused(Refusal::KeyHeld(_) | Refusal::TwinMoved(_))) = &recorded
             && let Some(kept) = kept
         {
@@ -185,6 +190,8 @@ impl Invocation {
     pub async fn observe(&mut self, drafts: Vec<Draft>) {
         let all = self.take_drafts(drafts);
         self.journal.enqueue(&self.id, all).await;
+        // Unacked: taken as written (a refusal shows in the next acked append).
+        self.journaled = true;
     }
 
     /// Logs a worker stopped by the generation check (a later generation took over).
@@ -262,7 +269,12 @@ impl Invocation {
             hop: "postern".into(),
             ..Evidence::default()
         };
-        Envelope::new(&self.id, resolve_failure(code, &ctx), None, evidence)
+        let mut env = Envelope::new(&self.id, resolve_failure(code, &ctx), None, evidence);
+        if !self.journaled && !d {
+            // Nothing of it was recorded (a journal refusing new work): no id to look up.
+            env.invocation_id = None;
+        }
+        env
     }
 
     /// Connection-setup stages as events. Stages of a connection set up after
@@ -317,6 +329,12 @@ impl Invocation {
         hop: &str,
         claims: Claims,
     ) -> Result<(), Boundary> {
+        if self.journal.health().refusing_dispatch() {
+            // Low on disk space since this one was admitted: a new dispatch is refused
+            // (and its results never written); the failure is recorded if it can be.
+            let failure = Failure::of(Code::JournalUnavailable);
+            return Err(Boundary::Answer(Box::new(self.fail(drafts, failure).await)));
+        }
         drafts.push(Draft::observed(Body::DispatchStarted(dispatch)).hop(hop));
         match self.record_with(drafts, claims).await {
             Ok(_) => {
@@ -399,3 +417,6 @@ impl Invocation {
         self.observe(vec![Draft::observed(done)]).await;
     }
 }
+
+#[cfg(test)]
+mod tests;

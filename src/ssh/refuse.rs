@@ -25,6 +25,9 @@ pub(crate) fn failure(code: Code, field: &str) -> Failure {
 pub(crate) async fn journal(journal: &Journal, what: Refused<'_>, failure: Failure) -> Envelope {
     let field = failure.field.clone().unwrap_or_default();
     let fallback = |code| unjournaled_refusal(code, &field);
+    if !journal.records_refusals() {
+        return fallback(failure.code);
+    }
     let id = new_invocation_id();
     let accepted = Draft::observed(Body::ActionAccepted(Accepted {
         agent: what.agent.to_owned(),

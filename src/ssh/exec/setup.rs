@@ -7,7 +7,7 @@ use russh::client::Msg;
 
 use super::{Run, Sessions};
 use crate::config::Approval;
-use crate::contract::{Code, Envelope};
+use crate::contract::{Code, Envelope, journal_unavailable};
 use crate::journal::{Body, Draft, Failure, Preflight, rfc3339};
 use crate::policy::approvals::{Held, preview};
 use crate::policy::fingerprint;
@@ -19,10 +19,7 @@ impl Run {
     /// version, or a fresh login. The login comes back for a fresh connection later.
     pub(super) async fn set_up(&mut self) -> Result<(Upstream, Login), Envelope> {
         if self.inv.journal().admit().is_err() {
-            return Err(self
-                .inv
-                .fail(vec![], Failure::of(Code::JournalUnavailable))
-                .await);
+            return Err(journal_unavailable());
         }
         let target = self.call.target.clone();
         let fp = fingerprint("EXEC", &target.url(), &[], self.call.command.as_bytes());
