@@ -204,10 +204,33 @@ fn message(code: Code, evidence: &Evidence) -> String {
     if evidence.extra.contains_key(POSTERN_RESOURCE) {
         return "postern ran out of its own resources (file descriptors or memory) before it could connect; nothing was sent, and the destination is not to blame. Retry later.".to_owned();
     }
+    if code == Code::ConnectionRefused {
+        if let Some(said) = stage_message(evidence) {
+            return said.to_owned();
+        }
+    }
     match tls {
         Some(problem) if code == Code::TlsCertificateError => problem.message().to_owned(),
         _ => code.message().to_owned(),
     }
+}
+
+/// A connection that got past TCP and failed later is named by the stage it failed in:
+/// "refused" would blame a destination that answered.
+fn stage_message(evidence: &Evidence) -> Option<&'static str> {
+    let failed = evidence.attempts.iter().rev().find(|a| a.code.is_some())?;
+    Some(match failed.stage {
+        Stage::SshTransport | Stage::SshHandshake => {
+            "The destination accepted the connection, but the SSH version or key exchange with it failed (stage ssh_transport); nothing was sent."
+        }
+        Stage::UserAuth | Stage::SshAuth => {
+            "The SSH login to the destination did not complete (stage user_auth); nothing was sent."
+        }
+        Stage::ChannelOpen | Stage::SshChannel => {
+            "The destination did not open an SSH session channel (stage channel_open); nothing was sent."
+        }
+        _ => return None,
+    })
 }
 
 /// Evidence key: postern's own limit (file descriptors, memory) stopped the step.

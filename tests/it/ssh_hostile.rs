@@ -533,3 +533,51 @@ fn an_agent_over_max_busy_per_agent_gets_no_more_ssh_sessions() {
     let again = f.ssh(crate::ssh::TOKEN, &["-n", "--", "", "echo hi"]);
     assert_eq!(again.status.code(), Some(0), "the place came back");
 }
+
+/// A remote that answers TCP with an endless non-SSH banner: the failure names the stage it
+/// happened in (the SSH version exchange), not a refused connection, and nothing was sent.
+#[test]
+fn a_remote_flooding_its_banner_fails_in_the_ssh_transport_stage() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            let Ok(mut tcp) = tcp else { return };
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let line = format!("{}\r\n", "junk ".repeat(40));
+                let started = std::time::Instant::now();
+                while started.elapsed() < std::time::Duration::from_secs(20) {
+                    if tcp.write_all(line.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let home = Home::new();
+    let client = keygen(home.dir.path(), "client_key");
+    let known = home.dir.path().join("known_hosts");
+    std::fs::write(&known, "").unwrap();
+    let text = target_config("agent", port, &known, "");
+    let f = Front::serve(home, &text, "agent".into(), client.private, None);
+    let out = f.ssh(TOKEN, &["--", "", "echo hi"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(255), "{err}");
+    let env = envelope(&err);
+    assert_eq!(env["error"]["phase"], "connection_setup", "{err}");
+    assert_eq!(env["error"]["outcome"], "not_attempted", "{err}");
+    let message = env["error"]["message"].as_str().unwrap_or("");
+    assert!(!message.contains("refused"), "the remote answered: {err}");
+    assert!(
+        message.contains("ssh_transport"),
+        "the message names the stage: {err}"
+    );
+    let attempts = env["evidence"]["attempts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let last = attempts.last().cloned().unwrap_or_default();
+    assert_eq!(last["stage"], "ssh_transport", "{err}");
+    assert_eq!(env["evidence"]["dispatch_started"], false, "{err}");
+}
