@@ -204,10 +204,10 @@ fn message(code: Code, evidence: &Evidence) -> String {
     if evidence.extra.contains_key(POSTERN_RESOURCE) {
         return "postern ran out of its own resources (file descriptors or memory) before it could connect; nothing was sent, and the destination is not to blame. Retry later.".to_owned();
     }
-    if code == Code::ConnectionRefused {
-        if let Some(said) = stage_message(evidence) {
-            return said.to_owned();
-        }
+    if code == Code::ConnectionRefused
+        && let Some(said) = stage_message(evidence)
+    {
+        return said.to_owned();
     }
     match tls {
         Some(problem) if code == Code::TlsCertificateError => problem.message().to_owned(),
