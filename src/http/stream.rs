@@ -26,8 +26,8 @@ use crate::contract::{
 };
 use crate::guard::{Carry, Mask, ReflectionGuard};
 use crate::journal::{
-    Body, Draft, Failure, HttpResult, Payload, ResponseComplete, ResultCommitted, Source,
-    StoredResult, b64, sha256_tagged_digest,
+    BODY_STORED, Body, Draft, Failure, HttpResult, Payload, ResponseComplete, ResultCommitted,
+    Source, StoredResult, b64, sha256_tagged_digest,
 };
 use tokio::sync::oneshot;
 
@@ -46,6 +46,8 @@ pub struct StreamPlan {
     withheld: Option<Undecodable>,
     trailers: bool,
     idle: Duration,
+    /// The request may be sent again as it was (an idempotent method on its route).
+    idempotent: bool,
     /// A gRPC call: the status a trailers-only head carried (taken out of it), and
     /// the origin's trailers once they came.
     grpc: Option<GrpcTail>,
@@ -109,6 +111,12 @@ impl Tally {
             (Some(d), None) => d.finish(),
         }
     }
+}
+
+/// The agent left, the body will not be stored, and the request may be sent again: reading
+/// the rest of the body would cost postern and the origin for nothing.
+fn nobody_needs_the_rest(plan: &StreamPlan, tally: &Tally, agent_gone: bool) -> bool {
+    agent_gone && plan.idempotent && !tally.keep && tally.withheld.is_none()
 }
 
 impl Exchange {
@@ -190,6 +198,7 @@ impl Exchange {
             withheld,
             trailers,
             idle: route.idle_timeout,
+            idempotent: route.idempotent_methods.contains(&self.method),
             grpc,
         };
         Ok(StreamStart {
@@ -245,6 +254,10 @@ impl Exchange {
                         let data = Some(&data[..]);
                         self.forward(&plan.guard, &plan.tx, &mut tally, data, &mut agent_gone)
                             .await;
+                        if nobody_needs_the_rest(&plan, &tally, agent_gone) {
+                            // The record stays CALLER_CANCELLED/unknown: a new GET is safe.
+                            return StreamEnd::Broken;
+                        }
                     }
                     Err(frame) => {
                         if let (Some(tail), Ok(t)) = (plan.grpc.as_mut(), frame.into_trailers()) {
@@ -341,6 +354,9 @@ impl Exchange {
         }
         if let Some(why) = tally.withheld {
             evidence.insert("body_withheld".into(), why.as_str().into());
+        }
+        if !tally.keep {
+            evidence.insert(BODY_STORED.into(), false.into());
         }
         let complete = Draft::observed(Body::RemoteResponseComplete(ResponseComplete {
             completion: plan.completion,

@@ -40,7 +40,9 @@ pub use fjall_store::FjallStore;
 pub use health::Health;
 pub use keys::{KeyClaim, KeyEntry, KeySlot, KeyWrite};
 pub use metrics::JournalMetrics;
-pub use projection::{Progress, Record, Refusal, ResultSummary, State, apply, apply_body, replay};
+pub use projection::{
+    BODY_STORED, Progress, Record, Refusal, ResultSummary, State, apply, apply_body, replay,
+};
 pub use request::StoredRequest;
 pub use result::{HttpResult, Payload, SshResult, StoredResult, TunnelResult, as_text, b64, unb64};
 pub use space::SpaceGuard;

@@ -52,6 +52,8 @@ pub struct ResultSummary {
     pub complete: bool,
 }
 
+/// Evidence key of `RESULT_COMMITTED`: `false` when the stored result keeps no body.
+pub const BODY_STORED: &str = "body_stored";
 /// What the projection tracks beyond the public record.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Progress {
@@ -62,6 +64,9 @@ pub struct Progress {
     pub closed: bool,
     /// `RESULT_COMMITTED` is recorded; the writer only takes it together with its result.
     pub result_stored: bool,
+    /// The committed result keeps no body (over `max_result_bytes`): nothing to fetch.
+    #[serde(default)]
+    pub body_not_kept: bool,
     pub delivered: bool,
     pub idempotent: bool,
     pub safe_until_ms: Option<i64>,
@@ -377,6 +382,9 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             if rc.completion.is_some() {
                 r.evidence.completion = rc.completion;
             }
+            p.body_not_kept = [BODY_STORED, "output_stored"]
+                .iter()
+                .any(|k| rc.evidence.get(*k) == Some(&serde_json::Value::Bool(false)));
             for (k, v) in rc.evidence {
                 r.evidence.extra.insert(k, v);
             }
@@ -535,8 +543,9 @@ fn fail(
     if code.is_pre_dispatch() && p.dispatched_this_generation {
         return Err(Refusal::NotAttemptedAfterDispatch(code));
     }
-    // `fetch_result` points at a stored result: never without one.
-    if code == Code::ResultDeliveryFailed && !p.result_stored {
+    // `fetch_result` points at a stored result: never without one, nor at one whose body
+    // was too large to keep.
+    if code == Code::ResultDeliveryFailed && (!p.result_stored || p.body_not_kept) {
         return Err(Refusal::NoResult(EventKind::Failed));
     }
     let keeps_outcome = matches!(

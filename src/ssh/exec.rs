@@ -432,6 +432,15 @@ impl Run {
         self.report(&env, accepted).await;
     }
 
+    /// The screen's counts, and `output_stored: false` where the output is over the limit.
+    fn commit_evidence(&self, out: &Output) -> serde_json::Map<String, serde_json::Value> {
+        let mut evidence = self.screen.evidence();
+        if !out.stored() {
+            evidence.insert("output_stored".into(), false.into());
+        }
+        evidence
+    }
+
     async fn commit(&mut self, out: Output, complete: bool) {
         let digest = sha256_tagged_digest(&out.digest());
         let exit_status = out.exit_status.map(i64::from);
@@ -448,7 +457,7 @@ impl Run {
             bytes: out.bytes,
             complete,
             completion: Some(Completion::ExitStatus),
-            evidence: self.screen.evidence(),
+            evidence: self.commit_evidence(&out),
         }))
         .source(Source::RemoteResponse)
         .hop("origin");

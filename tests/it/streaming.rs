@@ -192,3 +192,98 @@ fn a_body_past_the_buffer_limit_continues_as_a_stream() {
         "RESULT_DELIVERED counts the streamed bytes"
     );
 }
+
+/// An origin that streams up to 64 MiB of chunked body at about 13 MiB/s and counts what it
+/// managed to write before postern stopped reading.
+fn slow_big_origin(written: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Origin {
+    Origin::script(move |s, _| {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        if s.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        let piece = chunk(&"x".repeat(64 * 1024));
+        for _ in 0..1024 {
+            if s.write_all(piece.as_bytes()).is_err() {
+                return;
+            }
+            written.fetch_add(64 * 1024, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = s.write_all(b"0\r\n\r\n");
+    })
+}
+
+/// A GET whose body is over `max_result_bytes` and whose agent left: postern stops reading
+/// (nothing would be stored, and a new GET is safe), and the record never points at a
+/// result to fetch.
+#[test]
+fn a_get_too_big_to_store_whose_agent_left_stops_reading_and_points_at_no_result() {
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let origin = slow_big_origin(written.clone());
+    let home = Home::new();
+    let journal = "buffer_limit = \"64KiB\"\nmax_result_bytes = \"1MiB\"";
+    let daemon = Daemon::start(&home, Some(&config(origin.port(), journal, "")));
+    let addr = daemon.proxy.trim_start_matches("http://").to_owned();
+    let mut agent = TcpStream::connect(&addr).unwrap();
+    let request = format!(
+        "GET http://origin.test:{}/big HTTP/1.1\r\nHost: origin.test\r\n\r\n",
+        origin.port()
+    );
+    agent.write_all(request.as_bytes()).unwrap();
+    let mut first = vec![0u8; 256 * 1024];
+    agent.read_exact(&mut first).unwrap();
+    drop(agent);
+    let left_at = written.load(std::sync::atomic::Ordering::SeqCst);
+    std::thread::sleep(Duration::from_secs(3));
+    let after = written.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        after < left_at + 8 * 1024 * 1024,
+        "postern kept reading after the agent left: {left_at} then {after} bytes"
+    );
+    let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);
+    let r = &list["invocations"][0];
+    assert_ne!(r["retry"], "fetch_result", "{r}");
+    assert_ne!(r["code"], "RESULT_DELIVERY_FAILED", "{r}");
+    assert_eq!(
+        r["outcome"], "unknown",
+        "the body was not read to its end: {r}"
+    );
+    let id = r["invocation_id"].as_str().unwrap_or("");
+    let (status, _) = get_json(&daemon.url(&format!("/v1/invocations/{id}/result")), &[]);
+    assert_eq!(status, 404, "no result to fetch");
+}
+
+/// A POST's body over `max_result_bytes`, read to its end after its agent left: the record is
+/// committed, but it says `fetch_result` only where a body is stored.
+#[test]
+fn a_post_too_big_to_store_whose_agent_left_is_committed_without_fetch_result() {
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let origin = slow_big_origin(written.clone());
+    let home = Home::new();
+    let journal = "buffer_limit = \"64KiB\"\nmax_result_bytes = \"1MiB\"";
+    let daemon = Daemon::start(&home, Some(&config(origin.port(), journal, "")));
+    let addr = daemon.proxy.trim_start_matches("http://").to_owned();
+    let mut agent = TcpStream::connect(&addr).unwrap();
+    let request = format!(
+        "POST http://origin.test:{}/big HTTP/1.1\r\nHost: origin.test\r\nContent-Length: 2\r\n\r\n{{}}",
+        origin.port()
+    );
+    agent.write_all(request.as_bytes()).unwrap();
+    let mut first = vec![0u8; 256 * 1024];
+    agent.read_exact(&mut first).unwrap();
+    drop(agent);
+    let mut r = Value::Null;
+    for _ in 0..200 {
+        let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);
+        r = list["invocations"][0].clone();
+        if r["outcome"] == "committed" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(r["outcome"], "committed", "{r}");
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);
+    let r = &list["invocations"][0];
+    assert_ne!(r["retry"], "fetch_result", "nothing to fetch: {r}");
+}
