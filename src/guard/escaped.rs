@@ -6,6 +6,10 @@
 //! from. Hits made of no escape at all are the first pass's business and are ignored
 //! here, which also lets text without a `\`, `%` or `&` skip decoding and scanning.
 //!
+//! A hit read across a separator (whitespace between groups of base64 or hex) counts
+//! only for a spaced form (an encoding of the secret): prose whose words join into the
+//! secret is not redacted.
+//!
 //! Among the hits, leftmost-longest wins, as in the first pass. A stream keeps back the
 //! bytes that may still be the start of a hit: an escape cut off by the chunk's end,
 //! and decoded text that is the start of a plain form, so every chunking gives the
@@ -24,19 +28,28 @@ const PIECE: usize = 16 << 10;
 pub(super) struct Escaped {
     automaton: AhoCorasick,
     needles: Needles,
+    /// By pattern: whether a hit may be read across a separator.
+    spaced: Vec<bool>,
 }
 
 /// A stream's state: bytes kept back, and buffers reused from chunk to chunk.
 #[derive(Default)]
 pub(super) struct EscapedCarry {
     pub held: Vec<u8>,
+    /// `held` starts in the middle of a line (no dump line can start there).
+    mid_line: bool,
     decoded: Decoded,
     hits: Vec<(usize, usize)>,
 }
 
 impl Escaped {
+    /// `plain` forms are read in the decoded text, `spaced` ones across separators too.
     /// `None` if the automaton cannot be built.
-    pub fn new(needles: Vec<Vec<u8>>) -> Option<Self> {
+    pub fn new(plain: Vec<Vec<u8>>, spaced: Vec<Vec<u8>>) -> Option<Self> {
+        let mut needles: Vec<Vec<u8>> = plain.into_iter().filter(|p| !spaced.contains(p)).collect();
+        let mut kinds = vec![false; needles.len()];
+        kinds.resize(needles.len() + spaced.len(), true);
+        needles.extend(spaced);
         // Standard semantics: every hit is seen (overlapping), so that one made of no
         // escape cannot hide an escaped one behind it.
         let automaton = AhoCorasick::builder()
@@ -48,7 +61,15 @@ impl Escaped {
         Some(Self {
             automaton,
             needles: Needles::new(needles),
+            spaced: kinds,
         })
+    }
+
+    /// Whether a hit of `pattern` over `text[start..end]` is one this pass redacts: made
+    /// of an escape, and across no separator unless the form may be spaced.
+    fn counts(&self, d: &Decoded, pattern: usize, start: usize, end: usize) -> bool {
+        d.escaped(start, end)
+            && (self.spaced.get(pattern).copied().unwrap_or(false) || !d.separated(start, end))
     }
 
     /// Whether `bytes` hold an escaped form.
@@ -60,7 +81,7 @@ impl Escaped {
         decoded.decode(bytes, true);
         self.automaton
             .find_overlapping_iter(&decoded.text[..])
-            .any(|m| decoded.escaped(m.start(), m.end()))
+            .any(|m| self.counts(&decoded, m.pattern().as_usize(), m.start(), m.end()))
     }
 
     /// Redacts escaped forms in a whole body. A large one goes in pieces (any chunking
@@ -104,14 +125,14 @@ impl Escaped {
         if !has_escape(&data) {
             // Decodes to itself: no escaped hit, only a possible start to keep back.
             let hold = self.hold(&data, 0, at_end, None);
-            return (keep_back(&mut carry.held, &data, hold), 0);
+            return (keep_back(carry, &data, hold), 0);
         }
-        carry.decoded.decode(&data, at_end);
+        carry.decoded.decode_lines(&data, at_end, !carry.mid_line);
         self.find(carry);
         if carry.hits.is_empty() {
             let d = &carry.decoded;
             let hold = d.raw_start(self.hold(&d.text, 0, at_end, None));
-            return (keep_back(&mut carry.held, &data, hold), 0);
+            return (keep_back(carry, &data, hold), 0);
         }
         let (out, count) = self.redact_hits(carry, &data, at_end, mask);
         (Bytes::from(out), count)
@@ -152,6 +173,7 @@ impl Escaped {
             .max(emitted);
         out.extend_from_slice(&data[emitted..hold]);
         carry.held.extend_from_slice(&data[hold..]);
+        mark_line(&mut carry.mid_line, data, hold);
         (out, count)
     }
 
@@ -162,7 +184,7 @@ impl Escaped {
         carry.hits.extend(
             self.automaton
                 .find_overlapping_iter(&d.text[..])
-                .filter(|m| d.escaped(m.start(), m.end()))
+                .filter(|m| self.counts(d, m.pattern().as_usize(), m.start(), m.end()))
                 .map(|m| (m.start(), m.end())),
         );
         carry
@@ -184,9 +206,17 @@ impl Escaped {
 }
 
 /// `data` up to `hold` goes out as it is (a slice, not a copy); the rest is kept back.
-fn keep_back(held: &mut Vec<u8>, data: &Bytes, hold: usize) -> Bytes {
-    held.extend_from_slice(&data[hold..]);
+fn keep_back(carry: &mut EscapedCarry, data: &Bytes, hold: usize) -> Bytes {
+    carry.held.extend_from_slice(&data[hold..]);
+    mark_line(&mut carry.mid_line, data, hold);
     data.slice(..hold)
+}
+
+/// Whether what is kept back from `hold` on starts in the middle of a line.
+fn mark_line(mid_line: &mut bool, data: &[u8], hold: usize) {
+    if let Some(i) = hold.checked_sub(1) {
+        *mid_line = data[i] != b'\n';
+    }
 }
 
 #[cfg(test)]

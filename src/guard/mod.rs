@@ -10,7 +10,9 @@
 //! header names are lower-cased; a base64 form differing only in case is astronomically
 //! unlikely, and redacting it anyway is the safe side. The second (`escaped`): what the
 //! first let through is decoded (`unescape`) and scanned for the plain forms again,
-//! which catches an echo with only some characters escaped (`C\u0041NARY`, `%43ANARY`).
+//! which catches an echo with only some characters escaped (`C\u0041NARY`, `%43ANARY`),
+//! base64 or hex printed in groups (`aGVs bG8g`), and hex or character dumps (`xxd`,
+//! `hexdump -C`, `od -c`), whose lines decode to the bytes they show.
 //!
 //! Streams keep back, per pass, only the bytes that may still start a form, so an
 //! interactive stream is not held; see `ReflectionGuard::redact_stream`.
@@ -25,6 +27,7 @@ use bytes::Bytes;
 
 use escaped::{Escaped, EscapedCarry};
 
+mod dump;
 mod escaped;
 mod paced;
 mod unescape;
@@ -149,18 +152,21 @@ impl ReflectionGuard {
     /// One guard for several secrets, each with the value it is injected as (a route's
     /// credential and its `via` hop's, both in one plaintext exchange).
     pub fn for_each(pairs: &[(&[u8], &[u8])]) -> Option<Self> {
-        let collect = |f: fn(&[u8], &[u8]) -> Vec<Vec<u8>>| {
-            let mut all: Vec<Vec<u8>> = pairs.iter().flat_map(|(s, v)| f(s, v)).collect();
-            all.sort();
-            all.dedup();
-            all
-        };
-        Self::build(collect(forms), collect(plain_forms))
+        let mut needles: Vec<Vec<u8>> = pairs.iter().flat_map(|(s, v)| forms(s, v)).collect();
+        needles.sort();
+        needles.dedup();
+        let mut plain = Plain::default();
+        for (s, v) in pairs {
+            plain.extend(plain_forms(s, v));
+        }
+        Self::build(needles, plain.sorted())
     }
 
     /// The guard for a PEM-armoured private key: each base64 body line (the body joined
-    /// into one string holds them too). Short lines (the last one of a PEM often is) are
-    /// left out: they would redact ordinary text.
+    /// into one string holds them too), and each line's base64 at the three alignments
+    /// and hex, as a remote command prints the key file encoded whole (`base64 -w0`,
+    /// `xxd -p`). Short lines (the last one of a PEM often is) are left out: they would
+    /// redact ordinary text.
     pub fn for_pem(pem: &str) -> Option<Self> {
         let lines: Vec<Vec<u8>> = pem
             .lines()
@@ -176,13 +182,26 @@ impl ReflectionGuard {
             .map(|n| String::from_utf8_lossy(n).replace('/', "\\/").into_bytes())
             .collect();
         needles.extend(escaped);
+        let encoded: Vec<Vec<u8>> = lines
+            .iter()
+            .flat_map(|l| {
+                let mut e = base64_cores(l);
+                e.push(hex(l));
+                e
+            })
+            .collect();
+        needles.extend(encoded.iter().cloned());
         needles.sort();
         needles.dedup();
-        Self::build(needles, lines)
+        let plain = Plain {
+            forms: lines,
+            spaced: encoded,
+        };
+        Self::build(needles, plain.sorted())
     }
 
     /// `needles` for the first pass, `plain` (what escapes decode to) for the second.
-    fn build(needles: Vec<Vec<u8>>, plain: Vec<Vec<u8>>) -> Option<Self> {
+    fn build(needles: Vec<Vec<u8>>, plain: Plain) -> Option<Self> {
         if needles.is_empty() {
             return Some(Self::default());
         }
@@ -195,10 +214,10 @@ impl ReflectionGuard {
             .ascii_case_insensitive(true)
             .build(&needles)
             .ok()?;
-        let escaped = if plain.is_empty() {
+        let escaped = if plain.forms.is_empty() && plain.spaced.is_empty() {
             None
         } else {
-            Some(Escaped::new(plain)?)
+            Some(Escaped::new(plain.forms, plain.spaced)?)
         };
         Some(Self {
             automaton: Some(automaton),
@@ -377,33 +396,78 @@ const MAX_SWALLOWED: usize = 4;
 /// The shortest rest of the secret guarded on its own.
 const MIN_REST: usize = 8;
 
+/// The second pass's forms: `forms` as the decoded text holds them, `spaced` also read
+/// across separators (encodings, whose groups a printer may space out).
+#[derive(Default)]
+struct Plain {
+    forms: Vec<Vec<u8>>,
+    spaced: Vec<Vec<u8>>,
+}
+
+impl Plain {
+    fn extend(&mut self, other: Plain) {
+        self.forms.extend(other.forms);
+        self.spaced.extend(other.spaced);
+    }
+
+    /// Short forms dropped, each list sorted and without repeats.
+    fn sorted(mut self) -> Self {
+        for list in [&mut self.forms, &mut self.spaced] {
+            list.retain(|n| n.len() >= MIN_NEEDLE);
+            list.sort();
+            list.dedup();
+        }
+        self
+    }
+}
+
 /// What escapes in an echo decode to: the secret raw (with `+` for each space too, as a
 /// form encoder writes it, and without its first few characters, which an escape just
 /// before it may have swallowed), base64 of it at any offset and of the value, and hex.
-fn plain_forms(secret: &[u8], value: &[u8]) -> Vec<Vec<u8>> {
-    let mut needles = base64_cores(secret);
-    needles.extend(base64s(secret));
-    needles.extend(base64s(value));
-    needles.push(secret.to_vec());
+/// The secret's own spaces between base64 characters read as separators: it is also
+/// a spaced form without them.
+fn plain_forms(secret: &[u8], value: &[u8]) -> Plain {
+    let mut spaced = base64_cores(secret);
+    spaced.extend(base64s(secret));
+    spaced.extend(base64s(value));
+    spaced.push(hex(secret));
+    let mut forms = vec![secret.to_vec()];
     if secret.contains(&b' ') {
-        needles.push(
+        forms.push(
             secret
                 .iter()
                 .map(|&b| if b == b' ' { b'+' } else { b })
                 .collect(),
         );
     }
-    needles.push(hex(secret));
-    needles.extend(
+    forms.extend(
         (1..=MAX_SWALLOWED)
             .filter_map(|k| secret.get(k..))
             .filter(|rest| rest.len() >= MIN_REST)
             .map(<[u8]>::to_vec),
     );
-    needles.retain(|n| n.len() >= MIN_NEEDLE);
-    needles.sort();
-    needles.dedup();
-    needles
+    spaced.extend(forms.iter().filter_map(|f| unspaced(f)));
+    Plain { forms, spaced }.sorted()
+}
+
+/// `x` without its whitespace between base64 characters, if it has any.
+fn unspaced(x: &[u8]) -> Option<Vec<u8>> {
+    let blank = |b: &u8| matches!(b, b' ' | b'\t' | b'\r' | b'\n');
+    let mut out = Vec::with_capacity(x.len());
+    let mut i = 0;
+    while i < x.len() {
+        let run = x[i..].iter().take_while(|b| blank(b)).count();
+        let between = run > 0
+            && out.last().is_some_and(|&b| unescape::is_base64(b))
+            && x.get(i + run).is_some_and(|&b| unescape::is_base64(b));
+        if between {
+            i += run;
+        } else {
+            out.push(x[i]);
+            i += 1;
+        }
+    }
+    (out.len() < x.len()).then_some(out)
 }
 
 /// Every form an echo might take, of the secret and of the injected value.

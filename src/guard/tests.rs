@@ -267,3 +267,5 @@ fn a_guard_is_built_once_per_credential_version() {
     assert!(c.is_some());
     assert_eq!(builds, 2, "a rotation (new version) builds a new guard");
 }
+
+mod encodings;
