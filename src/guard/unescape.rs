@@ -195,7 +195,7 @@ impl Decoded {
             self.literal(raw, i, t);
             let step = match raw[t] {
                 b'\n' | b'\r' => self.line_end(raw, t, at_end, &mut scan),
-                b' ' | b'\t' => self.blank(raw, t, &mut scan),
+                b' ' | b'\t' => self.blank(raw, t, at_end, &mut scan),
                 _ => self.wrapped(raw, t, escape(&raw[t..], at_end)),
             };
             match step {
@@ -252,15 +252,17 @@ impl Decoded {
             Parse::No => {}
         }
         match line_break(raw, t) {
-            Step::Literal => self.blank(raw, t, scan),
+            Step::Literal => self.blank(raw, t, at_end, scan),
             step => step,
         }
     }
 
     /// Whitespace at `raw[t]` (a line break, or spaces and tabs): a separator between two
-    /// base64 characters with nothing but whitespace between, else itself. At the end of
-    /// the bytes it stays itself.
-    fn blank(&self, raw: &[u8], t: usize, scan: &mut Scan) -> Step {
+    /// base64 characters with nothing but whitespace between, else itself. Spaces cut off
+    /// by the end of the bytes may still be one (the stream keeps back what before them
+    /// may start a form); a line break there stays itself (a stream never waits on one).
+    fn blank(&self, raw: &[u8], t: usize, at_end: bool, scan: &mut Scan) -> Step {
+        let line_break = matches!(raw[t], b'\r' | b'\n');
         let len = match raw[t] {
             b'\r' if raw.get(t + 1) == Some(&b'\n') => 2,
             b'\r' | b'\n' => 1,
@@ -269,11 +271,15 @@ impl Decoded {
                 .take_while(|&&b| b == b' ' || b == b'\t')
                 .count(),
         };
-        let before = self.text.last().is_some_and(|&b| is_base64(b));
-        if before && scan.after_blank(raw, t).is_some_and(is_base64) {
-            Step::Decoded(len, Value::Separator)
-        } else {
-            Step::Literal
+        if !self.text.last().is_some_and(|&b| is_base64(b)) {
+            return Step::Literal;
+        }
+        match scan.after_blank(raw, t) {
+            Some(b) if is_base64(b) => Step::Decoded(len, Value::Separator),
+            None if !at_end && !line_break && t + len == raw.len() => {
+                Step::Decoded(len, Value::Separator)
+            }
+            _ => Step::Literal,
         }
     }
 

@@ -347,3 +347,60 @@ fn a_private_key_encoded_whole_is_redacted() {
         }
     }
 }
+
+/// The guard of `super::SECRET`, built once (a debug-build DFA takes a while).
+static GUARD: std::sync::LazyLock<ReflectionGuard> =
+    std::sync::LazyLock::new(|| guard(super::SECRET));
+
+/// One printing of the secret after `lead` other bytes: grouped base64 or a dump.
+fn printed(kind: usize, lead: usize) -> String {
+    let before: String = "ABCDEFGHIJKLMNOP".chars().take(lead).collect();
+    let data = format!("{before}{}\n", super::SECRET);
+    let doc = STANDARD.encode(&data);
+    match kind % 7 {
+        0 => grouped(&doc, 4, " "),
+        1 => grouped(&doc, 8, "\t"),
+        2 => grouped(&doc, 4, "  "),
+        k => Dump::ALL[k - 3].print(data.as_bytes()),
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+    /// Grouped base64 and dumps streamed in any chunks (but for a cut right after a line
+    /// break inside base64, where a stream does not wait) give the whole body's output.
+    #[test]
+    fn any_chunking_of_groups_and_dumps_redacts_like_the_whole_body(
+        parts in proptest::collection::vec((0usize..7, 0usize..16, "[a-z ]{0,12}\n"), 1..6),
+        mut cuts in proptest::collection::vec(0usize..2000, 0..24),
+    ) {
+        let mut body = String::new();
+        for (kind, lead, filler) in &parts {
+            body.push_str(filler);
+            body.push_str(&printed(*kind, *lead));
+        }
+        cuts.sort_unstable();
+        let g = &*GUARD;
+        let (whole, hits) = g.redact(body.as_bytes());
+        let (streamed, shits) = super::stream(g, body.as_bytes(), &cuts);
+        proptest::prop_assert_eq!(text(&streamed), text(&whole));
+        proptest::prop_assert_eq!(shits, hits);
+        proptest::prop_assert!(!recovers(&whole, super::SECRET.as_bytes(), 6), "{}", text(&whole));
+    }
+}
+
+/// A stream cut anywhere in grouped base64 or a dump, even right after a separator or a
+/// dump line, redacts as the whole body does.
+#[test]
+fn grouped_base64_and_dumps_cut_anywhere_are_redacted() {
+    let g = &*GUARD;
+    for kind in 0..7 {
+        let body = format!("got:\n{}done\n", printed(kind, 3));
+        let (whole, hits) = g.redact(body.as_bytes());
+        assert!(hits >= 1, "{kind}: {}", text(&whole));
+        for cut in 0..body.len() {
+            let (streamed, shits) = super::stream(g, body.as_bytes(), &[cut]);
+            assert_eq!((text(&streamed), shits), (text(&whole), hits), "{kind} cut at {cut}");
+        }
+    }
+}
