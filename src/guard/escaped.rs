@@ -28,6 +28,9 @@ const PIECE: usize = 16 << 10;
 pub(super) struct Escaped {
     automaton: AhoCorasick,
     needles: Needles,
+    /// The forms that may be read across a separator: all that can still run past a
+    /// decoded text ending in one.
+    spaced_needles: Needles,
     /// By pattern: whether a hit may be read across a separator.
     spaced: Vec<bool>,
 }
@@ -49,6 +52,7 @@ impl Escaped {
         let mut needles: Vec<Vec<u8>> = plain.into_iter().filter(|p| !spaced.contains(p)).collect();
         let mut kinds = vec![false; needles.len()];
         kinds.resize(needles.len() + spaced.len(), true);
+        let spaced_needles = Needles::new(spaced.clone());
         needles.extend(spaced);
         // Standard semantics: every hit is seen (overlapping), so that one made of no
         // escape cannot hide an escaped one behind it.
@@ -61,6 +65,7 @@ impl Escaped {
         Some(Self {
             automaton,
             needles: Needles::new(needles),
+            spaced_needles,
             spaced: kinds,
         })
     }
@@ -124,14 +129,14 @@ impl Escaped {
         };
         if !has_escape(&data) {
             // Decodes to itself: no escaped hit, only a possible start to keep back.
-            let hold = self.hold(&data, 0, at_end, None);
+            let hold = self.hold(&self.needles, &data, 0, at_end, None);
             return (keep_back(carry, &data, hold), 0);
         }
         carry.decoded.decode_lines(&data, at_end, !carry.mid_line);
         self.find(carry);
         if carry.hits.is_empty() {
             let d = &carry.decoded;
-            let hold = d.raw_start(self.hold(&d.text, 0, at_end, None));
+            let hold = d.raw_start(self.hold(self.tail(d), &d.text, 0, at_end, None));
             return (keep_back(carry, &data, hold), 0);
         }
         let (out, count) = self.redact_hits(carry, &data, at_end, mask);
@@ -148,7 +153,8 @@ impl Escaped {
         mask: Mask,
     ) -> (Vec<u8>, usize) {
         let d = &carry.decoded;
-        let decided = self.needles.decided(d.text.len());
+        let needles = self.tail(d);
+        let decided = needles.decided(d.text.len());
         let mut out = Vec::with_capacity(data.len());
         let (mut end, mut emitted, mut count, mut pending) = (0, 0, 0, None);
         for &(start, stop) in &carry.hits {
@@ -156,9 +162,7 @@ impl Escaped {
                 continue;
             }
             if !at_end {
-                pending = self
-                    .needles
-                    .first_pending(&d.text, end.max(decided), start + 1);
+                pending = needles.first_pending(&d.text, end.max(decided), start + 1);
                 if pending.is_some() {
                     break;
                 }
@@ -169,7 +173,7 @@ impl Escaped {
             (end, emitted, count) = (stop, to.max(emitted), count + 1);
         }
         let hold = d
-            .raw_start(self.hold(&d.text, end, at_end, pending))
+            .raw_start(self.hold(needles, &d.text, end, at_end, pending))
             .max(emitted);
         out.extend_from_slice(&data[emitted..hold]);
         carry.held.extend_from_slice(&data[hold..]);
@@ -192,15 +196,32 @@ impl Escaped {
             .sort_unstable_by_key(|&(start, end)| (start, std::cmp::Reverse(end)));
     }
 
+    /// The forms that may still run past the end of `d`: after a separator cut off by
+    /// the end, only those that may be read across one.
+    fn tail(&self, d: &Decoded) -> &Needles {
+        if d.ends_in_separator() {
+            &self.spaced_needles
+        } else {
+            &self.needles
+        }
+    }
+
     /// Where to keep back `text` from: the first position at or after `end` (or
-    /// `pending`) where a plain form may start and run past the end.
-    fn hold(&self, text: &[u8], end: usize, at_end: bool, pending: Option<usize>) -> usize {
+    /// `pending`) where one of `needles` may start and run past the end.
+    fn hold(
+        &self,
+        needles: &Needles,
+        text: &[u8],
+        end: usize,
+        at_end: bool,
+        pending: Option<usize>,
+    ) -> usize {
         if at_end {
             return text.len();
         }
-        let from = end.max(self.needles.decided(text.len()));
+        let from = end.max(needles.decided(text.len()));
         pending
-            .or_else(|| self.needles.first_pending(text, from, text.len()))
+            .or_else(|| needles.first_pending(text, from, text.len()))
             .unwrap_or(text.len())
     }
 }

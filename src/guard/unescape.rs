@@ -397,6 +397,17 @@ impl Decoded {
         self.any_run(start, end, |r| r.escape)
     }
 
+    /// Whether the text ends in a separator (cut off by the end of the bytes): what comes
+    /// next is read across it.
+    pub fn ends_in_separator(&self) -> bool {
+        let len = self.text.len();
+        self.runs
+            .iter()
+            .rev()
+            .take_while(|r| r.text == len)
+            .any(|r| r.separator)
+    }
+
     /// Whether `text[start..end]` is read across a separator.
     pub fn separated(&self, start: usize, end: usize) -> bool {
         self.any_run(start, end, |r| r.separator)
