@@ -73,7 +73,11 @@ fn hex_line(line: &[u8], out: &mut Vec<u8>) -> bool {
         let digits = hex_digits(&line[at + gap..]);
         let end = at + gap + digits;
         let bounded = line.get(end).is_none_or(|&b| b == b' ');
-        if !(1..=2).contains(&gap) || digits == 0 || digits % 2 == 1 || digits > MAX_GROUP || !bounded
+        if !(1..=2).contains(&gap)
+            || digits == 0
+            || digits % 2 == 1
+            || digits > MAX_GROUP
+            || !bounded
         {
             break;
         }
@@ -200,7 +204,9 @@ fn chars_start(partial: &[u8]) -> bool {
     }
     let fields = &partial[digits..];
     let whole = fields.len() / 4 * 4;
-    let valid = fields[..whole].chunks_exact(4).all(|f| char_field(f).is_some());
+    let valid = fields[..whole]
+        .chunks_exact(4)
+        .all(|f| char_field(f).is_some());
     valid && fields.get(whole).is_none_or(|&b| b == b' ')
 }
 
@@ -220,13 +226,19 @@ mod tests {
                 "00000000: 7878 2073 3363 722f 742b 7661 6c7e 5a39  xx s3cr/t+val~Z9",
                 &b"xx s3cr/t+val~Z9"[..],
             ),
-            ("00000020: 2068 6572 650a 01ff   here...", b" here\n\x01\xff"),
+            (
+                "00000020: 2068 6572 650a 01ff   here...",
+                b" here\n\x01\xff",
+            ),
             ("00000000: 6465 6164 6265 6566  deadbeef", b"deadbeef"),
             (
                 "00000010  3f 71 20 61 6e 64 20 6d  6f 72 65 20 74 65 78 74  |?q and more text|",
                 b"?q and more text",
             ),
-            ("00000020  0a 01                                             |..|", b"\n\x01"),
+            (
+                "00000020  0a 01                                             |..|",
+                b"\n\x01",
+            ),
             ("0000000   x  \\t   y 177 200    ", b"x\ty\x7f\x80 "),
             ("   a   b  \\n", b"ab\n"),
             ("0000020 3f 71 20 61", b"?q a"),

@@ -58,7 +58,12 @@ pub(super) fn has_escape(bytes: &[u8]) -> bool {
 struct Next(Option<Option<usize>>);
 
 impl Next {
-    fn at(&mut self, raw: &[u8], from: usize, find: impl Fn(&[u8]) -> Option<usize>) -> Option<usize> {
+    fn at(
+        &mut self,
+        raw: &[u8],
+        from: usize,
+        find: impl Fn(&[u8]) -> Option<usize>,
+    ) -> Option<usize> {
         match self.0 {
             Some(Some(at)) if at >= from => Some(at),
             Some(None) => None,
@@ -415,9 +420,7 @@ impl Decoded {
 
     fn any_run(&self, start: usize, end: usize, f: impl Fn(&Run) -> bool) -> bool {
         let (a, b) = (self.run(start), self.run(end.saturating_sub(1)));
-        self.runs
-            .get(a..=b)
-            .is_some_and(|runs| runs.iter().any(f))
+        self.runs.get(a..=b).is_some_and(|runs| runs.iter().any(f))
     }
 }
 

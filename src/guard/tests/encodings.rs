@@ -35,7 +35,11 @@ fn recovers(out: &[u8], secret: &[u8], window: usize) -> bool {
         .map(|p| p.split_whitespace().collect())
         .collect();
     let windows: Vec<&[u8]> = secret.windows(window.min(secret.len())).collect();
-    let holds = |bytes: &[u8]| windows.iter().any(|w| bytes.windows(w.len()).any(|b| b == *w));
+    let holds = |bytes: &[u8]| {
+        windows
+            .iter()
+            .any(|w| bytes.windows(w.len()).any(|b| b == *w))
+    };
     pieces.iter().any(|p| {
         let mut readings = vec![p.as_bytes().to_vec()];
         for skip in 0..4 {
@@ -87,7 +91,10 @@ fn base64_in_groups_is_redacted_and_the_prose_around_it_kept() {
                 (4, " \n"),
                 (16, "\n\t\n"),
             ] {
-                let body = format!("{prose}\n{}\nThat is all. Bye now.\n", grouped(&doc, width, sep));
+                let body = format!(
+                    "{prose}\n{}\nThat is all. Bye now.\n",
+                    grouped(&doc, width, sep)
+                );
                 let (out, hits) = g.redact(body.as_bytes());
                 let shown = text(&out);
                 assert!(hits >= 1, "{secret} {prefix:?} {width} {sep:?}: {shown}");
@@ -114,7 +121,10 @@ fn text_with_spaces_is_not_redacted() {
         "aGVs bG8g d29y bGQh",
         "key = value\n\nnext = line\n",
     ] {
-        assert_eq!(g.redact(body.as_bytes()), (body.as_bytes().to_vec().into(), 0));
+        assert_eq!(
+            g.redact(body.as_bytes()),
+            (body.as_bytes().to_vec().into(), 0)
+        );
     }
 }
 
@@ -170,7 +180,13 @@ impl Dump {
     fn line(self, offset: usize, chunk: &[u8]) -> String {
         let ascii: String = chunk
             .iter()
-            .map(|&b| if (0x20..0x7f).contains(&b) { char::from(b) } else { '.' })
+            .map(|&b| {
+                if (0x20..0x7f).contains(&b) {
+                    char::from(b)
+                } else {
+                    '.'
+                }
+            })
             .collect();
         match self {
             Dump::Xxd(cols) => {
@@ -284,7 +300,11 @@ fn hex_and_character_dumps_of_the_secret_are_redacted() {
                 let w = dump.width();
                 for (i, line) in dump.lines(data.as_bytes()).iter().enumerate() {
                     let shows_secret = i * w < to && from < (i + 1) * w;
-                    assert_eq!(!shown.contains(line.as_str()), shows_secret, "line {i}: {case}");
+                    assert_eq!(
+                        !shown.contains(line.as_str()),
+                        shows_secret,
+                        "line {i}: {case}"
+                    );
                 }
             }
         }
@@ -298,7 +318,8 @@ fn keys() -> Vec<String> {
     for (kind, bits) in [("ed25519", None), ("rsa", Some("3072"))] {
         let path = dir.path().join(kind);
         let mut cmd = Command::new("ssh-keygen");
-        cmd.args(["-q", "-N", "", "-C", "", "-t", kind, "-f"]).arg(&path);
+        cmd.args(["-q", "-N", "", "-C", "", "-t", kind, "-f"])
+            .arg(&path);
         if let Some(b) = bits {
             cmd.args(["-b", b]);
         }
@@ -400,7 +421,11 @@ fn grouped_base64_and_dumps_cut_anywhere_are_redacted() {
         assert!(hits >= 1, "{kind}: {}", text(&whole));
         for cut in 0..body.len() {
             let (streamed, shits) = super::stream(g, body.as_bytes(), &[cut]);
-            assert_eq!((text(&streamed), shits), (text(&whole), hits), "{kind} cut at {cut}");
+            assert_eq!(
+                (text(&streamed), shits),
+                (text(&whole), hits),
+                "{kind} cut at {cut}"
+            );
         }
     }
 }
