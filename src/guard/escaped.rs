@@ -15,7 +15,7 @@
 //! and decoded text that is the start of a plain form, so every chunking gives the
 //! output of the whole body. Both are bounded (`ReflectionGuard::redact_stream`).
 
-use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
+use aho_corasick::{AhoCorasick, MatchKind};
 use bytes::Bytes;
 
 use super::unescape::{Decoded, has_escape};
@@ -57,7 +57,7 @@ impl Escaped {
         // Standard semantics: every hit is seen (overlapping), so that one made of no
         // escape cannot hide an escaped one behind it.
         let automaton = AhoCorasick::builder()
-            .kind(Some(AhoCorasickKind::DFA))
+            .kind(Some(super::automaton_kind(needles.len())))
             .match_kind(MatchKind::Standard)
             .ascii_case_insensitive(true)
             .build(&needles)

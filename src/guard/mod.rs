@@ -205,11 +205,8 @@ impl ReflectionGuard {
         if needles.is_empty() {
             return Some(Self::default());
         }
-        // Built once per credential version (`GuardCache`). Measured (bench/http.rs,
-        // release): a DFA builds in ~0.66 ms and scans ~3.7 ms/MiB, a contiguous NFA
-        // ~0.19 ms and ~8 ms/MiB; cached, the faster scan wins.
         let automaton = AhoCorasick::builder()
-            .kind(Some(AhoCorasickKind::DFA))
+            .kind(Some(automaton_kind(needles.len())))
             .match_kind(MatchKind::LeftmostLongest)
             .ascii_case_insensitive(true)
             .build(&needles)
@@ -342,11 +339,29 @@ impl ReflectionGuard {
     }
 }
 
+/// Forms up to which an automaton is a DFA (aho-corasick's own rule: more make its
+/// transition table too large).
+const DFA_AT_MOST: usize = 100;
+
+/// Built once per credential version (`GuardCache`). Measured (bench/http.rs, release):
+/// for a token's forms a DFA builds in ~0.66 ms and scans ~3.7 ms/MiB, a contiguous NFA
+/// ~0.19 ms and ~8 ms/MiB; cached, the faster scan wins. A key's hundreds of forms (each
+/// PEM line, its base64 at three alignments, its hex) would make a DFA of megabytes
+/// that takes a quarter of a second to build: those get the NFA.
+fn automaton_kind(forms: usize) -> AhoCorasickKind {
+    if forms <= DFA_AT_MOST {
+        AhoCorasickKind::DFA
+    } else {
+        AhoCorasickKind::ContiguousNFA
+    }
+}
+
 /// A pass's forms as a stream's end sees them: where one may start and run past it.
 struct Needles {
     list: Vec<Vec<u8>>,
-    /// The bytes a form starts with, in either ASCII case: most positions start none.
-    starts: [bool; 256],
+    /// By first byte (ASCII lower-cased): the forms that start with it. Most positions
+    /// start none, and a key's hundreds of forms are not all tried at each.
+    by_start: Vec<Vec<usize>>,
     longest: usize,
 }
 
@@ -358,15 +373,16 @@ impl Default for Needles {
 
 impl Needles {
     fn new(list: Vec<Vec<u8>>) -> Self {
-        let mut starts = [false; 256];
-        for b in list.iter().filter_map(|n| n.first()) {
-            starts[usize::from(b.to_ascii_lowercase())] = true;
-            starts[usize::from(b.to_ascii_uppercase())] = true;
+        let mut by_start = vec![Vec::new(); 256];
+        for (i, n) in list.iter().enumerate() {
+            if let Some(b) = n.first() {
+                by_start[usize::from(b.to_ascii_lowercase())].push(i);
+            }
         }
         let longest = list.iter().map(Vec::len).max().unwrap_or(0);
         Self {
             list,
-            starts,
+            by_start,
             longest,
         }
     }
@@ -380,11 +396,10 @@ impl Needles {
     fn first_pending(&self, data: &[u8], from: usize, to: usize) -> Option<usize> {
         (from..to.min(data.len())).find(|&p| {
             let rest = &data[p..];
-            self.starts[usize::from(rest[0])]
-                && self
-                    .list
-                    .iter()
-                    .any(|n| n.len() > rest.len() && n[..rest.len()].eq_ignore_ascii_case(rest))
+            self.by_start[usize::from(rest[0].to_ascii_lowercase())]
+                .iter()
+                .filter_map(|&i| self.list.get(i))
+                .any(|n| n.len() > rest.len() && n[..rest.len()].eq_ignore_ascii_case(rest))
         })
     }
 }
