@@ -41,6 +41,17 @@ pub(super) fn may_start(partial: &[u8]) -> bool {
     hex_start(partial) || chars_start(partial)
 }
 
+/// A cheap first look at a line: a dump line starts with an offset (`MIN_OFFSET` hex
+/// digits at least) or, for `od -An -c`, a space. Most lines are thus passed over at
+/// their first byte.
+pub(super) fn may_begin(line: &[u8]) -> bool {
+    match line.first() {
+        None => false,
+        Some(b' ') => true,
+        Some(_) => line.iter().take(MIN_OFFSET).all(u8::is_ascii_hexdigit),
+    }
+}
+
 fn hex_digits(bytes: &[u8]) -> usize {
     bytes.iter().take_while(|b| b.is_ascii_hexdigit()).count()
 }

@@ -93,7 +93,14 @@ impl Introducers {
             .blank
             .at(raw, from, |r| memchr::memchr3(b'\n', b'\r', b' ', r));
         let tab = self.tab.at(raw, from, |r| memchr::memchr(b'\t', r));
-        [escape, blank, tab].into_iter().flatten().min()
+        let first = match (escape, blank) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match (first, tab) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 
@@ -235,6 +242,7 @@ impl Decoded {
 
     /// A line break at `raw[t]`: before a dump line, after one, wrapping base64, a
     /// separator, or itself.
+    #[inline(never)]
     fn line_end(&mut self, raw: &[u8], t: usize, at_end: bool, scan: &mut Scan) -> Step {
         let len = if raw.get(t..t + 2) == Some(&b"\r\n"[..]) {
             2
@@ -290,9 +298,13 @@ impl Decoded {
 
     /// The dump line starting at `raw[s]`, read into `self.line`: where its text ends
     /// (before its line break), or that it is none, or cut off by the end of the bytes.
+    #[inline(never)]
     fn dump_at(&mut self, raw: &[u8], s: usize, at_end: bool) -> Parse<usize> {
         self.line.clear();
         let rest = raw.get(s..).unwrap_or_default();
+        if !dump::may_begin(rest) {
+            return Parse::No;
+        }
         let window = &rest[..rest.len().min(dump::MAX_LINE + 2)];
         let line = match memchr::memchr(b'\n', window) {
             Some(n) => &rest[..n],
