@@ -86,7 +86,7 @@ fn hex_line(line: &[u8], out: &mut Vec<u8>) -> bool {
         let bounded = line.get(end).is_none_or(|&b| b == b' ');
         if !(1..=2).contains(&gap)
             || digits == 0
-            || digits % 2 == 1
+            || !digits.is_multiple_of(2)
             || digits > MAX_GROUP
             || !bounded
         {
@@ -150,7 +150,7 @@ fn chars_line(line: &[u8], out: &mut Vec<u8>) -> bool {
         return false;
     }
     let fields = &line[digits..];
-    if fields.is_empty() || fields.len() % 4 != 0 {
+    if fields.is_empty() || !fields.len().is_multiple_of(4) {
         return false;
     }
     let start = out.len();
