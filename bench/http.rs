@@ -620,10 +620,11 @@ fn main() {
 /// The reflection guard's own cost: building it, and scanning whole and as a stream of
 /// 4 KiB chunks (per MiB, the fastest of 9 runs over 2 MiB; MB/s of the streamed scan),
 /// for events of plain text, of JSON with escapes (what the second pass decodes:
-/// `\u00e9`, `\"`), and of nothing but percent-escapes (its worst case).
+/// `\u00e9`, `\"`), of nothing but percent-escapes (its worst case), of prose, of
+/// base64 in groups and of an `xxd` dump; then a private key's guard (RSA-4096 size).
 /// `POSTERN_BENCH_ONLY=guard` runs only this.
 fn guard_cost() {
-    use postern::guard::{Carry, ReflectionGuard};
+    use postern::guard::ReflectionGuard;
     let secret = b"bench-secret-7f3a9c0d1e2b";
     let started = Instant::now();
     let runs = 200u32;
@@ -633,31 +634,80 @@ fn guard_cost() {
     let build = started.elapsed() / runs;
     println!("Reflection guard: built in {}", us(build));
     let g = ReflectionGuard::new(secret, b"Bearer bench-secret-7f3a9c0d1e2b").unwrap();
-    let events: [(&str, &[u8]); 3] = [
+    let events: [(&str, &[u8]); 6] = [
         ("plain", b"data: {\"delta\":\"bench text\"}\n\n"),
         (
             "JSON escapes",
             b"data: {\"delta\":\"caf\\u00e9 \\\"na\\u00efve\\\" a\\/b\"}\n\n",
         ),
         ("all %XX", b"%62%65%6E%63%68%20%74%65%78%74%0A"),
+        (
+            "prose",
+            b"The quick brown fox jumps over the lazy dog, then naps in the sun.\n",
+        ),
+        (
+            "base64 in groups",
+            b"aGVs bG8g d29y bGQg YmVu Y2gg dGV4 dA==\n",
+        ),
+        (
+            "xxd dump",
+            b"00000010: 3f71 2061 6e64 206d 6f72 6520 7465 7874  ?q and more text\n",
+        ),
     ];
     for (name, event) in events {
-        let body: Vec<u8> = event.iter().copied().cycle().take(2 << 20).collect();
-        let (whole, hits) = fastest(|| g.redact(&body).1);
-        let (streamed, _) = fastest(|| {
-            let mut carry = Carry::default();
-            for chunk in body.chunks(4096) {
-                let _ = g.redact_stream(&mut carry, chunk);
-            }
-            g.finish(&mut carry).1
-        });
-        println!(
-            "  {name}: scan {} per MiB whole, {} per MiB in 4 KiB chunks ({:.0} MB/s) ({hits} hits)",
-            us(whole),
-            us(streamed),
-            1.048_576 / streamed.as_secs_f64()
-        );
+        scan_cost(&g, name, event);
     }
+    pem_guard_cost();
+}
+
+/// A PEM's guard: built once per key, and its scan of plain text.
+fn pem_guard_cost() {
+    use postern::guard::ReflectionGuard;
+    // 49 body lines of 70 characters, as an RSA-4096 OpenSSH key has.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut pem = String::from("-----BEGIN OPENSSH PRIVATE KEY-----\n");
+    for _ in 0..49 {
+        for _ in 0..70 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            pem.push(char::from(alphabet[(state % 64) as usize]));
+        }
+        pem.push('\n');
+    }
+    pem.push_str("-----END OPENSSH PRIVATE KEY-----\n");
+    let started = Instant::now();
+    let g = ReflectionGuard::for_pem(&pem).unwrap();
+    println!(
+        "Key guard (49 PEM lines): built in {}",
+        us(started.elapsed())
+    );
+    scan_cost(&g, "plain", b"data: {\"delta\":\"bench text\"}\n\n");
+    scan_cost(
+        &g,
+        "prose",
+        b"The quick brown fox jumps over the lazy dog, then naps in the sun.\n",
+    );
+}
+
+fn scan_cost(g: &postern::guard::ReflectionGuard, name: &str, event: &[u8]) {
+    use postern::guard::Carry;
+    let body: Vec<u8> = event.iter().copied().cycle().take(2 << 20).collect();
+    let (whole, hits) = fastest(|| g.redact(&body).1);
+    let (streamed, _) = fastest(|| {
+        let mut carry = Carry::default();
+        for chunk in body.chunks(4096) {
+            let _ = g.redact_stream(&mut carry, chunk);
+        }
+        g.finish(&mut carry).1
+    });
+    println!(
+        "  {name}: scan {} per MiB whole, {} per MiB in 4 KiB chunks ({:.0} MB/s) ({hits} hits)",
+        us(whole),
+        us(streamed),
+        1.048_576 / streamed.as_secs_f64()
+    );
 }
 
 /// The fastest of a few runs over 2 MiB, per MiB: the least disturbed by other load.

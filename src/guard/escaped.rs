@@ -6,12 +6,16 @@
 //! from. Hits made of no escape at all are the first pass's business and are ignored
 //! here, which also lets text without a `\`, `%` or `&` skip decoding and scanning.
 //!
+//! A hit read across a separator (whitespace between groups of base64 or hex) counts
+//! only for a spaced form (an encoding of the secret): prose whose words join into the
+//! secret is not redacted.
+//!
 //! Among the hits, leftmost-longest wins, as in the first pass. A stream keeps back the
 //! bytes that may still be the start of a hit: an escape cut off by the chunk's end,
 //! and decoded text that is the start of a plain form, so every chunking gives the
 //! output of the whole body. Both are bounded (`ReflectionGuard::redact_stream`).
 
-use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
+use aho_corasick::{AhoCorasick, MatchKind};
 use bytes::Bytes;
 
 use super::unescape::{Decoded, has_escape};
@@ -24,23 +28,36 @@ const PIECE: usize = 16 << 10;
 pub(super) struct Escaped {
     automaton: AhoCorasick,
     needles: Needles,
+    /// The forms that may be read across a separator: all that can still run past a
+    /// decoded text ending in one.
+    spaced_needles: Needles,
+    /// By pattern: whether a hit may be read across a separator.
+    spaced: Vec<bool>,
 }
 
 /// A stream's state: bytes kept back, and buffers reused from chunk to chunk.
 #[derive(Default)]
 pub(super) struct EscapedCarry {
     pub held: Vec<u8>,
+    /// `held` starts in the middle of a line (no dump line can start there).
+    mid_line: bool,
     decoded: Decoded,
     hits: Vec<(usize, usize)>,
 }
 
 impl Escaped {
+    /// `plain` forms are read in the decoded text, `spaced` ones across separators too.
     /// `None` if the automaton cannot be built.
-    pub fn new(needles: Vec<Vec<u8>>) -> Option<Self> {
+    pub fn new(plain: Vec<Vec<u8>>, spaced: Vec<Vec<u8>>) -> Option<Self> {
+        let mut needles: Vec<Vec<u8>> = plain.into_iter().filter(|p| !spaced.contains(p)).collect();
+        let mut kinds = vec![false; needles.len()];
+        kinds.resize(needles.len() + spaced.len(), true);
+        let spaced_needles = Needles::new(spaced.clone());
+        needles.extend(spaced);
         // Standard semantics: every hit is seen (overlapping), so that one made of no
         // escape cannot hide an escaped one behind it.
         let automaton = AhoCorasick::builder()
-            .kind(Some(AhoCorasickKind::DFA))
+            .kind(Some(super::automaton_kind(needles.len())))
             .match_kind(MatchKind::Standard)
             .ascii_case_insensitive(true)
             .build(&needles)
@@ -48,7 +65,16 @@ impl Escaped {
         Some(Self {
             automaton,
             needles: Needles::new(needles),
+            spaced_needles,
+            spaced: kinds,
         })
+    }
+
+    /// Whether a hit of `pattern` over `text[start..end]` is one this pass redacts: made
+    /// of an escape, and across no separator unless the form may be spaced.
+    fn counts(&self, d: &Decoded, pattern: usize, start: usize, end: usize) -> bool {
+        d.escaped(start, end)
+            && (self.spaced.get(pattern).copied().unwrap_or(false) || !d.separated(start, end))
     }
 
     /// Whether `bytes` hold an escaped form.
@@ -60,7 +86,7 @@ impl Escaped {
         decoded.decode(bytes, true);
         self.automaton
             .find_overlapping_iter(&decoded.text[..])
-            .any(|m| decoded.escaped(m.start(), m.end()))
+            .any(|m| self.counts(&decoded, m.pattern().as_usize(), m.start(), m.end()))
     }
 
     /// Redacts escaped forms in a whole body. A large one goes in pieces (any chunking
@@ -103,15 +129,15 @@ impl Escaped {
         };
         if !has_escape(&data) {
             // Decodes to itself: no escaped hit, only a possible start to keep back.
-            let hold = self.hold(&data, 0, at_end, None);
-            return (keep_back(&mut carry.held, &data, hold), 0);
+            let hold = self.hold(&self.needles, &data, 0, at_end, None);
+            return (keep_back(carry, &data, hold), 0);
         }
-        carry.decoded.decode(&data, at_end);
+        carry.decoded.decode_lines(&data, at_end, !carry.mid_line);
         self.find(carry);
         if carry.hits.is_empty() {
             let d = &carry.decoded;
-            let hold = d.raw_start(self.hold(&d.text, 0, at_end, None));
-            return (keep_back(&mut carry.held, &data, hold), 0);
+            let hold = d.raw_start(self.hold(self.tail(d), &d.text, 0, at_end, None));
+            return (keep_back(carry, &data, hold), 0);
         }
         let (out, count) = self.redact_hits(carry, &data, at_end, mask);
         (Bytes::from(out), count)
@@ -127,7 +153,8 @@ impl Escaped {
         mask: Mask,
     ) -> (Vec<u8>, usize) {
         let d = &carry.decoded;
-        let decided = self.needles.decided(d.text.len());
+        let needles = self.tail(d);
+        let decided = needles.decided(d.text.len());
         let mut out = Vec::with_capacity(data.len());
         let (mut end, mut emitted, mut count, mut pending) = (0, 0, 0, None);
         for &(start, stop) in &carry.hits {
@@ -135,9 +162,7 @@ impl Escaped {
                 continue;
             }
             if !at_end {
-                pending = self
-                    .needles
-                    .first_pending(&d.text, end.max(decided), start + 1);
+                pending = needles.first_pending(&d.text, end.max(decided), start + 1);
                 if pending.is_some() {
                     break;
                 }
@@ -148,10 +173,11 @@ impl Escaped {
             (end, emitted, count) = (stop, to.max(emitted), count + 1);
         }
         let hold = d
-            .raw_start(self.hold(&d.text, end, at_end, pending))
+            .raw_start(self.hold(needles, &d.text, end, at_end, pending))
             .max(emitted);
         out.extend_from_slice(&data[emitted..hold]);
         carry.held.extend_from_slice(&data[hold..]);
+        mark_line(&mut carry.mid_line, data, hold);
         (out, count)
     }
 
@@ -162,7 +188,7 @@ impl Escaped {
         carry.hits.extend(
             self.automaton
                 .find_overlapping_iter(&d.text[..])
-                .filter(|m| d.escaped(m.start(), m.end()))
+                .filter(|m| self.counts(d, m.pattern().as_usize(), m.start(), m.end()))
                 .map(|m| (m.start(), m.end())),
         );
         carry
@@ -170,23 +196,48 @@ impl Escaped {
             .sort_unstable_by_key(|&(start, end)| (start, std::cmp::Reverse(end)));
     }
 
+    /// The forms that may still run past the end of `d`: after a separator cut off by
+    /// the end, only those that may be read across one.
+    fn tail(&self, d: &Decoded) -> &Needles {
+        if d.ends_in_separator() {
+            &self.spaced_needles
+        } else {
+            &self.needles
+        }
+    }
+
     /// Where to keep back `text` from: the first position at or after `end` (or
-    /// `pending`) where a plain form may start and run past the end.
-    fn hold(&self, text: &[u8], end: usize, at_end: bool, pending: Option<usize>) -> usize {
+    /// `pending`) where one of `needles` may start and run past the end.
+    fn hold(
+        &self,
+        needles: &Needles,
+        text: &[u8],
+        end: usize,
+        at_end: bool,
+        pending: Option<usize>,
+    ) -> usize {
         if at_end {
             return text.len();
         }
-        let from = end.max(self.needles.decided(text.len()));
+        let from = end.max(needles.decided(text.len()));
         pending
-            .or_else(|| self.needles.first_pending(text, from, text.len()))
+            .or_else(|| needles.first_pending(text, from, text.len()))
             .unwrap_or(text.len())
     }
 }
 
 /// `data` up to `hold` goes out as it is (a slice, not a copy); the rest is kept back.
-fn keep_back(held: &mut Vec<u8>, data: &Bytes, hold: usize) -> Bytes {
-    held.extend_from_slice(&data[hold..]);
+fn keep_back(carry: &mut EscapedCarry, data: &Bytes, hold: usize) -> Bytes {
+    carry.held.extend_from_slice(&data[hold..]);
+    mark_line(&mut carry.mid_line, data, hold);
     data.slice(..hold)
+}
+
+/// Whether what is kept back from `hold` on starts in the middle of a line.
+fn mark_line(mid_line: &mut bool, data: &[u8], hold: usize) {
+    if let Some(i) = hold.checked_sub(1) {
+        *mid_line = data[i] != b'\n';
+    }
 }
 
 #[cfg(test)]

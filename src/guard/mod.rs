@@ -10,7 +10,9 @@
 //! header names are lower-cased; a base64 form differing only in case is astronomically
 //! unlikely, and redacting it anyway is the safe side. The second (`escaped`): what the
 //! first let through is decoded (`unescape`) and scanned for the plain forms again,
-//! which catches an echo with only some characters escaped (`C\u0041NARY`, `%43ANARY`).
+//! which catches an echo with only some characters escaped (`C\u0041NARY`, `%43ANARY`),
+//! base64 or hex printed in groups (`aGVs bG8g`), and hex or character dumps (`xxd`,
+//! `hexdump -C`, `od -c`), whose lines decode to the bytes they show.
 //!
 //! Streams keep back, per pass, only the bytes that may still start a form, so an
 //! interactive stream is not held; see `ReflectionGuard::redact_stream`.
@@ -25,6 +27,7 @@ use bytes::Bytes;
 
 use escaped::{Escaped, EscapedCarry};
 
+mod dump;
 mod escaped;
 mod paced;
 mod unescape;
@@ -149,18 +152,21 @@ impl ReflectionGuard {
     /// One guard for several secrets, each with the value it is injected as (a route's
     /// credential and its `via` hop's, both in one plaintext exchange).
     pub fn for_each(pairs: &[(&[u8], &[u8])]) -> Option<Self> {
-        let collect = |f: fn(&[u8], &[u8]) -> Vec<Vec<u8>>| {
-            let mut all: Vec<Vec<u8>> = pairs.iter().flat_map(|(s, v)| f(s, v)).collect();
-            all.sort();
-            all.dedup();
-            all
-        };
-        Self::build(collect(forms), collect(plain_forms))
+        let mut needles: Vec<Vec<u8>> = pairs.iter().flat_map(|(s, v)| forms(s, v)).collect();
+        needles.sort();
+        needles.dedup();
+        let mut plain = Plain::default();
+        for (s, v) in pairs {
+            plain.extend(plain_forms(s, v));
+        }
+        Self::build(needles, plain.sorted())
     }
 
     /// The guard for a PEM-armoured private key: each base64 body line (the body joined
-    /// into one string holds them too). Short lines (the last one of a PEM often is) are
-    /// left out: they would redact ordinary text.
+    /// into one string holds them too), and each line's base64 at the three alignments
+    /// and hex, as a remote command prints the key file encoded whole (`base64 -w0`,
+    /// `xxd -p`). Short lines (the last one of a PEM often is) are left out: they would
+    /// redact ordinary text.
     pub fn for_pem(pem: &str) -> Option<Self> {
         let lines: Vec<Vec<u8>> = pem
             .lines()
@@ -176,29 +182,39 @@ impl ReflectionGuard {
             .map(|n| String::from_utf8_lossy(n).replace('/', "\\/").into_bytes())
             .collect();
         needles.extend(escaped);
+        let encoded: Vec<Vec<u8>> = lines
+            .iter()
+            .flat_map(|l| {
+                let mut e = base64_cores(l);
+                e.push(hex(l));
+                e
+            })
+            .collect();
+        needles.extend(encoded.iter().cloned());
         needles.sort();
         needles.dedup();
-        Self::build(needles, lines)
+        let plain = Plain {
+            forms: lines,
+            spaced: encoded,
+        };
+        Self::build(needles, plain.sorted())
     }
 
     /// `needles` for the first pass, `plain` (what escapes decode to) for the second.
-    fn build(needles: Vec<Vec<u8>>, plain: Vec<Vec<u8>>) -> Option<Self> {
+    fn build(needles: Vec<Vec<u8>>, plain: Plain) -> Option<Self> {
         if needles.is_empty() {
             return Some(Self::default());
         }
-        // Built once per credential version (`GuardCache`). Measured (bench/http.rs,
-        // release): a DFA builds in ~0.66 ms and scans ~3.7 ms/MiB, a contiguous NFA
-        // ~0.19 ms and ~8 ms/MiB; cached, the faster scan wins.
         let automaton = AhoCorasick::builder()
-            .kind(Some(AhoCorasickKind::DFA))
+            .kind(Some(automaton_kind(needles.len())))
             .match_kind(MatchKind::LeftmostLongest)
             .ascii_case_insensitive(true)
             .build(&needles)
             .ok()?;
-        let escaped = if plain.is_empty() {
+        let escaped = if plain.forms.is_empty() && plain.spaced.is_empty() {
             None
         } else {
-            Some(Escaped::new(plain)?)
+            Some(Escaped::new(plain.forms, plain.spaced)?)
         };
         Some(Self {
             automaton: Some(automaton),
@@ -323,11 +339,29 @@ impl ReflectionGuard {
     }
 }
 
+/// Forms up to which an automaton is a DFA (aho-corasick's own rule: more make its
+/// transition table too large).
+const DFA_AT_MOST: usize = 100;
+
+/// Built once per credential version (`GuardCache`). Measured (bench/http.rs, release):
+/// for a token's forms a DFA builds in ~0.66 ms and scans ~3.7 ms/MiB, a contiguous NFA
+/// ~0.19 ms and ~8 ms/MiB; cached, the faster scan wins. A key's hundreds of forms (each
+/// PEM line, its base64 at three alignments, its hex) would make a DFA of megabytes
+/// that takes a quarter of a second to build: those get the NFA.
+fn automaton_kind(forms: usize) -> AhoCorasickKind {
+    if forms <= DFA_AT_MOST {
+        AhoCorasickKind::DFA
+    } else {
+        AhoCorasickKind::ContiguousNFA
+    }
+}
+
 /// A pass's forms as a stream's end sees them: where one may start and run past it.
 struct Needles {
     list: Vec<Vec<u8>>,
-    /// The bytes a form starts with, in either ASCII case: most positions start none.
-    starts: [bool; 256],
+    /// By first byte (ASCII lower-cased): the forms that start with it. Most positions
+    /// start none, and a key's hundreds of forms are not all tried at each.
+    by_start: Vec<Vec<usize>>,
     longest: usize,
 }
 
@@ -339,15 +373,16 @@ impl Default for Needles {
 
 impl Needles {
     fn new(list: Vec<Vec<u8>>) -> Self {
-        let mut starts = [false; 256];
-        for b in list.iter().filter_map(|n| n.first()) {
-            starts[usize::from(b.to_ascii_lowercase())] = true;
-            starts[usize::from(b.to_ascii_uppercase())] = true;
+        let mut by_start = vec![Vec::new(); 256];
+        for (i, n) in list.iter().enumerate() {
+            if let Some(b) = n.first() {
+                by_start[usize::from(b.to_ascii_lowercase())].push(i);
+            }
         }
         let longest = list.iter().map(Vec::len).max().unwrap_or(0);
         Self {
             list,
-            starts,
+            by_start,
             longest,
         }
     }
@@ -361,11 +396,10 @@ impl Needles {
     fn first_pending(&self, data: &[u8], from: usize, to: usize) -> Option<usize> {
         (from..to.min(data.len())).find(|&p| {
             let rest = &data[p..];
-            self.starts[usize::from(rest[0])]
-                && self
-                    .list
-                    .iter()
-                    .any(|n| n.len() > rest.len() && n[..rest.len()].eq_ignore_ascii_case(rest))
+            self.by_start[usize::from(rest[0].to_ascii_lowercase())]
+                .iter()
+                .filter_map(|&i| self.list.get(i))
+                .any(|n| n.len() > rest.len() && n[..rest.len()].eq_ignore_ascii_case(rest))
         })
     }
 }
@@ -377,33 +411,78 @@ const MAX_SWALLOWED: usize = 4;
 /// The shortest rest of the secret guarded on its own.
 const MIN_REST: usize = 8;
 
+/// The second pass's forms: `forms` as the decoded text holds them, `spaced` also read
+/// across separators (encodings, whose groups a printer may space out).
+#[derive(Default)]
+struct Plain {
+    forms: Vec<Vec<u8>>,
+    spaced: Vec<Vec<u8>>,
+}
+
+impl Plain {
+    fn extend(&mut self, other: Plain) {
+        self.forms.extend(other.forms);
+        self.spaced.extend(other.spaced);
+    }
+
+    /// Short forms dropped, each list sorted and without repeats.
+    fn sorted(mut self) -> Self {
+        for list in [&mut self.forms, &mut self.spaced] {
+            list.retain(|n| n.len() >= MIN_NEEDLE);
+            list.sort();
+            list.dedup();
+        }
+        self
+    }
+}
+
 /// What escapes in an echo decode to: the secret raw (with `+` for each space too, as a
 /// form encoder writes it, and without its first few characters, which an escape just
 /// before it may have swallowed), base64 of it at any offset and of the value, and hex.
-fn plain_forms(secret: &[u8], value: &[u8]) -> Vec<Vec<u8>> {
-    let mut needles = base64_cores(secret);
-    needles.extend(base64s(secret));
-    needles.extend(base64s(value));
-    needles.push(secret.to_vec());
+/// The secret's own spaces between base64 characters read as separators: it is also
+/// a spaced form without them.
+fn plain_forms(secret: &[u8], value: &[u8]) -> Plain {
+    let mut spaced = base64_cores(secret);
+    spaced.extend(base64s(secret));
+    spaced.extend(base64s(value));
+    spaced.push(hex(secret));
+    let mut forms = vec![secret.to_vec()];
     if secret.contains(&b' ') {
-        needles.push(
+        forms.push(
             secret
                 .iter()
                 .map(|&b| if b == b' ' { b'+' } else { b })
                 .collect(),
         );
     }
-    needles.push(hex(secret));
-    needles.extend(
+    forms.extend(
         (1..=MAX_SWALLOWED)
             .filter_map(|k| secret.get(k..))
             .filter(|rest| rest.len() >= MIN_REST)
             .map(<[u8]>::to_vec),
     );
-    needles.retain(|n| n.len() >= MIN_NEEDLE);
-    needles.sort();
-    needles.dedup();
-    needles
+    spaced.extend(forms.iter().filter_map(|f| unspaced(f)));
+    Plain { forms, spaced }.sorted()
+}
+
+/// `x` without its whitespace between base64 characters, if it has any.
+fn unspaced(x: &[u8]) -> Option<Vec<u8>> {
+    let blank = |b: &u8| matches!(b, b' ' | b'\t' | b'\r' | b'\n');
+    let mut out = Vec::with_capacity(x.len());
+    let mut i = 0;
+    while i < x.len() {
+        let run = x[i..].iter().take_while(|b| blank(b)).count();
+        let between = run > 0
+            && out.last().is_some_and(|&b| unescape::is_base64(b))
+            && x.get(i + run).is_some_and(|&b| unescape::is_base64(b));
+        if between {
+            i += run;
+        } else {
+            out.push(x[i]);
+            i += 1;
+        }
+    }
+    (out.len() < x.len()).then_some(out)
 }
 
 /// Every form an echo might take, of the secret and of the injected value.

@@ -4,7 +4,7 @@ use proptest::prelude::*;
 
 use super::*;
 
-const SECRET: &str = "s3cr/t+val~Z9?q";
+pub(super) const SECRET: &str = "s3cr/t+val~Z9?q";
 
 fn guard() -> ReflectionGuard {
     ReflectionGuard::new(SECRET.as_bytes(), format!("Bearer {SECRET}").as_bytes()).unwrap()
@@ -208,7 +208,7 @@ fn an_sse_event_without_a_secret_prefix_is_not_held_back() {
 /// Built once: a debug-build DFA takes a while.
 static GUARD: std::sync::LazyLock<ReflectionGuard> = std::sync::LazyLock::new(guard);
 
-fn stream(g: &ReflectionGuard, body: &[u8], cuts: &[usize]) -> (Vec<u8>, usize) {
+pub(super) fn stream(g: &ReflectionGuard, body: &[u8], cuts: &[usize]) -> (Vec<u8>, usize) {
     let (mut carry, mut out, mut hits) = (Carry::default(), Vec::new(), 0);
     let mut at = 0;
     for &cut in cuts {
@@ -267,3 +267,5 @@ fn a_guard_is_built_once_per_credential_version() {
     assert!(c.is_some());
     assert_eq!(builds, 2, "a rotation (new version) builds a new guard");
 }
+
+mod encodings;

@@ -15,10 +15,19 @@
 //!   characters decodes to nothing: base64 wrapped at 76 or 64 columns (MIME, PEM,
 //!   `base64`, folded or indented) reads whole. At the end of the bytes
 //!   it stays itself (a stream never waits on a line end).
+//! - other whitespace between two base64 (or hex) characters — spaces or tabs between
+//!   groups, blank lines, `\r\n \r\n` — is a separator: nothing, but a hit read across
+//!   one counts only for an encoded form (`Value::Separator`), so prose whose words
+//!   join into the secret is not redacted.
+//! - a hex or character dump line (`dump`) decodes to the bytes it shows, and the line
+//!   break after it to nothing: a dump reads as the file it shows. A dump line cut off
+//!   by the end of the bytes waits, like an escape.
 //!
 //! `+` stays `+`: decoding it as a space would break every secret that holds a `+`.
 //! An escape cut off by the end of the bytes waits for more (`Step::Wait`) unless the
 //! stream is at its end, where it is plain text, as a whole-body decoder reads it.
+
+use super::dump;
 
 /// Backslashes allowed before a nested `\u` or `\x`.
 const MAX_BACKSLASHES: usize = 8;
@@ -35,42 +44,91 @@ const NAMED: [(&[u8], u8); 5] = [
     (b"apos;", b'\''),
 ];
 
-/// Whether `bytes` hold anything that may start an escape: without, they decode to
-/// themselves and need no decoding at all.
+/// Whether `bytes` hold anything that may start an escape, a separator or a dump line:
+/// without, they decode to themselves and need no decoding at all.
 pub(super) fn has_escape(bytes: &[u8]) -> bool {
     memchr::memchr3(b'\\', b'%', b'&', bytes).is_some()
-        || memchr::memchr2(b'\n', b'\r', bytes).is_some()
+        || memchr::memchr3(b'\n', b'\r', b' ', bytes).is_some()
+        || memchr::memchr(b'\t', bytes).is_some()
 }
 
-/// Finds the next byte that may start an escape or a line break, remembering the next line
-/// break so a body with many escapes and few lines is not rescanned for each.
+/// The next position of one kind of byte at or after where it was last sought (`None`
+/// inside: none left), so a body is not rescanned for each introducer of another kind.
+#[derive(Default)]
+struct Next(Option<Option<usize>>);
+
+impl Next {
+    fn at(
+        &mut self,
+        raw: &[u8],
+        from: usize,
+        find: impl Fn(&[u8]) -> Option<usize>,
+    ) -> Option<usize> {
+        match self.0 {
+            Some(Some(at)) if at >= from => Some(at),
+            Some(None) => None,
+            _ => {
+                let at = find(raw.get(from..).unwrap_or_default()).map(|t| from + t);
+                self.0 = Some(at);
+                at
+            }
+        }
+    }
+}
+
+/// Finds the next byte that may start an escape, a line break or a separator.
 #[derive(Default)]
 struct Introducers {
-    /// The next line break at or after the position it was sought from (`None`: none left).
-    line: Option<Option<usize>>,
+    escape: Next,
+    blank: Next,
+    tab: Next,
 }
 
 impl Introducers {
     fn next(&mut self, raw: &[u8], from: usize) -> Option<usize> {
-        let rest = raw.get(from..).unwrap_or_default();
-        let escape = memchr::memchr3(b'\\', b'%', b'&', rest).map(|t| from + t);
-        let line = match self.line {
-            Some(Some(at)) if at >= from => Some(at),
-            Some(None) => None,
-            _ => {
-                let at = memchr::memchr2(b'\n', b'\r', rest).map(|t| from + t);
-                self.line = Some(at);
-                at
-            }
+        let escape = self
+            .escape
+            .at(raw, from, |r| memchr::memchr3(b'\\', b'%', b'&', r));
+        let blank = self
+            .blank
+            .at(raw, from, |r| memchr::memchr3(b'\n', b'\r', b' ', r));
+        let tab = self.tab.at(raw, from, |r| memchr::memchr(b'\t', r));
+        let first = match (escape, blank) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
-        match (escape, line) {
+        match (first, tab) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
     }
 }
 
-fn is_base64(b: u8) -> bool {
+/// Where the decoder is, beyond its position: what it remembers of the lines so far.
+#[derive(Default)]
+struct Scan {
+    introducers: Introducers,
+    /// Where the last dump line ended (its line break decodes to nothing).
+    dump_end: Option<usize>,
+    /// Where the whitespace run last looked at ends.
+    blank_end: usize,
+}
+
+impl Scan {
+    /// The first byte after the whitespace run at `raw[t]`.
+    fn after_blank(&mut self, raw: &[u8], t: usize) -> Option<u8> {
+        if t >= self.blank_end {
+            let run = raw[t..]
+                .iter()
+                .take_while(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
+                .count();
+            self.blank_end = t + run;
+        }
+        raw.get(self.blank_end).copied()
+    }
+}
+
+pub(super) fn is_base64(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_' | b'=')
 }
 
@@ -100,8 +158,11 @@ fn line_break(raw: &[u8], t: usize) -> Step {
 pub(super) struct Decoded {
     pub text: Vec<u8>,
     /// Where each run of `text` starts, in `text` and in the raw bytes. A run is one
-    /// escape or literal bytes (one for one); a last entry marks the end of both.
+    /// escape, one dump line or literal bytes (one for one); a last entry marks the end
+    /// of both.
     runs: Vec<Run>,
+    /// The bytes of the dump line being read.
+    line: Vec<u8>,
 }
 
 #[derive(Clone, Copy)]
@@ -109,25 +170,44 @@ struct Run {
     text: usize,
     raw: usize,
     escape: bool,
+    /// A separator (`Value::Separator`).
+    separator: bool,
 }
 
 impl Decoded {
-    /// Decodes `raw`; returns how much of it was decoded (the rest is an escape cut off
-    /// by the end, only when not `at_end`).
+    /// Decodes `raw`, which starts a line; returns how much of it was decoded (the rest
+    /// is an escape or a dump line cut off by the end, only when not `at_end`).
     pub fn decode(&mut self, raw: &[u8], at_end: bool) -> usize {
+        self.decode_lines(raw, at_end, true)
+    }
+
+    /// As `decode`; `line_start` says whether `raw` starts a line (a stream's bytes
+    /// after what went out may start in the middle of one).
+    pub fn decode_lines(&mut self, raw: &[u8], at_end: bool, line_start: bool) -> usize {
         self.text.clear();
         self.runs.clear();
+        let mut scan = Scan::default();
         let mut i = 0;
-        let mut introducers = Introducers::default();
+        if line_start {
+            match self.dump_at(raw, 0, at_end) {
+                Parse::Yes(end) => {
+                    self.push_dump(0, end, &mut scan);
+                    i = end;
+                }
+                Parse::Short => return self.stop(0),
+                Parse::No => {}
+            }
+        }
         while i < raw.len() {
-            let Some(t) = introducers.next(raw, i) else {
+            let Some(t) = scan.introducers.next(raw, i) else {
                 self.literal(raw, i, raw.len());
                 i = raw.len();
                 break;
             };
             self.literal(raw, i, t);
             let step = match raw[t] {
-                b'\n' | b'\r' => line_break(raw, t),
+                b'\n' | b'\r' => self.line_end(raw, t, at_end, &mut scan),
+                b' ' | b'\t' => self.blank(raw, t, at_end, &mut scan),
                 _ => self.wrapped(raw, t, escape(&raw[t..], at_end)),
             };
             match step {
@@ -139,18 +219,116 @@ impl Decoded {
                     self.literal(raw, t, t + 1);
                     i = t + 1;
                 }
+                Step::Read(next) => i = next,
                 Step::Wait => {
                     i = t;
                     break;
                 }
             }
         }
+        self.stop(i)
+    }
+
+    /// Marks where decoding stopped; returns it.
+    fn stop(&mut self, i: usize) -> usize {
         self.runs.push(Run {
             text: self.text.len(),
             raw: i,
             escape: false,
+            separator: false,
         });
         i
+    }
+
+    /// A line break at `raw[t]`: before a dump line, after one, wrapping base64, a
+    /// separator, or itself.
+    #[inline(never)]
+    fn line_end(&mut self, raw: &[u8], t: usize, at_end: bool, scan: &mut Scan) -> Step {
+        let len = if raw.get(t..t + 2) == Some(&b"\r\n"[..]) {
+            2
+        } else {
+            1
+        };
+        let after_dump = scan.dump_end == Some(t);
+        match self.dump_at(raw, t + len, at_end) {
+            Parse::Yes(end) => {
+                if after_dump {
+                    self.escape(t, Value::Nothing);
+                } else {
+                    self.literal(raw, t, t + len);
+                }
+                self.push_dump(t + len, end, scan);
+                return Step::Read(end);
+            }
+            Parse::Short => return Step::Wait,
+            Parse::No if after_dump => return Step::Decoded(len, Value::Nothing),
+            Parse::No => {}
+        }
+        match line_break(raw, t) {
+            Step::Literal => self.blank(raw, t, at_end, scan),
+            step => step,
+        }
+    }
+
+    /// Whitespace at `raw[t]` (a line break, or spaces and tabs): a separator between two
+    /// base64 characters with nothing but whitespace between, else itself. Spaces cut off
+    /// by the end of the bytes may still be one (the stream keeps back what before them
+    /// may start a form); a line break there stays itself (a stream never waits on one).
+    fn blank(&self, raw: &[u8], t: usize, at_end: bool, scan: &mut Scan) -> Step {
+        let line_break = matches!(raw[t], b'\r' | b'\n');
+        let len = match raw[t] {
+            b'\r' if raw.get(t + 1) == Some(&b'\n') => 2,
+            b'\r' | b'\n' => 1,
+            _ => raw[t..]
+                .iter()
+                .take_while(|&&b| b == b' ' || b == b'\t')
+                .count(),
+        };
+        if !self.text.last().is_some_and(|&b| is_base64(b)) {
+            return Step::Literal;
+        }
+        match scan.after_blank(raw, t) {
+            Some(b) if is_base64(b) => Step::Decoded(len, Value::Separator),
+            None if !at_end && !line_break && t + len == raw.len() => {
+                Step::Decoded(len, Value::Separator)
+            }
+            _ => Step::Literal,
+        }
+    }
+
+    /// The dump line starting at `raw[s]`, read into `self.line`: where its text ends
+    /// (before its line break), or that it is none, or cut off by the end of the bytes.
+    #[inline(never)]
+    fn dump_at(&mut self, raw: &[u8], s: usize, at_end: bool) -> Parse<usize> {
+        self.line.clear();
+        let rest = raw.get(s..).unwrap_or_default();
+        if !dump::may_begin(rest) {
+            return Parse::No;
+        }
+        let window = &rest[..rest.len().min(dump::MAX_LINE + 2)];
+        let line = match memchr::memchr(b'\n', window) {
+            Some(n) => &rest[..n],
+            None if rest.len() > window.len() => return Parse::No,
+            None if at_end => rest,
+            None if dump::may_start(rest) => return Parse::Short,
+            None => return Parse::No,
+        };
+        if !dump::parse(line, &mut self.line) {
+            return Parse::No;
+        }
+        Parse::Yes(s + line.strip_suffix(b"\r").unwrap_or(line).len())
+    }
+
+    /// The dump line read into `self.line`, from `raw[s..end]`, as one unit.
+    fn push_dump(&mut self, s: usize, end: usize, scan: &mut Scan) {
+        self.runs.push(Run {
+            text: self.text.len(),
+            raw: s,
+            escape: true,
+            separator: false,
+        });
+        self.text.extend_from_slice(&self.line);
+        scan.dump_end = Some(end);
     }
 
     /// An escaped line break (`\n` in a JSON string, `\u000a`, `&#10;`) right after base64
@@ -179,6 +357,7 @@ impl Decoded {
                 text: self.text.len(),
                 raw: from,
                 escape: false,
+                separator: false,
             });
         }
         self.text.extend_from_slice(&raw[from..to]);
@@ -189,9 +368,10 @@ impl Decoded {
             text: self.text.len(),
             raw: at,
             escape: true,
+            separator: value == Value::Separator,
         });
         match value {
-            Value::Nothing => {}
+            Value::Nothing | Value::Separator => {}
             Value::Byte(b) => self.text.push(b),
             Value::Char(c) => {
                 let mut buf = [0u8; 4];
@@ -231,18 +411,38 @@ impl Decoded {
 
     /// Whether `text[start..end]` came from at least one escape.
     pub fn escaped(&self, start: usize, end: usize) -> bool {
-        let (a, b) = (self.run(start), self.run(end.saturating_sub(1)));
+        self.any_run(start, end, |r| r.escape)
+    }
+
+    /// Whether the text ends in a separator (cut off by the end of the bytes): what comes
+    /// next is read across it.
+    pub fn ends_in_separator(&self) -> bool {
+        let len = self.text.len();
         self.runs
-            .get(a..=b)
-            .is_some_and(|runs| runs.iter().any(|r| r.escape))
+            .iter()
+            .rev()
+            .take_while(|r| r.text == len)
+            .any(|r| r.separator)
+    }
+
+    /// Whether `text[start..end]` is read across a separator.
+    pub fn separated(&self, start: usize, end: usize) -> bool {
+        self.any_run(start, end, |r| r.separator)
+    }
+
+    fn any_run(&self, start: usize, end: usize, f: impl Fn(&Run) -> bool) -> bool {
+        let (a, b) = (self.run(start), self.run(end.saturating_sub(1)));
+        self.runs.get(a..=b).is_some_and(|runs| runs.iter().any(f))
     }
 }
 
 /// What one escape decodes to.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Value {
-    /// A line break inside base64.
+    /// A line break inside base64, or after a dump line.
     Nothing,
+    /// Whitespace between groups of base64 or hex: nothing, for encoded forms only.
+    Separator,
     Byte(u8),
     Char(char),
 }
@@ -253,6 +453,8 @@ pub(super) enum Value {
 pub(super) enum Step {
     Decoded(usize, Value),
     Literal,
+    /// Read up to here, runs already pushed (a dump line).
+    Read(usize),
     Wait,
 }
 

@@ -89,3 +89,70 @@ fn output_over_max_result_bytes_reaches_the_agent_and_is_stored_as_not_kept() {
     assert_eq!(stored["stderr_base64"], "", "{stored}");
     assert_eq!(stored["exit_status"], 4, "{stored}");
 }
+
+/// A remote command that prints the injected key file encoded whole (`base64 -w0`,
+/// `xxd -p`, `xxd`) gets none of its body lines out, to the agent or into the stored
+/// result (issue 22 §7).
+#[test]
+fn the_key_file_printed_encoded_whole_is_redacted() {
+    let f = Front::start("");
+    let body: Vec<&str> = f
+        .client_private
+        .lines()
+        .filter(|l| !l.starts_with("-----") && l.len() >= 16)
+        .collect();
+    let file = format!("{}\n", f.client_private.trim_end());
+    let args: Vec<String> = file.lines().map(|l| format!("'{l}'")).collect();
+    let command = format!(
+        "k=$(mktemp); printf '%s\\n' {} > $k; base64 -w0 $k; echo; xxd -p $k; xxd $k; rm -f $k",
+        args.join(" ")
+    );
+    let out = f.ssh(TOKEN, &["--", "", &command]);
+    let seen = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(seen.contains("[postern:redacted]"), "{seen}");
+    let joined: String = seen.split_whitespace().collect();
+    let b64 = postern::journal::b64(file.as_bytes());
+    let hex: String = file.bytes().map(|b| format!("{b:02x}")).collect();
+    let key_at = |from: usize, len: usize| {
+        let start = file.find(body[0]).unwrap_or(0);
+        from >= start && from + len <= start + body.iter().map(|l| l.len() + 1).sum::<usize>()
+    };
+    for at in (0..b64.len().saturating_sub(24)).step_by(4) {
+        if key_at(at / 4 * 3, 18) {
+            assert!(
+                !joined.contains(&b64[at..at + 24]),
+                "base64 at {at}: {seen}"
+            );
+        }
+    }
+    for at in (0..hex.len().saturating_sub(32)).step_by(2) {
+        if key_at(at / 2, 16) {
+            assert!(!joined.contains(&hex[at..at + 32]), "hex at {at}: {seen}");
+        }
+    }
+    for (i, chunk) in file.as_bytes().chunks(16).enumerate() {
+        let shown: String = chunk
+            .iter()
+            .map(|&b| {
+                if (0x20..0x7f).contains(&b) {
+                    char::from(b)
+                } else {
+                    '.'
+                }
+            })
+            .collect();
+        if key_at(i * 16, 16) {
+            assert!(!seen.contains(&shown), "xxd line {i}: {seen}");
+        }
+    }
+    let r = first_record(&f);
+    let id = r["invocation_id"].as_str().expect("id");
+    let stored = result(&f, id);
+    let text = stored["stdout_base64"]
+        .as_str()
+        .and_then(postern::journal::unb64)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .expect("stored stdout");
+    assert_eq!(text, seen, "the stored result is what the agent saw");
+}
