@@ -621,7 +621,8 @@ fn main() {
 /// 4 KiB chunks (per MiB, the fastest of 9 runs over 2 MiB; MB/s of the streamed scan),
 /// for events of plain text, of JSON with escapes (what the second pass decodes:
 /// `\u00e9`, `\"`), of nothing but percent-escapes (its worst case), of prose, of
-/// base64 in groups and of an `xxd` dump; then a private key's guard (RSA-4096 size).
+/// base64 in groups and of an `xxd` dump, of whitespace runs (a hostile origin's padding);
+/// then a private key's guard (RSA-4096 size).
 /// `POSTERN_BENCH_ONLY=guard` runs only this.
 fn guard_cost() {
     use postern::guard::ReflectionGuard;
@@ -634,7 +635,7 @@ fn guard_cost() {
     let build = started.elapsed() / runs;
     println!("Reflection guard: built in {}", us(build));
     let g = ReflectionGuard::new(secret, b"Bearer bench-secret-7f3a9c0d1e2b").unwrap();
-    let events: [(&str, &[u8]); 6] = [
+    let events: [(&str, &[u8]); 9] = [
         ("plain", b"data: {\"delta\":\"bench text\"}\n\n"),
         (
             "JSON escapes",
@@ -652,6 +653,13 @@ fn guard_cost() {
         (
             "xxd dump",
             b"00000010: 3f71 2061 6e64 206d 6f72 6520 7465 7874  ?q and more text\n",
+        ),
+        // A hostile origin's padding: one run of whitespace, blank lines, base64 then spaces.
+        ("spaces only", b" "),
+        ("line breaks only", b"\n"),
+        (
+            "A then spaces",
+            b"A                                                               ",
         ),
     ];
     for (name, event) in events {

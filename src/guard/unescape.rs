@@ -275,6 +275,11 @@ impl Decoded {
     /// by the end of the bytes may still be one (the stream keeps back what before them
     /// may start a form); a line break there stays itself (a stream never waits on one).
     fn blank(&self, raw: &[u8], t: usize, at_end: bool, scan: &mut Scan) -> Step {
+        // Checked first: a run of whitespace after anything but base64 is read one byte at
+        // a time, and measuring the run at each of its bytes would be quadratic.
+        if !self.text.last().is_some_and(|&b| is_base64(b)) {
+            return Step::Literal;
+        }
         let line_break = matches!(raw[t], b'\r' | b'\n');
         let len = match raw[t] {
             b'\r' if raw.get(t + 1) == Some(&b'\n') => 2,
@@ -284,9 +289,6 @@ impl Decoded {
                 .take_while(|&&b| b == b' ' || b == b'\t')
                 .count(),
         };
-        if !self.text.last().is_some_and(|&b| is_base64(b)) {
-            return Step::Literal;
-        }
         match scan.after_blank(raw, t) {
             Some(b) if is_base64(b) => Step::Decoded(len, Value::Separator),
             None if !at_end && !line_break && t + len == raw.len() => {

@@ -213,6 +213,19 @@ fn slow_big_origin(written: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Ori
     })
 }
 
+/// A daemon keeping at most 1 MiB of a result; an agent sends `request`, reads 256 KiB of
+/// the answer and leaves.
+fn reads_a_little_then_leaves(home: &Home, port: u16, request: &str) -> Daemon {
+    let journal = "buffer_limit = \"64KiB\"\nmax_result_bytes = \"1MiB\"";
+    let daemon = Daemon::start(home, Some(&config(port, journal, "")));
+    let addr = daemon.proxy.trim_start_matches("http://").to_owned();
+    let mut agent = TcpStream::connect(&addr).unwrap();
+    agent.write_all(request.as_bytes()).unwrap();
+    let mut first = vec![0u8; 256 * 1024];
+    agent.read_exact(&mut first).unwrap();
+    daemon
+}
+
 /// A GET whose body is over `max_result_bytes` and whose agent left: postern stops reading
 /// (nothing would be stored, and a new GET is safe), and the record never points at a
 /// result to fetch.
@@ -221,18 +234,11 @@ fn a_get_too_big_to_store_whose_agent_left_stops_reading_and_points_at_no_result
     let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let origin = slow_big_origin(written.clone());
     let home = Home::new();
-    let journal = "buffer_limit = \"64KiB\"\nmax_result_bytes = \"1MiB\"";
-    let daemon = Daemon::start(&home, Some(&config(origin.port(), journal, "")));
-    let addr = daemon.proxy.trim_start_matches("http://").to_owned();
-    let mut agent = TcpStream::connect(&addr).unwrap();
     let request = format!(
         "GET http://origin.test:{}/big HTTP/1.1\r\nHost: origin.test\r\n\r\n",
         origin.port()
     );
-    agent.write_all(request.as_bytes()).unwrap();
-    let mut first = vec![0u8; 256 * 1024];
-    agent.read_exact(&mut first).unwrap();
-    drop(agent);
+    let daemon = reads_a_little_then_leaves(&home, origin.port(), &request);
     let left_at = written.load(std::sync::atomic::Ordering::SeqCst);
     std::thread::sleep(Duration::from_secs(3));
     let after = written.load(std::sync::atomic::Ordering::SeqCst);
@@ -260,18 +266,11 @@ fn a_post_too_big_to_store_whose_agent_left_is_committed_without_fetch_result() 
     let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let origin = slow_big_origin(written.clone());
     let home = Home::new();
-    let journal = "buffer_limit = \"64KiB\"\nmax_result_bytes = \"1MiB\"";
-    let daemon = Daemon::start(&home, Some(&config(origin.port(), journal, "")));
-    let addr = daemon.proxy.trim_start_matches("http://").to_owned();
-    let mut agent = TcpStream::connect(&addr).unwrap();
     let request = format!(
         "POST http://origin.test:{}/big HTTP/1.1\r\nHost: origin.test\r\nContent-Length: 2\r\n\r\n{{}}",
         origin.port()
     );
-    agent.write_all(request.as_bytes()).unwrap();
-    let mut first = vec![0u8; 256 * 1024];
-    agent.read_exact(&mut first).unwrap();
-    drop(agent);
+    let daemon = reads_a_little_then_leaves(&home, origin.port(), &request);
     let mut r = Value::Null;
     for _ in 0..200 {
         let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);

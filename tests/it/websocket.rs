@@ -499,6 +499,11 @@ fn hostile_script(path: &str, canary: &[u8]) -> Vec<u8> {
 
 /// A ws route to the raw origin on `port`.
 fn setup_raw(port: u16) -> (Home, Daemon) {
+    setup_raw_with(port, "")
+}
+
+/// `setup_raw` with more `[proxy]` keys.
+fn setup_raw_with(port: u16, proxy: &str) -> (Home, Daemon) {
     let home = Home::new();
     assert!(
         secret_set(&home, "tok", CANARY, Some(VAULT_KEY))
@@ -506,7 +511,7 @@ fn setup_raw(port: u16) -> (Home, Daemon) {
             .success()
     );
     let config = format!(
-        "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n{proxy}\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
          [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
          [[agents]]\nid = \"ci\"\ntoken = \"agent-tok-0123456789abcdef\"\n\
          [[credentials]]\nid = \"api\"\nsecret = \"tok\"\ninject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\n\
@@ -667,21 +672,7 @@ fn gauge(daemon: &Daemon, name: &str) -> Option<u64> {
 #[test]
 fn websocket_relays_count_against_the_connection_cap() {
     let port = holding_origin();
-    let home = Home::new();
-    assert!(
-        secret_set(&home, "tok", CANARY, Some(VAULT_KEY))
-            .status
-            .success()
-    );
-    let config = format!(
-        "[proxy]\nlisten = \"127.0.0.1:0\"\nmax_connections = 4\nmax_busy_per_agent = 16\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-         [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
-         [[agents]]\nid = \"ci\"\ntoken = \"agent-tok-0123456789abcdef\"\n\
-         [[credentials]]\nid = \"api\"\nsecret = \"tok\"\ninject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\n\
-         [[routes]]\nid = \"chat\"\ncredential = \"api\"\nresolve = \"127.0.0.1:{port}\"\n\
-         match = {{ scheme = \"http\", host = \"origin.test\", port = {port} }}\n"
-    );
-    let daemon = Daemon::start_with(&home, Some(&config), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
+    let (_home, daemon) = setup_raw_with(port, "max_connections = 4\nmax_busy_per_agent = 16");
     let relays: Vec<_> = (0..4).map(|_| open_relay(&daemon, port, "/hold")).collect();
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert_eq!(gauge(&daemon, "postern_proxy_connections_open"), Some(4));
