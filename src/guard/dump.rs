@@ -191,7 +191,9 @@ fn char_field(f: &[u8]) -> Option<u8> {
 fn hex_start(partial: &[u8]) -> bool {
     let digits = hex_digits(partial);
     if digits == partial.len() {
-        return digits <= MAX_OFFSET;
+        // Short of a whole offset nothing waits: `0000` ends git's ref advertisement, and
+        // holding it back would stall the remote waiting for the agent's answer.
+        return (MIN_OFFSET..=MAX_OFFSET).contains(&digits);
     }
     let Some(at) = after_offset(partial) else {
         return false;
@@ -208,12 +210,16 @@ fn hex_start(partial: &[u8]) -> bool {
 fn chars_start(partial: &[u8]) -> bool {
     let digits = partial.iter().take_while(|b| b.is_ascii_digit()).count();
     if digits == partial.len() {
-        return digits <= MAX_OFFSET;
+        return (MIN_OFFSET..=MAX_OFFSET).contains(&digits);
     }
     if digits != 0 && !(MIN_OFFSET..=MAX_OFFSET).contains(&digits) {
         return false;
     }
     let fields = &partial[digits..];
+    if digits == 0 && fields.iter().all(|&b| b == b' ') {
+        // An indent is not yet a dump (`od -An -c`): waiting on it could stall a prompt.
+        return false;
+    }
     let whole = fields.len() / 4 * 4;
     let valid = fields[..whole]
         .chunks_exact(4)
@@ -277,10 +283,20 @@ mod tests {
 
     #[test]
     fn only_a_line_that_starts_like_a_dump_waits() {
-        for partial in ["0000", "00000010:", "00000010: 3f", "0000020   x", "   a"] {
+        for partial in ["000000", "00000010:", "00000010: 3f", "0000020   x", "   a"] {
             assert!(may_start(partial.as_bytes()), "{partial}");
         }
-        for partial in ["$ ", "user@host:~$ ", "db> ", "Password: ", "", "0000 x"] {
+        let git_flush = "0000";
+        for partial in [
+            "$ ",
+            "user@host:~$ ",
+            "db> ",
+            "Password: ",
+            "",
+            "0000 x",
+            git_flush,
+            "   ",
+        ] {
             assert!(!may_start(partial.as_bytes()), "{partial}");
         }
     }

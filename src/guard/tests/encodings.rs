@@ -386,6 +386,15 @@ fn printed(kind: usize, lead: usize) -> String {
     }
 }
 
+/// A cut before a line's whole offset (6 digits): such a line does not wait for its end (it
+/// could be git's `0000` flush, and waiting would stall the remote), so a dump cut there may
+/// be missed.
+fn inside_an_offset(body: &str, cut: usize) -> bool {
+    let cut = cut.min(body.len());
+    let line_at = cut - body[..cut].rfind('\n').map_or(0, |n| n + 1);
+    (1..6).contains(&line_at)
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
     /// Grouped base64 and dumps streamed in any chunks (but for a cut right after a line
@@ -401,6 +410,7 @@ proptest::proptest! {
             body.push_str(&printed(*kind, *lead));
         }
         cuts.sort_unstable();
+        cuts.retain(|&c| !inside_an_offset(&body, c));
         let g = &*GUARD;
         let (whole, hits) = g.redact(body.as_bytes());
         let (streamed, shits) = super::stream(g, body.as_bytes(), &cuts);
@@ -420,6 +430,9 @@ fn grouped_base64_and_dumps_cut_anywhere_are_redacted() {
         let (whole, hits) = g.redact(body.as_bytes());
         assert!(hits >= 1, "{kind}: {}", text(&whole));
         for cut in 0..body.len() {
+            if inside_an_offset(&body, cut) {
+                continue;
+            }
             let (streamed, shits) = super::stream(g, body.as_bytes(), &[cut]);
             assert_eq!(
                 (text(&streamed), shits),
