@@ -73,18 +73,7 @@ impl DialFailure {
 const MAX_TCP_ATTEMPTS: usize = 3;
 
 use crate::contract::POSTERN_RESOURCE;
-
-/// A connect error that is postern's own resource running out, described for the evidence.
-pub fn postern_resource(e: &std::io::Error) -> Option<String> {
-    use rustix::io::Errno;
-    let what = match Errno::from_io_error(e)? {
-        Errno::MFILE => "postern has no file descriptor left (EMFILE)",
-        Errno::NFILE => "the system has no file descriptor left (ENFILE)",
-        Errno::NOBUFS | Errno::NOMEM => "postern has no memory left for a socket",
-        _ => return None,
-    };
-    Some(what.to_owned())
-}
+use crate::lifecycle::resources::postern_resource;
 
 /// What the origin is offered by ALPN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -551,16 +540,6 @@ pub fn is_prohibited(ip: IpAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn postern_s_own_exhaustion_is_told_apart_from_a_refusing_destination() {
-        let own = |n| postern_resource(&std::io::Error::from_raw_os_error(n));
-        assert!(own(rustix::io::Errno::MFILE.raw_os_error()).is_some_and(|w| w.contains("EMFILE")));
-        assert!(own(rustix::io::Errno::NFILE.raw_os_error()).is_some());
-        assert!(own(rustix::io::Errno::CONNREFUSED.raw_os_error()).is_none());
-        let plain = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        assert!(postern_resource(&plain).is_none());
-    }
 
     #[test]
     fn the_ssrf_guard_covers_the_usual_ranges() {

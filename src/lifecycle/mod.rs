@@ -20,6 +20,7 @@ mod approval;
 pub mod idempotency;
 pub mod lease;
 pub mod refusals;
+pub mod resources;
 pub mod retry;
 pub mod twin;
 

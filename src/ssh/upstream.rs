@@ -258,7 +258,8 @@ async fn tcp_connect(
             }
             Ok(Err(e)) => {
                 // postern's own limit (EMFILE…) is named as such, not as the remote's refusal.
-                let diag = crate::http::upstream::postern_resource(&e).unwrap_or(e.to_string());
+                let diag =
+                    crate::lifecycle::resources::postern_resource(&e).unwrap_or(e.to_string());
                 last = Some((Stage::TcpConnect, Code::ConnectionRefused, Some(addr), diag))
             }
             Err(_) => {
