@@ -504,6 +504,11 @@ fn setup_raw(port: u16) -> (Home, Daemon) {
 
 /// `setup_raw` with more `[proxy]` keys.
 fn setup_raw_with(port: u16, proxy: &str) -> (Home, Daemon) {
+    setup_raw_wrapped(port, proxy, &[])
+}
+
+/// `setup_raw_with`, the daemon started inside `wrapper`.
+fn setup_raw_wrapped(port: u16, proxy: &str, wrapper: &[&str]) -> (Home, Daemon) {
     let home = Home::new();
     assert!(
         secret_set(&home, "tok", CANARY, Some(VAULT_KEY))
@@ -518,7 +523,8 @@ fn setup_raw_with(port: u16, proxy: &str) -> (Home, Daemon) {
          [[routes]]\nid = \"chat\"\ncredential = \"api\"\nresolve = \"127.0.0.1:{port}\"\n\
          match = {{ scheme = \"http\", host = \"origin.test\", port = {port} }}\n"
     );
-    let daemon = Daemon::start_with(&home, Some(&config), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
+    let env = [("POSTERN_VAULT_KEY", VAULT_KEY)];
+    let daemon = Daemon::start_wrapped(&home, Some(&config), &env, wrapper);
     (home, daemon)
 }
 
@@ -536,25 +542,34 @@ fn raw_agent(daemon: &Daemon, port: u16, path: &str) -> Vec<u8> {
 
 /// A raw agent's connection once postern relayed the origin's `101` for `path`.
 fn open_relay(daemon: &Daemon, port: u16, path: &str) -> std::net::TcpStream {
+    match try_relay(daemon, port, path) {
+        Ok(tcp) => tcp,
+        Err(head) => panic!("no relay: {head}"),
+    }
+}
+
+/// `open_relay`, or the answer that refused it.
+fn try_relay(daemon: &Daemon, port: u16, path: &str) -> Result<std::net::TcpStream, String> {
     use std::io::Write;
     let addr = daemon.proxy.trim_start_matches("http://");
-    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    let mut tcp = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
     let target = format!("origin.test:{port}");
     // Y2k6YWdlbnQtdG9rLTAxMjM0NTY3ODlhYmNkZWY= = base64("ci:agent-tok-0123456789abcdef")
     let connect = format!(
         "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic Y2k6YWdlbnQtdG9rLTAxMjM0NTY3ODlhYmNkZWY=\r\n\r\n"
     );
-    tcp.write_all(connect.as_bytes()).unwrap();
-    let head = crate::support::read_head(&mut tcp);
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let get = format!(
         "GET {path} HTTP/1.1\r\nHost: {target}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
     );
-    tcp.write_all(get.as_bytes()).unwrap();
-    let head = crate::support::read_head(&mut tcp);
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    tcp
+    for (ask, want) in [(connect, "HTTP/1.1 200"), (get, "HTTP/1.1 101")] {
+        tcp.write_all(ask.as_bytes()).map_err(|e| e.to_string())?;
+        let head = crate::support::read_head(&mut tcp);
+        if !head.starts_with(want) {
+            return Err(head);
+        }
+    }
+    Ok(tcp)
 }
 
 /// The raw agent's bytes for `path` and the settled record.
@@ -706,4 +721,33 @@ fn websocket_relays_count_against_the_connection_cap() {
     });
     assert!(freed, "closed relays free their places");
     let _again = open_relay(&daemon, port, "/hold");
+}
+
+/// Under a low descriptor limit, relays stop at the connection cap postern derives from it
+/// (two descriptors each), so postern keeps descriptors for itself: `/healthz` and
+/// `/metrics` answer, and a request is still served once a relay closes.
+#[test]
+fn relays_under_a_low_descriptor_limit_leave_postern_room_to_answer() {
+    let port = holding_origin();
+    let wrapper = ["sh", "-c", "ulimit -n 160 && exec \"$@\"", "sh"];
+    let (_home, daemon) = setup_raw_wrapped(port, "max_busy_per_agent = 1000", &wrapper);
+    let mut relays = Vec::new();
+    while relays.len() < 200 {
+        match try_relay(&daemon, port, "/hold") {
+            Ok(tcp) => relays.push(tcp),
+            Err(_) => break,
+        }
+    }
+    let held = relays.len();
+    assert!((10..200).contains(&held), "relays stop at the cap: {held}");
+    let gauge_open = gauge(&daemon, "postern_proxy_connections_open");
+    assert_eq!(gauge_open, Some(held as u64), "every relay counted");
+    let (health, _, _) = crate::support::curl(&["--max-time", "5", &daemon.url("/healthz")]);
+    assert_eq!(health, 200, "postern answers with {held} relays open");
+    relays.pop();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        try_relay(&daemon, port, "/hold").is_ok(),
+        "a closed relay's place is free again"
+    );
 }
