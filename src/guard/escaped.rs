@@ -127,7 +127,9 @@ impl Escaped {
             carry.held.extend_from_slice(&input);
             Bytes::from(std::mem::take(&mut carry.held))
         };
-        if !has_escape(&data) {
+        // A line's start may begin a dump even without an introducer (`000000` alone).
+        let may_be_dump = !carry.mid_line && super::dump::may_begin(&data);
+        if !has_escape(&data) && !may_be_dump {
             // Decodes to itself: no escaped hit, only a possible start to keep back.
             let hold = self.hold(&self.needles, &data, 0, at_end, None);
             return (keep_back(carry, &data, hold), 0);
