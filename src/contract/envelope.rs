@@ -184,13 +184,11 @@ impl Envelope {
     /// `Proxy-Status` (RFC 9209) for this failure: postern's own resource running out is
     /// postern's error, whatever stage it hit.
     pub fn proxy_status(&self) -> String {
-        if self.evidence.extra.contains_key(POSTERN_RESOURCE) {
-            return format!(
-                "postern; error=proxy_internal_error; details={}",
-                sf_string(&self.error.message)
-            );
-        }
-        proxy_status(self.error.code, &self.error.message)
+        let error = match self.evidence.extra.contains_key(POSTERN_RESOURCE) {
+            true => "proxy_internal_error",
+            false => self.error.code.proxy_status_error(),
+        };
+        proxy_status_of(error, &self.error.message)
     }
 }
 
@@ -278,11 +276,11 @@ pub fn postern_outcome(outcome: Outcome, phase: Phase, retry: Retry, code: Optio
 
 /// `Proxy-Status: postern; error=<type>; details="…"` (RFC 9209).
 pub fn proxy_status(code: Code, details: &str) -> String {
-    format!(
-        "postern; error={}; details={}",
-        code.proxy_status_error(),
-        sf_string(details)
-    )
+    proxy_status_of(code.proxy_status_error(), details)
+}
+
+fn proxy_status_of(error: &str, details: &str) -> String {
+    format!("postern; error={error}; details={}", sf_string(details))
 }
 
 /// An RFC 8941 sf-string: printable ASCII only, `"` and `\` escaped.
