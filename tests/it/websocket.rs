@@ -387,6 +387,11 @@ fn an_origin_forcing_an_extension_gets_no_relay() {
 /// then writes the frames `script` builds for the request path from the canary it was sent
 /// (the `Authorization` value without `Bearer `), then ends its side and waits for postern's.
 fn raw_origin(script: fn(&str, &[u8]) -> Vec<u8>) -> u16 {
+    upgrading_origin(script, true)
+}
+
+/// `raw_origin`, ending its side after the script only where `ends`.
+fn upgrading_origin(script: fn(&str, &[u8]) -> Vec<u8>, ends: bool) -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -409,7 +414,9 @@ fn raw_origin(script: fn(&str, &[u8]) -> Vec<u8>) -> u16 {
                                 Connection: Upgrade\r\nSec-WebSocket-Accept: x\r\n\r\n";
                 let _ = tcp.write_all(switched.as_bytes());
                 let _ = tcp.write_all(&script(&path, canary.as_bytes()));
-                let _ = tcp.shutdown(std::net::Shutdown::Write);
+                if ends {
+                    let _ = tcp.shutdown(std::net::Shutdown::Write);
+                }
                 let _ = tcp.read_to_end(&mut Vec::new());
             });
         }
@@ -659,22 +666,7 @@ fn a_control_frame_over_125_bytes_ends_the_relay_with_1002() {
 
 /// An origin that answers every handshake with a `101` and then holds the relay open.
 fn holding_origin() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for tcp in listener.incoming() {
-            let Ok(mut tcp) = tcp else { return };
-            std::thread::spawn(move || {
-                use std::io::{Read, Write};
-                let _ = crate::support::read_head(&mut tcp);
-                let switched = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
-                                Connection: Upgrade\r\nSec-WebSocket-Accept: x\r\n\r\n";
-                let _ = tcp.write_all(switched.as_bytes());
-                let _ = tcp.read_to_end(&mut Vec::new());
-            });
-        }
-    });
-    port
+    upgrading_origin(|_, _| Vec::new(), false)
 }
 
 fn gauge(daemon: &Daemon, name: &str) -> Option<u64> {
