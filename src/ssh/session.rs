@@ -22,6 +22,10 @@ use crate::lifecycle::refusals::RefusalRate;
 /// Agent stdin messages buffered per channel before the dispatch reads them.
 const INPUT_BUFFER: usize = 32;
 
+/// Session channels one session may hold open before it uses them (sshd's `MaxSessions`
+/// default): each holds a queue and a task, so an agent may not open them without end.
+pub(crate) const MAX_UNUSED_CHANNELS: usize = 10;
+
 /// Refusals one session may get before postern closes it: a session that keeps asking for
 /// what it may not have is probing or flooding, not working.
 pub(crate) const MAX_SESSION_REFUSALS: u32 = 32;
@@ -170,12 +174,34 @@ impl russh::server::Handler for AgentSession {
         &mut self,
         channel: Channel<Msg>,
         reply: russh::server::ChannelOpenHandle,
-        _session: &mut Session,
+        session: &mut Session,
     ) -> Result<(), Self::Error> {
+        if self.inputs.len() >= MAX_UNUSED_CHANNELS {
+            let mut refusal = self.unsupported("session");
+            let evidence = &mut refusal.failure.evidence;
+            evidence.insert("unused_channels".into(), MAX_UNUSED_CHANNELS.into());
+            let note = "too many session channels open and not yet used: run a command on one or close it";
+            evidence.insert("note".into(), note.into());
+            self.refuse_quietly(session, refusal);
+            reply
+                .reject(russh::ChannelOpenFailure::ResourceShortage)
+                .await;
+            return Ok(());
+        }
         reply.accept().await;
         let (tx, rx) = mpsc::channel(INPUT_BUFFER);
         self.inputs.insert(channel.id(), rx);
         tokio::spawn(drain(channel, tx));
+        Ok(())
+    }
+
+    /// A channel closed before any exec gives its place back.
+    async fn channel_close(
+        &mut self,
+        id: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.inputs.remove(&id);
         Ok(())
     }
 

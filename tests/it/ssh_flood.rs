@@ -121,3 +121,57 @@ fn a_session_flooding_refused_requests_is_closed_and_journals_a_bounded_number()
     let out = f.ssh(TOKEN, &["--", "", "echo still-here"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "still-here\n");
 }
+
+#[test]
+fn unused_session_channels_are_capped_and_a_closed_one_gives_its_place_back() {
+    let f = Front::start("");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let handle = session(&f).await;
+        let mut open = Vec::new();
+        for _ in 0..10 {
+            open.push(handle.channel_open_session().await.expect("within the cap"));
+        }
+        let refused = handle.channel_open_session().await;
+        assert!(
+            matches!(refused, Err(russh::Error::ChannelOpenFailure(_))),
+            "the 11th unused channel is refused"
+        );
+        // Closing one frees its place.
+        let first = open.remove(0);
+        first.close().await.unwrap();
+        let reopened = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match handle.channel_open_session().await {
+                    Ok(c) => return c,
+                    Err(russh::Error::ChannelOpenFailure(_)) => {
+                        tokio::time::sleep(Duration::from_millis(20)).await
+                    }
+                    Err(e) => panic!("session broke: {e}"),
+                }
+            }
+        })
+        .await
+        .expect("a closed channel gives its place back");
+        open.push(reopened);
+        // An agent that keeps opening is refused and then closed, like any other flood.
+        let mut refusals = 0;
+        for _ in 0..1000 {
+            let open = handle.channel_open_session();
+            match tokio::time::timeout(Duration::from_secs(5), open).await {
+                Ok(Err(russh::Error::ChannelOpenFailure(_))) => refusals += 1,
+                Ok(Ok(_)) => panic!("an 11th unused channel was opened"),
+                Ok(Err(_)) | Err(_) => break,
+            }
+        }
+        assert!(refusals <= 32, "closed after 32 refusals: {refusals}");
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !handle.is_closed() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("postern closed the session");
+    });
+    assert!(records(&f) <= 40, "refusals journaled at a bounded rate");
+}
