@@ -180,7 +180,8 @@ impl russh::server::Handler for AgentSession {
             let mut refusal = self.unsupported("session");
             let evidence = &mut refusal.failure.evidence;
             evidence.insert("unused_channels".into(), MAX_UNUSED_CHANNELS.into());
-            let note = "too many session channels open and not yet used: run a command on one or close it";
+            let note =
+                "too many session channels open and not yet used: run a command on one or close it";
             evidence.insert("note".into(), note.into());
             self.refuse_quietly(session, refusal);
             reply

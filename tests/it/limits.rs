@@ -576,3 +576,67 @@ fn connects_that_never_start_tls_make_room_at_the_cap() {
     drop(silent);
     assert_eq!(status, 200, "locked out by silent CONNECTs: {body}");
 }
+
+/// A configured cap above what the descriptor limit holds: descriptors run out at the
+/// upstream connect, and the agent is told that postern ran out, not that the destination
+/// refused. Connections waiting in the accept backlog take every descriptor that frees.
+#[test]
+fn descriptors_running_out_at_the_upstream_connect_are_postern_s_own_failure() {
+    let origin = ok_origin();
+    let home = Home::new();
+    let config = http_config(
+        origin.port(),
+        "max_connections = 1000\nmax_busy_per_agent = 1000\nheader_read_timeout = \"60s\"",
+    );
+    let wrapper = ["sh", "-c", "ulimit -n 200 && exec \"$@\"", "sh"];
+    let daemon = Daemon::start_wrapped(&home, Some(&config), &[], &wrapper);
+    let pid = daemon.child.id();
+    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    let addr: std::net::SocketAddr = proxy_addr(&daemon).parse().unwrap();
+    let accepted = |before: usize| {
+        (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            fds() > before
+        })
+    };
+    let before = fds();
+    let mut agent = open(&daemon);
+    assert!(accepted(before), "the agent's connection is accepted");
+    let mut hogs = Vec::new();
+    while fds() < 200 && hogs.len() < 400 {
+        let before = fds();
+        hogs.extend(TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok());
+        accepted(before);
+    }
+    assert_eq!(fds(), 200, "every descriptor is taken");
+    // More in the backlog, so a descriptor postern frees is taken again at once.
+    hogs.extend(
+        (0..20).filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()),
+    );
+    let port = origin.port();
+    write!(
+        agent,
+        "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let (_, response) = closed_within(&mut agent, Duration::from_secs(10));
+    drop(hogs);
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    assert!(head.starts_with("HTTP/1.1 502"), "{response}");
+    let status = head
+        .lines()
+        .find_map(|l| l.strip_prefix("proxy-status: "))
+        .unwrap_or("");
+    assert!(status.contains("error=proxy_internal_error"), "{head}");
+    let envelope: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    let evidence = &envelope["evidence"];
+    assert!(
+        evidence["postern_resource"]
+            .as_str()
+            .is_some_and(|w| w.contains("EMFILE")),
+        "{body}"
+    );
+    assert_eq!(evidence["hop"], "postern", "{body}");
+    assert_eq!(envelope["error"]["outcome"], "not_attempted");
+    assert_eq!(origin.hits(), 0, "nothing reached the origin");
+}
