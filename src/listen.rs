@@ -155,6 +155,20 @@ impl Guarded {
         }
     }
 
+    /// Admits connections under `other`'s cap instead of a cap of its own, making room
+    /// from its idle connections: the SSH front and the proxy draw on one pool of
+    /// descriptors, and idle proxy connections cannot lock SSH out.
+    pub fn sharing_cap_of(mut self, other: &mut Guarded) -> Self {
+        self.slots = other.slots.clone();
+        self.evict = Some(other.idle_roster());
+        self
+    }
+
+    /// The roster of this listener's idle connections (made on first use).
+    pub fn idle_roster(&mut self) -> IdleRoster {
+        self.evict.get_or_insert_with(IdleRoster::default).clone()
+    }
+
     /// At the cap, closes the connection idle longest instead of refusing the new one
     /// (the admin API: idle or half-sent connections cannot lock an operator out).
     pub fn evicting(mut self, roster: IdleRoster) -> Self {

@@ -268,8 +268,9 @@ async fn serve_until_stopped(
     let ssh_addr = ssh_listener.local_addr().unwrap_or(config.ssh.listen);
     let admin_addr = admin_listener.local_addr().unwrap_or(config.admin.listen);
     let front = FrontMetrics::default();
-    let (proxy_listener, admin_listener) = guard(&config, proxy_listener, admin_listener, &front);
-    let ssh_listener = guard_ssh(&config, ssh_listener, &front);
+    let (mut proxy_listener, admin_listener) =
+        guard(&config, proxy_listener, admin_listener, &front);
+    let ssh_listener = guard_ssh(ssh_listener, &front).sharing_cap_of(&mut proxy_listener);
     let approvals = Arc::new(crate::policy::approvals::Approvals::default());
     let dns = Arc::new(crate::dns::Dns::new(config.dns.as_ref()));
     let live = Arc::new(crate::config::Live::new((*config).clone()));
@@ -414,14 +415,10 @@ fn busy_limit(config: &Config) -> usize {
     })
 }
 
-/// The SSH front shares the proxy's cap rule; over it a connection gets an `ERR` line.
-fn guard_ssh(config: &Config, ssh: tokio::net::TcpListener, front: &FrontMetrics) -> Guarded {
-    let cap = listen::proxy_cap(
-        config.proxy.max_connections,
-        listen::raise_nofile(),
-        config.admin.max_connections,
-    );
-    Guarded::new(ssh, cap, "ssh", front.proxy_refused.clone())
+/// The SSH front counts against the proxy's cap (its connections hold an upstream too);
+/// over it a connection gets an `ERR` line.
+fn guard_ssh(ssh: tokio::net::TcpListener, front: &FrontMetrics) -> Guarded {
+    Guarded::new(ssh, 0, "ssh", front.proxy_refused.clone())
         .count_errors(front.accept_errors.clone())
         .refusal(crate::ssh::front::OVER_CAP)
 }

@@ -22,7 +22,7 @@ use crate::config::{Route, Scheme};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Accepted, Body, Draft, Failure, Protocol, new_invocation_id};
 use crate::lifecycle::refusals::{UNAUTHENTICATED, capped_target};
-use crate::listen::{Guarded, HeldSlot, IdleRoster, Member, Slot};
+use crate::listen::{Guarded, HeldSlot, Member, Slot};
 use crate::policy::{
     AgentAuth, Target, TargetError, authenticate, connect_denial_field, match_connect,
     match_connect_plain,
@@ -33,8 +33,8 @@ use crate::policy::{
 /// cap, the connection idle longest (no request running, none sent yet) makes room: idle or
 /// silent connections cannot lock agents out.
 pub async fn serve(listener: Guarded, proxy: Arc<Proxy>) {
-    let roster = IdleRoster::default();
-    let mut listener = listener.evicting(roster.clone());
+    let mut listener = listener;
+    let roster = listener.idle_roster();
     loop {
         let (stream, slot) = listener.next().await;
         let member = Arc::new(roster.join());

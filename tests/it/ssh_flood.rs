@@ -175,3 +175,33 @@ fn unused_session_channels_are_capped_and_a_closed_one_gives_its_place_back() {
     });
     assert!(records(&f) <= 40, "refusals journaled at a bounded rate");
 }
+
+/// The SSH front and the proxy share one connection cap (an SSH session holds an upstream
+/// too), and an SSH session makes room from the proxy's idle connections.
+#[test]
+fn ssh_sessions_count_against_the_proxy_cap_and_make_room_from_idle_proxy_connections() {
+    let caps = "[proxy]\nmax_connections = 3\nmax_busy_per_agent = 3\n";
+    let f = Front::start_with("", |t| t.replacen("[proxy]\n", caps, 1), &[]);
+    let proxy = f.daemon.proxy.trim_start_matches("http://").to_owned();
+    let idle: Vec<std::net::TcpStream> = (0..3)
+        .map(|_| std::net::TcpStream::connect(&proxy).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let through_proxy = || curl(&["-x", &f.daemon.proxy, "http://elsewhere.test/"]).0;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sessions: Vec<_> = rt.block_on(async {
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(session(&f).await);
+        }
+        held
+    });
+    assert_eq!(through_proxy(), 503, "SSH sessions fill the shared cap");
+    drop(sessions);
+    let freed = (0..50).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        through_proxy() != 503
+    });
+    assert!(freed, "closed sessions give their places back");
+    drop(idle);
+}
