@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::event::{Event, GENESIS_HASH};
+use super::event::GENESIS_HASH;
 use super::store::{EventStore, StoreError};
 
 /// The first break in the chain.
@@ -45,7 +45,7 @@ pub fn verify(store: &dyn EventStore) -> Result<AuditReport, StoreError> {
                     &prev,
                 ));
             }
-            let Ok(event) = serde_json::from_slice::<Event>(&raw.bytes) else {
+            let Ok(event) = super::encoding::decode(&raw.bytes) else {
                 return Ok(fail("event bytes do not parse"));
             };
             if event.seq != raw.key_seq {

@@ -486,18 +486,10 @@ impl Event {
         sha256_tagged(&self.canonical_bytes())
     }
 
-    /// Sets `hash` and returns the stored JSON, serializing the event only once.
+    /// Sets `hash` and returns the event's stored bytes.
     pub fn seal(&mut self) -> Vec<u8> {
-        let mut bytes = self.canonical_bytes();
-        self.hash = sha256_tagged(&bytes);
-        // The canonical form is a JSON object: append the hash as its last field.
-        if bytes.last() == Some(&b'}') {
-            bytes.pop();
-            bytes.extend_from_slice(b",\"hash\":\"");
-            bytes.extend_from_slice(self.hash.as_bytes());
-            bytes.extend_from_slice(b"\"}");
-        }
-        bytes
+        self.hash = self.compute_hash();
+        super::encoding::encode(self)
     }
 
     fn canonical_bytes(&self) -> Vec<u8> {

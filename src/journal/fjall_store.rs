@@ -2,8 +2,12 @@
 
 use std::path::Path;
 
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use fjall::config::CompressionPolicy;
+use fjall::{
+    CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions, PersistMode,
+};
 
+use super::encoding::{decode, pack, unpack};
 use super::event::Event;
 use super::keys::{KeyEntry, KeyWrite};
 use super::projection::State;
@@ -51,6 +55,20 @@ fn to_json<T: serde::Serialize>(what: &'static str, v: &T) -> Result<Vec<u8>, St
     serde_json::to_vec(v).map_err(|e| corrupt(what, e))
 }
 
+/// A record as stored: its JSON, packed.
+fn to_record<T: serde::Serialize>(what: &'static str, v: &T) -> Result<Vec<u8>, StoreError> {
+    to_json(what, v).map(pack)
+}
+
+/// A stored record, packed or plain JSON.
+fn from_record<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<T, StoreError> {
+    let json = unpack(bytes).map_err(|e| corrupt(what, e))?;
+    serde_json::from_slice(&json).map_err(|e| corrupt(what, e))
+}
+
 fn seq_key(seq: u64) -> [u8; 8] {
     seq.to_be_bytes()
 }
@@ -95,7 +113,13 @@ impl FjallStore {
             .open()?;
         // Small memtables: fjall's default (64 MiB per keyspace) would hold hundreds of MB
         // of already-durable journal in memory after a busy hour.
-        let options = || KeyspaceCreateOptions::default().max_memtable_size(2 << 20);
+        // LZ4 on every level: fjall leaves its first two levels uncompressed, and those are
+        // the levels a journal's flushes and first merges write over and over.
+        let options = || {
+            KeyspaceCreateOptions::default()
+                .max_memtable_size(2 << 20)
+                .data_block_compression_policy(CompressionPolicy::all(CompressionType::Lz4))
+        };
         let ks = |name: &str| db.keyspace(name, options);
         // Keyspaces keyed by invocation id settle out of key order, so their merges rewrite
         // whole tables: 4 MiB tables instead of 64 MiB cut disk writes per request by
@@ -111,7 +135,12 @@ impl FjallStore {
             by_invocation: ks_small("by_invocation")?,
             states: ks_small("states")?,
             open: ks_small("open")?,
-            results: ks_small("results")?,
+            // Result bodies live in blob files: merges move their keys, not the bodies.
+            results: db.keyspace("results", || {
+                // Packed already: blob files need no second compression.
+                let blobs = KvSeparationOptions::default().compression(CompressionType::None);
+                small().with_kv_separation(Some(blobs))
+            })?,
             requests: ks_small("requests")?,
             result_expiry: ks_small("result_expiry")?,
             keys: ks_small("idempotency_keys")?,
@@ -136,7 +165,7 @@ impl EventStore for FjallStore {
         }
         for state in &set.states {
             let id = state.record.invocation_id.as_bytes();
-            batch.insert(&self.states, id, to_json("state", state.as_ref())?);
+            batch.insert(&self.states, id, to_record("state", state.as_ref())?);
         }
         for id in &set.opened {
             batch.insert(&self.open, id.as_bytes(), []);
@@ -146,7 +175,7 @@ impl EventStore for FjallStore {
         }
         for result in &set.results {
             let id = result.invocation_id.as_bytes();
-            batch.insert(&self.results, id, to_json("result", result)?);
+            batch.insert(&self.results, id, to_record("result", result)?);
             batch.insert(
                 &self.result_expiry,
                 expiry_key(result.expires_at_ms, &result.invocation_id),
@@ -155,7 +184,7 @@ impl EventStore for FjallStore {
         }
         for request in &set.requests {
             let id = request.invocation_id.as_bytes();
-            batch.insert(&self.requests, id, to_json("request", request)?);
+            batch.insert(&self.requests, id, to_record("request", request)?);
             batch.insert(
                 &self.result_expiry,
                 expiry_key(request.expires_at_ms, &request.invocation_id),
@@ -183,9 +212,7 @@ impl EventStore for FjallStore {
             None => Ok(None),
             Some(guard) => {
                 let (_, v) = guard.into_inner()?;
-                serde_json::from_slice(&v)
-                    .map(Some)
-                    .map_err(|e| corrupt("event", e))
+                decode(&v).map(Some).map_err(|e| corrupt("event", e))
             }
         }
     }
@@ -214,7 +241,7 @@ impl EventStore for FjallStore {
             };
             let key: [u8; 8] = seq_bytes.try_into().map_err(|e| corrupt("index key", e))?;
             if let Some(v) = self.events.get(key)? {
-                out.push(serde_json::from_slice(&v).map_err(|e| corrupt("event", e))?);
+                out.push(decode(&v).map_err(|e| corrupt("event", e))?);
             }
         }
         Ok(out)
@@ -223,9 +250,7 @@ impl EventStore for FjallStore {
     fn state(&self, invocation_id: &str) -> Result<Option<State>, StoreError> {
         match self.states.get(invocation_id.as_bytes())? {
             None => Ok(None),
-            Some(v) => serde_json::from_slice(&v)
-                .map(Some)
-                .map_err(|e| corrupt("state", e)),
+            Some(v) => from_record("state", &v).map(Some),
         }
     }
 
@@ -237,7 +262,7 @@ impl EventStore for FjallStore {
         let mut out = Vec::new();
         for guard in iter.rev().take(limit) {
             let (_, v) = guard.into_inner()?;
-            out.push(serde_json::from_slice(&v).map_err(|e| corrupt("state", e))?);
+            out.push(from_record("state", &v)?);
         }
         Ok(out)
     }
@@ -254,18 +279,14 @@ impl EventStore for FjallStore {
     fn result(&self, invocation_id: &str) -> Result<Option<StoredResult>, StoreError> {
         match self.results.get(invocation_id.as_bytes())? {
             None => Ok(None),
-            Some(v) => serde_json::from_slice(&v)
-                .map(Some)
-                .map_err(|e| corrupt("result", e)),
+            Some(v) => from_record("result", &v).map(Some),
         }
     }
 
     fn request(&self, invocation_id: &str) -> Result<Option<StoredRequest>, StoreError> {
         match self.requests.get(invocation_id.as_bytes())? {
             None => Ok(None),
-            Some(v) => serde_json::from_slice(&v)
-                .map(Some)
-                .map_err(|e| corrupt("request", e)),
+            Some(v) => from_record("request", &v).map(Some),
         }
     }
 

@@ -9,6 +9,7 @@
 
 mod access;
 mod audit;
+mod encoding;
 mod event;
 mod failpoints;
 pub use failpoints::{lease_ttl_override, pause_after_lease, pause_before_send};
@@ -30,6 +31,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 pub use audit::{AuditReport, ChainBreak, verify};
+pub use encoding::{DecodeError, decode as decode_event, unpack as unpack_record};
 pub use event::{
     Accepted, ApprovalAnswer, ApprovalRequest, Body, ConfigReload, ConnectAttempt, Delivered,
     Dispatch, Draft, Event, EventKind, Failure, GENESIS_HASH, Lease, Preflight, Protocol,

@@ -17,7 +17,8 @@ fn tamper(home: &Home, seq: u64, edit: impl FnOnce(&mut Value)) {
         .get(seq.to_be_bytes())
         .expect("read")
         .expect("event exists");
-    let mut event: Value = serde_json::from_slice(&raw).expect("event json");
+    let stored = postern::journal::decode_event(&raw).expect("stored event");
+    let mut event: Value = serde_json::to_value(stored).expect("event json");
     edit(&mut event);
     events
         .insert(seq.to_be_bytes(), serde_json::to_vec(&event).unwrap())

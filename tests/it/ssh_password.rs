@@ -55,8 +55,9 @@ fn forms(secret: &str) -> Vec<String> {
 
 /// None of `canaries` in: the agent's output, the daemon's stdout and stderr, every view of
 /// every record (`actions list/show`, `result`, JSON and text), `/metrics`, the stored
-/// output decoded, and the raw files under POSTERN_HOME.
-fn assert_nowhere(f: &Front, agent: &[&Output], canaries: &[String]) {
+/// output decoded, the raw files under POSTERN_HOME and the journal's values decoded.
+/// Stops the daemon.
+fn assert_nowhere(f: &mut Front, agent: &[&Output], canaries: &[String]) {
     let mut seen = Vec::new();
     for out in agent {
         seen.push(("the agent's output".to_owned(), stdout(out) + &stderr(out)));
@@ -83,15 +84,10 @@ fn assert_nowhere(f: &Front, agent: &[&Output], canaries: &[String]) {
         let (o, e) = stored_output(f, &id);
         seen.push((format!("the stored output of {id}"), o + &e));
     }
-    let mut files = vec![f.daemon.home.clone()];
-    while let Some(p) = files.pop() {
-        if p.is_dir() {
-            files.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
-        } else if let Ok(raw) = std::fs::read(&p) {
-            let text = String::from_utf8_lossy(&raw).into_owned();
-            seen.push((format!("file {}", p.display()), text));
-        }
-    }
+    seen.push((
+        "the files and the journal's values".into(),
+        crate::support::stored_text(&mut f.daemon),
+    ));
     for (what, text) in &seen {
         for c in canaries {
             assert!(!text.contains(c.as_str()), "{what} holds {c}");
@@ -103,7 +99,7 @@ fn assert_nowhere(f: &Front, agent: &[&Output], canaries: &[String]) {
 fn a_password_login_runs_the_exec_and_the_echoed_password_is_redacted() {
     let home = Home::new();
     let peer = Peer::accepts_password(PASSWORD, home.dir.path());
-    let f = password_front(&peer, home, PASSWORD);
+    let mut f = password_front(&peer, home, PASSWORD);
     let out = f.ssh(TOKEN, &["--", "", "echo-password"]);
     let (agent_out, agent_err) = (stdout(&out), stderr(&out));
     assert_eq!(out.status.code(), Some(0), "{agent_err}");
@@ -130,7 +126,7 @@ fn a_password_login_runs_the_exec_and_the_echoed_password_is_redacted() {
         "the stored result is the guarded one"
     );
     assert_eq!(stored_err, "b64: [postern:redacted]\n");
-    assert_nowhere(&f, &[&out], &forms(PASSWORD));
+    assert_nowhere(&mut f, &[&out], &forms(PASSWORD));
 }
 
 /// A remote that prints the password with some characters escaped, an escape cut across
@@ -140,7 +136,7 @@ fn a_password_login_runs_the_exec_and_the_echoed_password_is_redacted() {
 fn a_partly_escaped_password_is_redacted_for_the_agent_and_in_the_result() {
     let home = Home::new();
     let peer = Peer::accepts_password(PASSWORD, home.dir.path());
-    let f = password_front(&peer, home, PASSWORD);
+    let mut f = password_front(&peer, home, PASSWORD);
     let out = f.ssh(TOKEN, &["--", "", "echo-escaped"]);
     let (agent_out, agent_err) = (stdout(&out), stderr(&out));
     assert_eq!(out.status.code(), Some(0), "{agent_err}");
@@ -165,14 +161,14 @@ fn a_partly_escaped_password_is_redacted_for_the_agent_and_in_the_result() {
         "-canary-7c1e9d".to_owned(),
         PASSWORD.replacen('c', "%63", 1).replacen('S', "\\x53", 1),
     ]);
-    assert_nowhere(&f, &[&out], &canaries);
+    assert_nowhere(&mut f, &[&out], &canaries);
 }
 
 #[test]
 fn a_wrong_password_is_an_auth_failure_before_dispatch() {
     let home = Home::new();
     let peer = Peer::accepts_password("not-what-the-vault-holds", home.dir.path());
-    let f = password_front(&peer, home, PASSWORD);
+    let mut f = password_front(&peer, home, PASSWORD);
     let out = f.ssh(TOKEN, &["--", "", "echo hi"]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(255), "{err}");
@@ -190,7 +186,7 @@ fn a_wrong_password_is_an_auth_failure_before_dispatch() {
     assert_eq!(r["outcome"], "not_attempted", "{r}");
     let k = kinds(r);
     assert!(!k.iter().any(|k| k == "DISPATCH_STARTED"), "{k:?}");
-    assert_nowhere(&f, &[&out], &forms(PASSWORD));
+    assert_nowhere(&mut f, &[&out], &forms(PASSWORD));
 }
 
 #[test]
@@ -199,7 +195,7 @@ fn a_private_key_the_remote_prints_is_redacted() {
     let client = keygen(home.dir.path(), "client_key");
     let peer = Peer::prints(&client.private, home.dir.path());
     let text = target_config("deploy", peer.port, &peer.known_hosts, "");
-    let f = Front::serve(home, &text, "deploy".into(), client.private.clone(), None);
+    let mut f = Front::serve(home, &text, "deploy".into(), client.private.clone(), None);
     let out = f.ssh(TOKEN, &["--", "", "print"]);
     let agent_out = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -219,7 +215,7 @@ fn a_private_key_the_remote_prints_is_redacted() {
     assert_eq!(r["evidence"]["redactions"], lines.len(), "{r}");
     // The first line encodes only the format and key type, the same in every ed25519
     // key (postern's own host key file has it too): the rest is this key's.
-    assert_nowhere(&f, &[&out], &lines[1..]);
+    assert_nowhere(&mut f, &[&out], &lines[1..]);
 }
 
 /// Output held back as a possible start of the password (`pw-`) goes out once the remote

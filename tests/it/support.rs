@@ -460,6 +460,56 @@ pub fn read_head(stream: &mut TcpStream) -> String {
     String::from_utf8_lossy(&head).into_owned()
 }
 
+/// Everything postern stored, as text, for a grep after a secret: the raw bytes of every
+/// file under its home (the WAL, uncompressed blocks, other files) and every value in the
+/// journal decoded (compact events, LZ4-packed records), which raw bytes do not show
+/// whole. Stops the daemon: the journal opens only once it let go.
+pub fn stored_text(daemon: &mut Daemon) -> String {
+    daemon.kill();
+    let mut text = String::new();
+    for file in files_under(&daemon.home) {
+        text += &String::from_utf8_lossy(&std::fs::read(file).unwrap_or_default());
+    }
+    let Ok(db) = fjall::Database::builder(journal_dir(&daemon.home)).open() else {
+        panic!("the journal under {} does not open", daemon.home.display());
+    };
+    for name in [
+        "events",
+        "by_invocation",
+        "states",
+        "open",
+        "results",
+        "requests",
+        "result_expiry",
+        "idempotency_keys",
+        "idempotency_key_expiry",
+        "resend_twins",
+        "resend_twin_expiry",
+    ] {
+        let keyspace = db
+            .keyspace(name, fjall::KeyspaceCreateOptions::default)
+            .unwrap_or_else(|e| panic!("keyspace {name}: {e:?}"));
+        for guard in keyspace.iter() {
+            let (k, v) = guard
+                .into_inner()
+                .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            text += &String::from_utf8_lossy(&k);
+            text += &match postern::journal::decode_event(&v) {
+                Ok(event) if name == "events" => serde_json::to_string(&event).unwrap_or_default(),
+                _ => match postern::journal::unpack_record(&v) {
+                    Ok(json) => String::from_utf8_lossy(&json).into_owned(),
+                    Err(e) => panic!("{name} holds a value that does not unpack: {e}"),
+                },
+            };
+        }
+    }
+    assert!(
+        text.contains("\"kind\":\"ACTION_ACCEPTED\""),
+        "the journal's events were read decoded"
+    );
+    text
+}
+
 /// Every file below `dir`.
 pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();

@@ -272,7 +272,7 @@ fn settled(daemon: &Daemon, id: &str) -> (Value, Vec<Value>) {
 
 #[test]
 fn a_websocket_is_one_committed_invocation_with_the_credential_injected_and_echoes_masked() {
-    let s = setup();
+    let mut s = setup();
     let (lines, said) = s.client("/chat", &["hello", "secret?", "split?", "bye"]);
     assert_eq!(lines.len(), 5, "{said}");
     assert_eq!(lines[0]["got"], "hello", "{said}");
@@ -323,12 +323,9 @@ fn a_websocket_is_one_committed_invocation_with_the_credential_injected_and_echo
     );
 
     // The secret is nowhere but at the origin.
-    let journal = crate::support::journal_dir(&s.home.root());
     let mut all = said.clone() + &s.daemon.stderr() + &record.to_string();
     all += &serde_json::to_string(&events).unwrap_or_default();
-    for entry in crate::support::files_under(&journal) {
-        all += &String::from_utf8_lossy(&std::fs::read(entry).unwrap_or_default());
-    }
+    all += &crate::support::stored_text(&mut s.daemon);
     assert!(!all.contains(CANARY), "the secret leaked");
 }
 
@@ -582,7 +579,7 @@ fn try_relay(daemon: &Daemon, port: u16, path: &str) -> Result<std::net::TcpStre
 /// The raw agent's bytes for `path` and the settled record.
 fn through_hostile(path: &str) -> (Vec<u8>, Value, String) {
     let port = raw_origin(hostile_script);
-    let (home, daemon) = setup_raw(port);
+    let (_home, mut daemon) = setup_raw(port);
     let got = raw_agent(&daemon, port, path);
     let id = newest(&daemon)["invocation_id"]
         .as_str()
@@ -591,9 +588,7 @@ fn through_hostile(path: &str) -> (Vec<u8>, Value, String) {
     let (record, events) = settled(&daemon, &id);
     let mut all = daemon.stderr() + &record.to_string();
     all += &serde_json::to_string(&events).unwrap_or_default();
-    for entry in crate::support::files_under(&crate::support::journal_dir(&home.root())) {
-        all += &String::from_utf8_lossy(&std::fs::read(entry).unwrap_or_default());
-    }
+    all += &crate::support::stored_text(&mut daemon);
     (got, record, all)
 }
 
