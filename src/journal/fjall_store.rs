@@ -99,6 +99,11 @@ fn split_expiry(k: &[u8]) -> Result<(i64, &[u8]), StoreError> {
     Ok((u64::from_be_bytes(at) as i64, rest))
 }
 
+/// The events of a write, cut where the invocation changes or seq skips.
+fn invocation_runs(events: &[(Event, Vec<u8>)]) -> impl Iterator<Item = &[(Event, Vec<u8>)]> {
+    events.chunk_by(|(a, _), (b, _)| a.invocation_id == b.invocation_id && a.seq + 1 == b.seq)
+}
+
 impl FjallStore {
     /// Opens (or creates) the journal under `dir`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
@@ -155,13 +160,23 @@ impl FjallStore {
 impl EventStore for FjallStore {
     fn write(&self, set: WriteSet) -> Result<(), StoreError> {
         let mut batch = self.db.batch();
-        for (event, bytes) in set.events {
-            batch.insert(&self.events, seq_key(event.seq), bytes);
-            batch.insert(
-                &self.by_invocation,
-                invocation_key(&event.invocation_id, event.seq),
-                [],
-            );
+        for run in invocation_runs(&set.events) {
+            let (first, count) = (run[0].0.seq, run.len());
+            // One index row per run of an invocation's events: its first seq, and how many
+            // follow when more than one (an empty value is one, as rows were before).
+            let follow = if count > 1 {
+                u32::try_from(count)
+                    .unwrap_or(u32::MAX)
+                    .to_le_bytes()
+                    .to_vec()
+            } else {
+                Vec::new()
+            };
+            let id = &run[0].0.invocation_id;
+            batch.insert(&self.by_invocation, invocation_key(id, first), follow);
+            for (event, bytes) in run {
+                batch.insert(&self.events, seq_key(event.seq), bytes.as_slice());
+            }
         }
         for state in &set.states {
             let id = state.record.invocation_id.as_bytes();
@@ -235,12 +250,19 @@ impl EventStore for FjallStore {
         prefix.push(0);
         let mut out = Vec::new();
         for guard in self.by_invocation.prefix(&prefix) {
-            let k = guard.key()?;
+            let (k, row) = guard.into_inner()?;
             let Some(seq_bytes) = k.get(prefix.len()..) else {
                 continue;
             };
             let key: [u8; 8] = seq_bytes.try_into().map_err(|e| corrupt("index key", e))?;
-            if let Some(v) = self.events.get(key)? {
+            let first = u64::from_be_bytes(key);
+            let count = match row.as_ref() {
+                [] => 1,
+                v => u32::from_le_bytes(v.try_into().map_err(|e| corrupt("index row", e))?),
+            };
+            let end = first.saturating_add(u64::from(count));
+            for event in self.events.range(seq_key(first)..seq_key(end)) {
+                let (_, v) = event.into_inner()?;
                 out.push(decode(&v).map_err(|e| corrupt("event", e))?);
             }
         }
