@@ -265,6 +265,16 @@ fn start_postern(origin: &Origin, durability: &str) -> Postern {
 }
 
 fn start_postern_with(origin: &Origin, durability: &str, credential: bool) -> Postern {
+    start_postern_journal(origin, durability, credential, "")
+}
+
+/// A postern with `journal` added to its `[journal]` table (retention for the soak).
+fn start_postern_journal(
+    origin: &Origin,
+    durability: &str,
+    credential: bool,
+    journal: &str,
+) -> Postern {
     let home = tempfile::tempdir().unwrap();
     if credential {
         set_bench_secret(&home.path().join("home"));
@@ -272,7 +282,7 @@ fn start_postern_with(origin: &Origin, durability: &str, credential: bool) -> Po
     let ca_file = home.path().join("upstream-ca.pem");
     std::fs::write(&ca_file, &origin.ca_pem).unwrap();
     let config = format!(
-        "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[journal]\ndurability = \"{durability}\"\n\
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[journal]\ndurability = \"{durability}\"\n{journal}\
          {}[[routes]]\nid = \"bench\"\nmatch = {{ host = \"origin.test\", port = {} }}\nresolve = \"{}\"\nupstream_ca = \"{}\"\n{}",
         if credential { CREDENTIAL } else { "" },
         origin.addr.port(),
@@ -510,6 +520,9 @@ fn main() {
     if std::env::var("POSTERN_BENCH_ONLY").is_ok_and(|only| only == "guard") {
         return guard_cost();
     }
+    if std::env::var("POSTERN_BENCH_ONLY").is_ok_and(|only| only == "soak") {
+        return soak();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -727,4 +740,88 @@ fn fastest(mut run: impl FnMut() -> usize) -> (Duration, usize) {
         best = best.min((started.elapsed() / 2, hits));
     }
     best
+}
+
+/// `POSTERN_BENCH_ONLY=soak`: small GETs at a constant rate (`POSTERN_SOAK_RATE`, 200/s)
+/// for `POSTERN_SOAK_SECS` (600) through postern `fsync` with a 60 s event and result
+/// retention; every 30 s the journal's size on disk (allocated blocks, the space reserve
+/// left out) and what postern wrote. A journal that stops growing levels off after the
+/// retention plus a sweep.
+fn soak() {
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (secs, rate) = (env("POSTERN_SOAK_SECS", 600), env("POSTERN_SOAK_RATE", 200));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let origin = start_origin(&rt);
+    let retention = "event_retention = \"60s\"\nresult_retention = \"60s\"\n";
+    let p = start_postern_journal(&origin, "fsync", false, retention);
+    let journal = p._home.path().join("home/journal");
+    let tls = tls_client(&std::fs::read(&p.ca).unwrap());
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    const CONNECTIONS: u64 = 8;
+    let started = Instant::now();
+    let until = started + Duration::from_secs(secs);
+    for _ in 0..CONNECTIONS {
+        let (tls, sent) = (tls.clone(), sent.clone());
+        let (target, via) = (origin.addr, p.proxy);
+        rt.spawn(async move {
+            let mut sender = connect(target, Some(via), &tls).await;
+            let every = Duration::from_secs_f64(CONNECTIONS as f64 / rate.max(1) as f64);
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while Instant::now() < until {
+                tick.tick().await;
+                let request = Request::builder()
+                    .uri("/bench")
+                    .header("host", format!("origin.test:{}", target.port()))
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                let resp = sender.send_request(request).await.unwrap();
+                let _ = resp.into_body().collect().await.unwrap();
+                sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+    }
+    println!("Soak: small GETs at {rate}/s for {secs}s, fsync, event and result retention 60s");
+    println!();
+    println!("| seconds | requests | journal on disk MB | written MB | written KB / request |");
+    println!("|---:|---:|---:|---:|---:|");
+    let disk0 = written_bytes(p.child.id());
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_secs(30).min(until - Instant::now()));
+        let n = sent.load(std::sync::atomic::Ordering::Relaxed);
+        let written = written_bytes(p.child.id()) - disk0;
+        println!(
+            "| {} | {n} | {:.1} | {:.1} | {:.1} |",
+            started.elapsed().as_secs(),
+            on_disk(&journal) as f64 / 1e6,
+            written / 1e6,
+            written / n.max(1) as f64 / 1024.0
+        );
+    }
+}
+
+/// Allocated bytes under `dir`, the space reserve left out.
+fn on_disk(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name() != "reserve.bin")
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => on_disk(&e.path()),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
 }

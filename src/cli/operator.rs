@@ -312,8 +312,17 @@ pub fn audit_verify(target: &AdminTarget, home: &Home, json: bool) -> Result<Exi
     if json {
         print_json(&report);
     } else if report["ok"].as_bool() == Some(true) {
+        let from = match report.get("checkpoint") {
+            Some(c) => format!(
+                " from seq {} (checkpoint at seq {}, hash {})",
+                report["from_seq"],
+                c["seq"],
+                s(&c["hash"])
+            ),
+            None => String::new(),
+        };
         outln!(
-            "ok: {} events, head seq {} hash {}",
+            "ok: {} events{from}, head seq {} hash {}",
             report["events"],
             report["head_seq"],
             s(&report["head_hash"])

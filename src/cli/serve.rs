@@ -84,6 +84,7 @@ fn open_journal(config: &Config, home: &Home) -> Result<Journal, CliError> {
     let options = JournalOptions {
         durability: config.journal.durability,
         result_retention_ms: config.journal.result_retention.as_millis() as i64,
+        event_retention_ms: config.journal.event_retention.as_millis() as i64,
         space: Some(SpaceGuard {
             dir: home.journal_dir(),
             reserve_bytes: config.journal.reserve_bytes,
@@ -337,7 +338,10 @@ async fn serve_until_stopped(
     tokio::spawn(admin::serve(admin_listener, state));
     tokio::spawn(proxy_http::serve(proxy_listener, proxy));
     tokio::spawn(crate::ssh::serve(ssh_listener, ssh_front));
-    tokio::spawn(expire_results(journal.clone()));
+    tokio::spawn(expire_results(
+        journal.clone(),
+        config.journal.event_retention,
+    ));
     let shutdown = Shutdown::install();
     let durability = match config.journal.durability {
         Durability::Fsync => "fsync",
@@ -423,10 +427,15 @@ fn guard_ssh(ssh: tokio::net::TcpListener, front: &FrontMetrics) -> Guarded {
         .refusal(crate::ssh::front::OVER_CAP)
 }
 
-async fn expire_results(journal: Journal) {
-    let mut tick = tokio::time::interval(Duration::from_secs(60));
+/// The retention sweeps: every minute, or a quarter of a shorter event retention.
+async fn expire_results(journal: Journal, event_retention: Duration) {
+    let every = (event_retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
+        if let Err(e) = journal.prune_events().await {
+            tracing::warn!(error = %e, "event retention sweep failed");
+        }
         if let Err(e) = journal.expire_results().await {
             tracing::warn!(error = %e, "result retention sweep failed");
         }

@@ -89,6 +89,9 @@ pub struct AdminConfig {
 pub struct JournalConfig {
     pub durability: Durability,
     pub result_retention: Duration,
+    /// Events (and the settled records they make) older than this are pruned behind a
+    /// checkpoint.
+    pub event_retention: Duration,
     pub max_result_bytes: u64,
     pub buffer_limit: u64,
     /// Below this much free disk, new dispatches are refused.

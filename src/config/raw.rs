@@ -39,6 +39,7 @@ pub struct RawAdmin {
 pub struct RawJournal {
     pub durability: Option<String>,
     pub result_retention: Option<Quantity>,
+    pub event_retention: Option<Quantity>,
     pub max_result_bytes: Option<Quantity>,
     pub buffer_limit: Option<Quantity>,
     pub min_free_bytes: Option<Quantity>,

@@ -493,3 +493,17 @@ fn a_token_under_16_characters_is_a_config_error_that_never_shows_it() {
     let paths: Vec<String> = e.into_iter().flat_map(|e| e.0).map(|p| p.path).collect();
     assert_eq!(paths, ["admin.token"]);
 }
+
+#[test]
+fn events_are_kept_at_least_as_long_as_results() {
+    let short = "[journal]\nresult_retention = \"7d\"\nevent_retention = \"1d\"\n";
+    assert_eq!(paths(short), vec!["journal.event_retention"]);
+    let long = "[journal]\nresult_retention = \"40d\"\n";
+    let Ok(c) = parse(long, None, &env) else {
+        panic!("a good config was refused");
+    };
+    assert_eq!(
+        c.journal.event_retention,
+        std::time::Duration::from_secs(40 * 86_400)
+    );
+}

@@ -365,13 +365,15 @@ fn journal_config(c: &mut Checker<'_>, j: &RawJournal) -> JournalConfig {
             Durability::Fsync
         }
     };
+    let result_retention = c.duration(
+        "journal.result_retention",
+        j.result_retention.as_ref(),
+        Duration::from_secs(7 * 86_400),
+    );
     JournalConfig {
         durability,
-        result_retention: c.duration(
-            "journal.result_retention",
-            j.result_retention.as_ref(),
-            Duration::from_secs(7 * 86_400),
-        ),
+        result_retention,
+        event_retention: event_retention(c, j, result_retention),
         max_result_bytes: c.size(
             "journal.max_result_bytes",
             j.max_result_bytes.as_ref(),
@@ -385,6 +387,21 @@ fn journal_config(c: &mut Checker<'_>, j: &RawJournal) -> JournalConfig {
         ),
         reserve_bytes: c.size("journal.reserve_bytes", j.reserve_bytes.as_ref(), 64 << 20),
     }
+}
+
+/// A record must outlive its result: `postern result` of a kept body finds its record.
+fn event_retention(c: &mut Checker<'_>, j: &RawJournal, results: Duration) -> Duration {
+    let path = "journal.event_retention";
+    let default = Duration::from_secs(30 * 86_400).max(results);
+    let d = c.timeout(path, &j.event_retention, default);
+    if d < results {
+        c.bad(
+            path,
+            "must be at least journal.result_retention (a kept result needs its record)",
+        );
+        return default;
+    }
+    d
 }
 
 fn credential(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> Option<Credential> {

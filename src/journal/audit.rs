@@ -1,8 +1,10 @@
-//! `postern audit verify`: walk the hash chain from the first event.
+//! `postern audit verify`: walk the hash chain from the first event, or from the newest
+//! retention checkpoint when older events were pruned (the checkpoint must be confirmed by
+//! the `JOURNAL_PRUNED` event chained after its cut).
 
 use serde::Serialize;
 
-use super::event::GENESIS_HASH;
+use super::event::{Checkpoint, EventKind, GENESIS_HASH};
 use super::store::{EventStore, StoreError};
 
 /// The first break in the chain.
@@ -17,6 +19,11 @@ pub struct ChainBreak {
 pub struct AuditReport {
     pub ok: bool,
     pub events: u64,
+    /// The first seq verified: 1, or the one after the checkpoint.
+    pub from_seq: u64,
+    /// The retention checkpoint the walk starts from (none while nothing was pruned).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<Checkpoint>,
     pub head_seq: u64,
     pub head_hash: String,
     #[serde(rename = "break", skip_serializing_if = "Option::is_none")]
@@ -27,59 +34,94 @@ const PAGE: usize = 4096;
 
 /// Verifies seq continuity, `prev_hash` links and every `hash`.
 pub fn verify(store: &dyn EventStore) -> Result<AuditReport, StoreError> {
-    let mut expected_seq = 1;
-    let mut prev = GENESIS_HASH.to_owned();
-    let mut count = 0;
+    let checkpoint = store.checkpoint()?;
+    let mut walk = Walk {
+        from_seq: checkpoint.as_ref().map_or(1, |c| c.seq + 1),
+        expected_seq: 0,
+        prev: checkpoint
+            .as_ref()
+            .map_or_else(|| GENESIS_HASH.to_owned(), |c| c.hash.clone()),
+        count: 0,
+        confirmed: checkpoint.is_none(),
+        checkpoint,
+    };
+    walk.expected_seq = walk.from_seq;
     loop {
-        let page = store.raw_events(expected_seq, PAGE)?;
+        let page = store.raw_events(walk.expected_seq, PAGE)?;
         if page.is_empty() {
             break;
         }
         for raw in page {
-            let fail = |reason: &str| broken(count, raw.key_seq, reason, &prev);
-            if raw.key_seq != expected_seq {
-                return Ok(broken(
-                    count,
-                    expected_seq,
-                    "missing event (seq gap)",
-                    &prev,
-                ));
+            if let Err(report) = walk.step(&raw) {
+                return Ok(*report);
             }
-            let Ok(event) = super::encoding::decode(&raw.bytes) else {
-                return Ok(fail("event bytes do not parse"));
-            };
-            if event.seq != raw.key_seq {
-                return Ok(fail("event seq differs from its key"));
-            }
-            if event.prev_hash != prev {
-                return Ok(fail("prev_hash does not link to the previous event"));
-            }
-            if event.compute_hash() != event.hash {
-                return Ok(fail("hash does not match the event's contents"));
-            }
-            prev = event.hash;
-            count += 1;
-            expected_seq += 1;
         }
+    }
+    if !walk.confirmed {
+        let seq = walk.expected_seq;
+        return Ok(walk.broken(seq, "checkpoint not confirmed by a JOURNAL_PRUNED event"));
     }
     Ok(AuditReport {
         ok: true,
-        events: count,
-        head_seq: expected_seq - 1,
-        head_hash: prev,
+        events: walk.count,
+        from_seq: walk.from_seq,
+        head_seq: walk.expected_seq - 1,
+        head_hash: walk.prev,
         chain_break: None,
+        checkpoint: walk.checkpoint,
     })
 }
 
-fn broken(count: u64, seq: u64, reason: &str, prev: &str) -> AuditReport {
-    AuditReport {
-        ok: false,
-        events: count,
-        head_seq: seq.saturating_sub(1),
-        head_hash: prev.to_owned(),
-        chain_break: Some(ChainBreak {
-            seq,
-            reason: reason.to_owned(),
-        }),
+struct Walk {
+    from_seq: u64,
+    expected_seq: u64,
+    prev: String,
+    count: u64,
+    checkpoint: Option<Checkpoint>,
+    /// Whether the kept chain holds the event that vouches for the checkpoint.
+    confirmed: bool,
+}
+
+impl Walk {
+    fn step(&mut self, raw: &super::store::RawEvent) -> Result<(), Box<AuditReport>> {
+        let fail = |walk: &Self, reason: &str| Box::new(walk.broken(raw.key_seq, reason));
+        if raw.key_seq != self.expected_seq {
+            let seq = self.expected_seq;
+            return Err(Box::new(self.broken(seq, "missing event (seq gap)")));
+        }
+        let Ok(event) = super::encoding::decode(&raw.bytes) else {
+            return Err(fail(self, "event bytes do not parse"));
+        };
+        if event.seq != raw.key_seq {
+            return Err(fail(self, "event seq differs from its key"));
+        }
+        if event.prev_hash != self.prev {
+            return Err(fail(self, "prev_hash does not link to the previous event"));
+        }
+        if event.compute_hash() != event.hash {
+            return Err(fail(self, "hash does not match the event's contents"));
+        }
+        if event.kind == EventKind::JournalPruned && !self.confirmed {
+            let vouched = serde_json::from_value::<Checkpoint>(event.data.clone()).ok();
+            self.confirmed = vouched.is_some() && vouched == self.checkpoint;
+        }
+        self.prev = event.hash;
+        self.count += 1;
+        self.expected_seq += 1;
+        Ok(())
+    }
+    fn broken(&self, seq: u64, reason: &str) -> AuditReport {
+        AuditReport {
+            ok: false,
+            events: self.count,
+            from_seq: self.from_seq,
+            head_seq: seq.saturating_sub(1),
+            head_hash: self.prev.clone(),
+            chain_break: Some(ChainBreak {
+                seq,
+                reason: reason.to_owned(),
+            }),
+            checkpoint: self.checkpoint.clone(),
+        }
     }
 }

@@ -194,6 +194,7 @@ fn kind_code(kind: EventKind) -> u8 {
         Reconciled => 15,
         RetryLeased => 16,
         ConfigReloaded => 17,
+        JournalPruned => 18,
     }
 }
 

@@ -34,6 +34,8 @@ pub enum EventKind {
     RetryLeased,
     /// The daemon's own: a config reload applied or refused (no invocation's).
     ConfigReloaded,
+    /// The daemon's own: events before a checkpoint were pruned (retention).
+    JournalPruned,
 }
 
 impl EventKind {
@@ -55,6 +57,7 @@ impl EventKind {
         Self::Reconciled,
         Self::RetryLeased,
         Self::ConfigReloaded,
+        Self::JournalPruned,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -76,6 +79,7 @@ impl EventKind {
             Self::Reconciled => "RECONCILED",
             Self::RetryLeased => "RETRY_LEASED",
             Self::ConfigReloaded => "CONFIG_RELOADED",
+            Self::JournalPruned => "JOURNAL_PRUNED",
         }
     }
 
@@ -134,6 +138,7 @@ pub enum Body {
     Reconciled(Reconciliation),
     RetryLeased(Lease),
     ConfigReloaded(ConfigReload),
+    JournalPruned(Checkpoint),
 }
 
 impl Body {
@@ -156,6 +161,7 @@ impl Body {
             Self::Reconciled(_) => EventKind::Reconciled,
             Self::RetryLeased(_) => EventKind::RetryLeased,
             Self::ConfigReloaded(_) => EventKind::ConfigReloaded,
+            Self::JournalPruned(_) => EventKind::JournalPruned,
         }
     }
 }
@@ -355,6 +361,19 @@ pub struct ConfigReload {
     /// The config paths of a refused reload's problems.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
+}
+
+/// `JOURNAL_PRUNED` and the checkpoint row beside it: the events up to `seq` were pruned
+/// (`journal.event_retention`); `hash` is the last pruned event's, so the kept chain links
+/// to it. The event, chained after the cut, is what makes a stored checkpoint verifiable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub seq: u64,
+    pub hash: String,
+    /// Events pruned in this cut.
+    pub events: u64,
+    /// Records (settled invocations) pruned with them.
+    pub records: u64,
 }
 
 /// `RETRY_LEASED`: a new generation of the invocation may dispatch (SPEC §3.4).

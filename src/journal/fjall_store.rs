@@ -8,13 +8,13 @@ use fjall::{
 };
 
 use super::encoding::{decode, pack, unpack};
-use super::event::Event;
-use super::keys::{KeyEntry, KeyWrite};
+use super::event::{Checkpoint, Event};
+use super::keys::KeyEntry;
 use super::projection::State;
 use super::request::StoredRequest;
 use super::result::StoredResult;
-use super::store::{EventStore, RawEvent, StoreError, WriteSet};
-use super::twins::{TwinEntry, TwinWrite};
+use super::store::{Cut, EventStore, RawEvent, StoreError, WriteSet};
+use super::twins::TwinEntry;
 
 /// Journal storage in one fjall database.
 pub struct FjallStore {
@@ -32,6 +32,8 @@ pub struct FjallStore {
     /// Twin index (SPEC §3.7): agent, route, fingerprint → `TwinEntry`.
     twins: Keyspace,
     twin_expiry: Keyspace,
+    /// Retention checkpoints by seq: the kept chain starts after the newest.
+    checkpoints: Keyspace,
 }
 
 impl From<fjall::Error> for StoreError {
@@ -115,6 +117,10 @@ impl FjallStore {
             .manual_journal_persist(true)
             .cache_size(8 << 20)
             .worker_threads(1)
+            // A keyspace written rarely (keys, twins, checkpoints) holds its journal file
+            // until this bound forces a flush: fjall's default (512 MiB) would be most of
+            // a small journal's size on disk.
+            .max_journaling_size(64 << 20)
             .open()?;
         // Small memtables: fjall's default (64 MiB per keyspace) would hold hundreds of MB
         // of already-durable journal in memory after a busy hour.
@@ -152,6 +158,7 @@ impl FjallStore {
             key_expiry: ks_small("idempotency_key_expiry")?,
             twins: ks_small("resend_twins")?,
             twin_expiry: ks_small("resend_twin_expiry")?,
+            checkpoints: ks_small("checkpoints")?,
             db,
         })
     }
@@ -211,8 +218,11 @@ impl EventStore for FjallStore {
             batch.remove(&self.requests, id.as_bytes());
             batch.remove(&self.result_expiry, expiry_key(*at_ms, id));
         }
-        self.write_keys(&mut batch, &set.keys, &set.expired_keys)?;
-        self.write_twins(&mut batch, &set.twins, &set.expired_twins)?;
+        self.write_keys(&mut batch, &set)?;
+        self.write_twins(&mut batch, &set)?;
+        if let Some(cut) = &set.cut {
+            self.write_cut(&mut batch, cut)?;
+        }
         batch.commit()?;
         self.db.persist(PersistMode::Buffer)?;
         Ok(())
@@ -245,7 +255,7 @@ impl EventStore for FjallStore {
         Ok(out)
     }
 
-    fn events_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError> {
+    fn runs_of(&self, invocation_id: &str) -> Result<Vec<(u64, u32)>, StoreError> {
         let mut prefix = invocation_id.as_bytes().to_vec();
         prefix.push(0);
         let mut out = Vec::new();
@@ -255,12 +265,32 @@ impl EventStore for FjallStore {
                 continue;
             };
             let key: [u8; 8] = seq_bytes.try_into().map_err(|e| corrupt("index key", e))?;
-            let first = u64::from_be_bytes(key);
             let count = match row.as_ref() {
                 [] => 1,
                 v => u32::from_le_bytes(v.try_into().map_err(|e| corrupt("index row", e))?),
             };
+            out.push((u64::from_be_bytes(key), count));
+        }
+        Ok(out)
+    }
+
+    fn checkpoint(&self) -> Result<Option<Checkpoint>, StoreError> {
+        match self.checkpoints.last_key_value() {
+            None => Ok(None),
+            Some(guard) => {
+                let (_, v) = guard.into_inner()?;
+                serde_json::from_slice(&v)
+                    .map(Some)
+                    .map_err(|e| corrupt("checkpoint", e))
+            }
+        }
+    }
+
+    fn events_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError> {
+        let mut out = Vec::new();
+        for (first, count) in self.runs_of(invocation_id)? {
             let end = first.saturating_add(u64::from(count));
+            // A run a retention cut went through reads only what is left of it.
             for event in self.events.range(seq_key(first)..seq_key(end)) {
                 let (_, v) = event.into_inner()?;
                 out.push(decode(&v).map_err(|e| corrupt("event", e))?);
@@ -372,17 +402,17 @@ impl FjallStore {
     fn write_keys(
         &self,
         batch: &mut fjall::OwnedWriteBatch,
-        keys: &[KeyWrite],
-        expired: &[(i64, Vec<u8>)],
+        set: &WriteSet,
     ) -> Result<(), StoreError> {
-        for (at_ms, index_key) in expired {
+        for (at_ms, index_key) in &set.expired_keys {
             batch.remove(&self.key_expiry, expiry_key_bytes(*at_ms, index_key));
             let current = self.key_entry(index_key)?;
-            if current.is_some_and(|e| e.expires_at_ms <= *at_ms) {
+            if let Some(e) = current.filter(|e| e.expires_at_ms <= *at_ms) {
                 batch.remove(&self.keys, index_key.as_slice());
+                self.release_held(batch, set, &e.invocation_id)?;
             }
         }
-        for w in keys {
+        for w in &set.keys {
             if let Some(old) = w.replaces_expiry {
                 batch.remove(&self.key_expiry, expiry_key_bytes(old, &w.index_key));
             }
@@ -404,17 +434,17 @@ impl FjallStore {
     fn write_twins(
         &self,
         batch: &mut fjall::OwnedWriteBatch,
-        twins: &[TwinWrite],
-        expired: &[(i64, Vec<u8>)],
+        set: &WriteSet,
     ) -> Result<(), StoreError> {
-        for (at_ms, index_key) in expired {
+        for (at_ms, index_key) in &set.expired_twins {
             batch.remove(&self.twin_expiry, expiry_key_bytes(*at_ms, index_key));
             let current = self.twin_entry(index_key)?;
-            if current.is_some_and(|e| e.expires_at_ms <= *at_ms) {
+            if let Some(e) = current.filter(|e| e.expires_at_ms <= *at_ms) {
                 batch.remove(&self.twins, index_key.as_slice());
+                self.release_held(batch, set, &e.invocation_id)?;
             }
         }
-        for w in twins {
+        for w in &set.twins {
             if let Some(old) = w.replaces_expiry {
                 batch.remove(&self.twin_expiry, expiry_key_bytes(old, &w.index_key));
             }
@@ -428,6 +458,47 @@ impl FjallStore {
                 expiry_key_bytes(w.entry.expires_at_ms, &w.index_key),
                 [],
             );
+        }
+        Ok(())
+    }
+
+    /// A retention cut: the events up to the checkpoint, the index runs that ended before
+    /// it and the settled records with nothing left, removed; the checkpoint stored.
+    fn write_cut(&self, batch: &mut fjall::OwnedWriteBatch, cut: &Cut) -> Result<(), StoreError> {
+        for seq in cut.first_seq..=cut.checkpoint.seq {
+            batch.remove(&self.events, seq_key(seq));
+        }
+        for (id, first) in &cut.runs {
+            batch.remove(&self.by_invocation, invocation_key(id, *first));
+        }
+        for id in &cut.states {
+            batch.remove(&self.states, id.as_bytes());
+        }
+        // Only the newest checkpoint is kept: the chain before it is gone anyway.
+        if cut.first_seq > 1 {
+            batch.remove(&self.checkpoints, seq_key(cut.first_seq - 1));
+        }
+        let row = to_json("checkpoint", &cut.checkpoint)?;
+        batch.insert(&self.checkpoints, seq_key(cut.checkpoint.seq), row);
+        Ok(())
+    }
+
+    /// An index entry that kept a pruned record (its events cut, its state held for the
+    /// key or twin) is gone: the record goes too, unless this write touches it.
+    fn release_held(
+        &self,
+        batch: &mut fjall::OwnedWriteBatch,
+        set: &WriteSet,
+        invocation_id: &str,
+    ) -> Result<(), StoreError> {
+        if set.touches(invocation_id) || !self.runs_of(invocation_id)?.is_empty() {
+            return Ok(());
+        }
+        if self
+            .state(invocation_id)?
+            .is_some_and(|s| s.progress.closed)
+        {
+            batch.remove(&self.states, invocation_id.as_bytes());
         }
         Ok(())
     }

@@ -27,6 +27,8 @@ pub struct JournalMetrics {
     pub invocations: Family<SettledLabels, Counter>,
     /// Requests refused without a record while the journal refused new work (low disk).
     pub unrecorded_refusals: Counter,
+    /// Events removed by retention cuts.
+    pub pruned: Counter,
 }
 
 impl Default for JournalMetrics {
@@ -37,6 +39,7 @@ impl Default for JournalMetrics {
             sync_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             invocations: Family::default(),
             unrecorded_refusals: Counter::default(),
+            pruned: Counter::default(),
         }
     }
 }
@@ -68,6 +71,15 @@ impl JournalMetrics {
             "Requests refused without a journal record because the journal refused new work (low disk space or a storage fault)",
             self.unrecorded_refusals.clone(),
         );
+        registry.register(
+            "postern_journal_events_pruned",
+            "Events removed by journal.event_retention, behind a checkpoint",
+            self.pruned.clone(),
+        );
+    }
+
+    pub fn pruned(&self, n: u64) {
+        self.pruned.inc_by(n);
     }
 
     pub fn appended(&self, n: usize) {

@@ -20,6 +20,7 @@ mod metrics;
 mod projection;
 mod request;
 mod result;
+mod retention;
 mod space;
 mod store;
 mod twins;
@@ -33,10 +34,10 @@ use tokio::sync::{mpsc, oneshot};
 pub use audit::{AuditReport, ChainBreak, verify};
 pub use encoding::{DecodeError, decode as decode_event, unpack as unpack_record};
 pub use event::{
-    Accepted, ApprovalAnswer, ApprovalRequest, Body, ConfigReload, ConnectAttempt, Delivered,
-    Dispatch, Draft, Event, EventKind, Failure, GENESIS_HASH, Lease, Preflight, Protocol,
-    Reconciliation, RequestSent, ResponseComplete, ResponseStarted, ResultCommitted, Source,
-    SupersedeReason, Supersession, TlsIdentity, sha256_tagged, sha256_tagged_digest,
+    Accepted, ApprovalAnswer, ApprovalRequest, Body, Checkpoint, ConfigReload, ConnectAttempt,
+    Delivered, Dispatch, Draft, Event, EventKind, Failure, GENESIS_HASH, Lease, Preflight,
+    Protocol, Reconciliation, RequestSent, ResponseComplete, ResponseStarted, ResultCommitted,
+    Source, SupersedeReason, Supersession, TlsIdentity, sha256_tagged, sha256_tagged_digest,
 };
 pub use fjall_store::FjallStore;
 pub use health::Health;
@@ -48,7 +49,7 @@ pub use projection::{
 pub use request::StoredRequest;
 pub use result::{HttpResult, Payload, SshResult, StoredResult, TunnelResult, as_text, b64, unb64};
 pub use space::SpaceGuard;
-pub use store::{EventStore, RawEvent, StoreError, WriteSet};
+pub use store::{Cut, EventStore, RawEvent, StoreError, WriteSet};
 pub use twins::{ResendEvidence, TwinClaim, TwinEntry, TwinRef, TwinSlot, TwinWrite};
 pub use writer::{Appended, LiveStates, needs_sync_rule, rfc3339};
 
@@ -92,6 +93,8 @@ pub struct RecoveryReport {
 pub struct JournalOptions {
     pub durability: Durability,
     pub result_retention_ms: i64,
+    /// How long events (and the settled records they make) are kept.
+    pub event_retention_ms: i64,
     pub clock: fn() -> time::OffsetDateTime,
     /// The free-space guard, watched on its timer and before every group commit.
     pub space: Option<SpaceGuard>,
@@ -102,6 +105,7 @@ impl Default for JournalOptions {
         Self {
             durability: Durability::Fsync,
             result_retention_ms: 7 * 24 * 3600 * 1000,
+            event_retention_ms: 30 * 24 * 3600 * 1000,
             clock: time::OffsetDateTime::now_utc,
             space: None,
         }

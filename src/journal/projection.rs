@@ -81,6 +81,9 @@ pub struct Progress {
     /// The retry budget the latest preflight bound (none in older journals).
     #[serde(default)]
     pub retry_budget: Option<u32>,
+    /// A retention cut took some of its events: it cannot be replayed, so it never reopens.
+    #[serde(default)]
+    pub events_pruned: bool,
 }
 
 /// Record plus progress: what the journal stores per invocation.
@@ -470,7 +473,7 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             p.attempt_n = 0;
         }
         // The daemon's own event never belongs to an invocation.
-        Body::ConfigReloaded(_) => return Err(Refusal::BadData(kind)),
+        Body::ConfigReloaded(_) | Body::JournalPruned(_) => return Err(Refusal::BadData(kind)),
     }
     Ok(())
 }
@@ -478,7 +481,7 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
 /// A new generation needs the live one closed and unresolved, or — when it supersedes
 /// that one by name — the live one still short of the dispatch boundary.
 fn may_lease(p: &Progress, r: &Record, lease: &super::event::Lease) -> bool {
-    if is_resolved(r.outcome) || lease.generation != r.generation + 1 {
+    if p.events_pruned || is_resolved(r.outcome) || lease.generation != r.generation + 1 {
         return false;
     }
     match &lease.supersedes {

@@ -3,7 +3,7 @@
 //! After any `StoreError::Poisoned` the store accepts no further writes; the
 //! process must exit and recover from what is durable.
 
-use super::event::Event;
+use super::event::{Checkpoint, Event};
 use super::keys::{KeyEntry, KeyWrite};
 use super::projection::State;
 use super::request::StoredRequest;
@@ -45,6 +45,22 @@ pub struct WriteSet {
     pub twins: Vec<TwinWrite>,
     /// Expiry rows of the twin index that came due, as `expired_keys`.
     pub expired_twins: Vec<(i64, Vec<u8>)>,
+    /// A retention cut (its `JOURNAL_PRUNED` event rides `events`).
+    pub cut: Option<Cut>,
+}
+
+/// What one retention cut removes, and the checkpoint it leaves in its place.
+#[derive(Debug)]
+pub struct Cut {
+    pub checkpoint: Checkpoint,
+    /// The seqs removed: from the previous checkpoint's next to `checkpoint.seq`.
+    pub first_seq: u64,
+    /// Index runs removed: (invocation id, first seq of the run).
+    pub runs: Vec<(String, u64)>,
+    /// Settled records removed (none of their events is left).
+    pub states: Vec<String>,
+    /// Settled records kept with some of their events cut, marked `events_pruned`.
+    pub kept: Vec<std::sync::Arc<State>>,
 }
 
 impl WriteSet {
@@ -57,6 +73,19 @@ impl WriteSet {
             && self.expired_keys.is_empty()
             && self.twins.is_empty()
             && self.expired_twins.is_empty()
+            && self.cut.is_none()
+    }
+
+    /// Whether this write touches an invocation's events or stored state: the sweeps must
+    /// not remove the state of one (a write may reopen a settled record).
+    pub fn touches(&self, invocation_id: &str) -> bool {
+        self.events
+            .iter()
+            .any(|(e, _)| e.invocation_id == invocation_id)
+            || self
+                .states
+                .iter()
+                .any(|s| s.record.invocation_id == invocation_id)
     }
 }
 
@@ -76,6 +105,10 @@ pub trait EventStore: Send + Sync + 'static {
     fn head(&self) -> Result<Option<Event>, StoreError>;
     /// Raw events with seq >= `from`, at most `limit`, in seq order.
     fn raw_events(&self, from: u64, limit: usize) -> Result<Vec<RawEvent>, StoreError>;
+    /// The index runs of one invocation: (first seq, how many consecutive events).
+    fn runs_of(&self, invocation_id: &str) -> Result<Vec<(u64, u32)>, StoreError>;
+    /// The newest retention checkpoint: the kept chain starts after it.
+    fn checkpoint(&self) -> Result<Option<Checkpoint>, StoreError>;
     /// The events of one invocation, in seq order.
     fn events_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError>;
     /// The projected state of one invocation.

@@ -429,6 +429,12 @@ impl EventStore for FailingSync {
     fn raw_events(&self, from: u64, limit: usize) -> Result<Vec<RawEvent>, StoreError> {
         self.inner.raw_events(from, limit)
     }
+    fn runs_of(&self, id: &str) -> Result<Vec<(u64, u32)>, StoreError> {
+        self.inner.runs_of(id)
+    }
+    fn checkpoint(&self) -> Result<Option<super::Checkpoint>, StoreError> {
+        self.inner.checkpoint()
+    }
     fn events_of(&self, id: &str) -> Result<Vec<Event>, StoreError> {
         self.inner.events_of(id)
     }
@@ -612,4 +618,213 @@ fn a_daemon_note_is_chained_between_invocations_and_survives_a_restart() {
     let events = journal.events("rld_1").unwrap_or_default();
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].kind, EventKind::ConfigReloaded);
+}
+
+fn open_pruning(dir: &Path) -> Journal {
+    let options = JournalOptions {
+        event_retention_ms: 0,
+        ..JournalOptions::default()
+    };
+    match Journal::open(dir, options) {
+        Ok((j, _)) => j,
+        Err(e) => panic!("journal: {e}"),
+    }
+}
+
+/// Settles one invocation with a committed result (kept an hour).
+async fn settled(journal: &Journal) -> Result<String, JournalError> {
+    let id = new_invocation_id();
+    journal
+        .append(&id, vec![accepted("POST"), preflight(false), dispatch()])
+        .await?;
+    let (draft, result) = committed(&id, unix_ms(journal.now()) + 3_600_000);
+    journal.commit_result(&id, vec![draft], result).await?;
+    let delivered = Draft::observed(Body::ResultDelivered(Delivered::default()));
+    journal.append(&id, vec![delivered]).await?;
+    Ok(id)
+}
+
+/// Events written in this millisecond are not older than a zero retention yet.
+fn let_them_age() {
+    std::thread::sleep(std::time::Duration::from_millis(5));
+}
+
+#[test]
+fn retention_prunes_settled_history_behind_a_checkpoint_the_audit_starts_from() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let rt = rt();
+    let (a, b, open_one, d) = {
+        let journal = open_pruning(dir.path());
+        let ids = rt.block_on(async {
+            let a = settled(&journal).await?;
+            let b = settled(&journal).await?;
+            let open_one = new_invocation_id();
+            journal.append(&open_one, vec![accepted("GET")]).await?;
+            let d = settled(&journal).await?;
+            Ok::<_, JournalError>((a, b, open_one, d))
+        });
+        let Ok((a, b, open_one, d)) = ids else {
+            panic!("appends: {ids:?}")
+        };
+        let_them_age();
+        // The cut stops at the open invocation's first event (seq 11): a and b go.
+        assert_eq!(rt.block_on(journal.prune_events()), Ok(10));
+        for gone in [&a, &b] {
+            assert!(journal.record(gone).is_ok_and(|r| r.is_none()), "{gone}");
+            assert!(journal.events(gone).is_ok_and(|e| e.is_empty()));
+        }
+        assert!(journal.record(&open_one).is_ok_and(|r| r.is_some()));
+        assert!(journal.events(&d).is_ok_and(|e| e.len() == 5));
+        let report = journal.verify();
+        let Ok(report) = report else {
+            panic!("verify: {report:?}")
+        };
+        assert!(report.ok, "{report:?}");
+        assert_eq!(report.from_seq, 11);
+        assert_eq!(report.events, 7, "11..=16 and the JOURNAL_PRUNED note");
+        assert!(
+            report
+                .checkpoint
+                .as_ref()
+                .is_some_and(|c| c.seq == 10 && c.events == 10 && c.records == 2)
+        );
+        (a, b, open_one, d)
+    };
+    let _ = (a, b);
+    // After a restart (recovery settles the open one) the next cut goes through it all.
+    let journal = open_pruning(dir.path());
+    assert!(journal.verify().is_ok_and(|r| r.ok && r.from_seq == 11));
+    let_them_age();
+    let pruned = rt.block_on(journal.prune_events());
+    assert_eq!(
+        pruned,
+        Ok(8),
+        "11..=18: the open one, d, the first note, the recovery"
+    );
+    for gone in [&open_one, &d] {
+        assert!(journal.record(gone).is_ok_and(|r| r.is_none()), "{gone}");
+    }
+    let report = journal.verify();
+    assert!(
+        report
+            .as_ref()
+            .is_ok_and(|r| r.ok && r.from_seq == 19 && r.events == 1),
+        "{report:?}"
+    );
+    let_them_age();
+    // A cut of the last cut's note alone would only chain another: a quiet journal rests.
+    assert_eq!(rt.block_on(journal.prune_events()), Ok(0));
+    assert!(journal.verify().is_ok_and(|r| r.ok && r.from_seq == 19));
+}
+
+#[test]
+fn a_record_an_idempotency_key_names_outlives_its_events_and_goes_with_the_key() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let journal = open_pruning(dir.path());
+    let rt = rt();
+    let id = new_invocation_id();
+    let slot = KeySlot {
+        scope: "payments".into(),
+        agent: "ci".into(),
+        key: "k1".into(),
+    };
+    let claim = |expires_at_ms| KeyClaim {
+        slot: slot.clone(),
+        entry: KeyEntry {
+            invocation_id: id.clone(),
+            fingerprint: "sha256:f".into(),
+            expires_at_ms,
+        },
+    };
+    let mut keyed = preflight(false);
+    if let Body::PreflightValidated(p) = &mut keyed.body {
+        p.idempotency = Some(crate::contract::IdempotencyEvidence {
+            key: "k1".into(),
+            scope: "payments".into(),
+            fingerprint: "sha256:f".into(),
+            remote_contract: "none".into(),
+            safe_until: None,
+        });
+    }
+    let failed = Draft::observed(Body::Failed(Failure::of(Code::DnsError)));
+    let far = unix_ms(journal.now()) + 3_600_000;
+    let written = rt.block_on(journal.append_claiming(
+        &id,
+        vec![accepted("POST"), keyed, failed],
+        claim(far),
+    ));
+    assert!(written.is_ok(), "{written:?}");
+    let_them_age();
+    assert_eq!(rt.block_on(journal.prune_events()), Ok(3));
+    assert!(journal.events(&id).is_ok_and(|e| e.is_empty()));
+    let kept = journal.record(&id);
+    assert!(kept.as_ref().is_ok_and(|r| r.is_some()), "{kept:?}");
+    // Its history is gone: it cannot be replayed, so no new generation opens it.
+    let lease = Draft::observed(Body::RetryLeased(Lease {
+        generation: 2,
+        ..Lease::default()
+    }));
+    let refused = rt.block_on(journal.append(&id, vec![lease]));
+    assert_eq!(
+        refused.err(),
+        Some(JournalError::Refused(Refusal::LeaseRefused))
+    );
+    // The key runs out: the sweep takes the record with it.
+    assert!(rt.block_on(journal.touch_key(claim(1))).is_ok());
+    assert_eq!(rt.block_on(journal.expire_keys()).ok(), Some(1));
+    assert!(journal.record(&id).is_ok_and(|r| r.is_none()));
+    assert!(journal.verify().is_ok_and(|r| r.ok));
+}
+
+#[test]
+fn a_checkpoint_no_journal_pruned_event_vouches_for_is_a_break() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let rt = rt();
+    {
+        let journal = open_pruning(dir.path());
+        assert!(rt.block_on(settled(&journal)).is_ok());
+        let_them_age();
+        assert_eq!(rt.block_on(journal.prune_events()), Ok(5));
+        assert!(rt.block_on(settled(&journal)).is_ok());
+    }
+    // Someone removes the note (seq 6) and seq 7 behind a checkpoint whose hash is right.
+    let Ok(store) = FjallStore::open(dir.path()) else {
+        panic!("store");
+    };
+    let events = store.raw_events(7, 1).unwrap_or_default();
+    let Some(seventh) = events.first().and_then(|r| encoding::decode(&r.bytes).ok()) else {
+        panic!("no seq 7");
+    };
+    let forged = Cut {
+        checkpoint: Checkpoint {
+            seq: 7,
+            hash: seventh.hash,
+            events: 2,
+            records: 0,
+        },
+        first_seq: 6,
+        runs: vec![],
+        states: vec![],
+        kept: vec![],
+    };
+    let written = store.write(WriteSet {
+        cut: Some(forged),
+        ..WriteSet::default()
+    });
+    assert!(written.is_ok(), "{written:?}");
+    let report = verify(&store);
+    assert!(
+        report.as_ref().is_ok_and(|r| !r.ok
+            && r.from_seq == 8
+            && r.chain_break
+                .as_ref()
+                .is_some_and(|b| b.reason.contains("checkpoint not confirmed"))),
+        "{report:?}"
+    );
 }

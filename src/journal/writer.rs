@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::event::{Draft, Event, EventKind, GENESIS_HASH, split_body};
+use super::event::{Checkpoint, Draft, Event, EventKind, GENESIS_HASH, split_body};
 use super::failpoints::Failpoints;
 use super::health::Health;
 use super::keys::{KeyClaim, KeyEntry, KeyWrite};
@@ -70,6 +70,11 @@ pub(super) enum Request {
     },
     Flush {
         reply: oneshot::Sender<Result<(), JournalError>>,
+    },
+    /// One retention cut of the events older than `before_ms` (unix ms), written alone.
+    Prune {
+        before_ms: i64,
+        reply: oneshot::Sender<Result<Option<Checkpoint>, JournalError>>,
     },
 }
 
@@ -138,12 +143,31 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.commit_group(group);
+            self.commit_with_cuts(group);
         }
         let _ = self.sync_now();
     }
 
+    /// A group, with any retention cut in it written on its own between the requests
+    /// before and after it: a cut reads the store, which must hold what came before.
+    fn commit_with_cuts(&mut self, group: Vec<Request>) {
+        let mut pending = Vec::with_capacity(group.len());
+        for request in group {
+            match request {
+                Request::Prune { before_ms, reply } => {
+                    self.commit_group(std::mem::take(&mut pending));
+                    let _ = reply.send(self.prune(before_ms));
+                }
+                other => pending.push(other),
+            }
+        }
+        self.commit_group(pending);
+    }
+
     fn commit_group(&mut self, group: Vec<Request>) {
+        if group.is_empty() {
+            return;
+        }
         if let Some(guard) = &self.space {
             guard.check_low(&self.health);
         }
@@ -246,6 +270,10 @@ impl Writer {
                     needs_sync = true;
                     flushes.push(reply);
                 }
+                Request::Prune { reply, .. } => {
+                    // `commit_with_cuts` takes cuts out of every group.
+                    let _ = reply.send(Err(JournalError::Unavailable));
+                }
             }
         }
         let outcome = self.persist(set, needs_sync);
@@ -273,8 +301,32 @@ impl Writer {
         }
     }
 
+    /// The chain head, to rewind to when a write fails.
+    pub(super) fn head(&self) -> (u64, String) {
+        (self.head_seq, self.head_hash.clone())
+    }
+
+    pub(super) fn rewind(&mut self, (seq, hash): (u64, String)) {
+        (self.head_seq, self.head_hash) = (seq, hash);
+    }
+
+    /// Whether an invocation has a live exchange (its events must stay replayable).
+    pub(super) fn is_live(&self, id: &str) -> bool {
+        self.live.lock().map_or(true, |l| l.contains_key(id))
+    }
+
+    /// Writes and syncs a set whatever the durability (a cut removes events: the
+    /// checkpoint that stands for them must be durable with it).
+    pub(super) fn persist_synced(&mut self, set: WriteSet) -> Result<(), JournalError> {
+        self.persist(set, true)?;
+        if self.durability == Durability::Buffered {
+            self.sync_now().map_err(|e| self.storage_fault(e))?;
+        }
+        Ok(())
+    }
+
     /// Chains one event of the daemon's own, outside any invocation's projection.
-    fn seal_note(&mut self, id: &str, draft: Draft) -> (Event, Vec<u8>) {
+    pub(super) fn seal_note(&mut self, id: &str, draft: Draft) -> (Event, Vec<u8>) {
         let (kind, data) = split_body(&draft.body);
         let mut event = Event {
             seq: self.head_seq + 1,
@@ -482,7 +534,7 @@ impl Writer {
     }
 
     /// A failed write or sync: fjall is poisoned, postern must restart.
-    fn storage_fault(&self, e: StoreError) -> JournalError {
+    pub(super) fn storage_fault(&self, e: StoreError) -> JournalError {
         tracing::error!(error = %e, "journal storage fault; postern stops accepting work");
         self.health.set_fatal(e.to_string());
         JournalError::Unavailable

@@ -1,0 +1,205 @@
+//! Event retention (`journal.event_retention`): the oldest events are pruned behind a
+//! checkpoint, so a journal at a constant rate stops growing and the audit still holds.
+//!
+//! A cut is a seq prefix: it goes from the previous checkpoint up to the last event older
+//! than the retention, and stops early at an event whose invocation is still live (its
+//! record must stay replayable). Settled records with no event left go with it, unless an
+//! idempotency key or resend twin still names them: those go when that entry expires. The
+//! cut's `JOURNAL_PRUNED` event is chained after it, so the checkpoint it leaves (the seq
+//! and hash of the last pruned event) is confirmed by the chain `audit verify` walks.
+
+use std::collections::HashSet;
+
+use tokio::sync::oneshot;
+
+use super::event::{Body, Checkpoint, Draft, EventKind, Source};
+use super::keys::KeySlot;
+use super::projection::State;
+use super::store::{Cut, StoreError, WriteSet};
+use super::twins::TwinSlot;
+use super::writer::{Request, Writer};
+use super::{Journal, JournalError, unix_ms};
+
+/// Events one cut looks at: a pass stays short, so appends queued behind it do not wait.
+const EVENTS_PER_CUT: usize = 4096;
+/// Cuts one sweep makes at most: enough for a busy day's backlog, and still bounded
+/// (each cut is its own write: appends queued behind one go before the next).
+const CUTS_PER_SWEEP: usize = 4096;
+
+impl Journal {
+    /// Prunes events older than `journal.event_retention` behind checkpoints; how many.
+    pub async fn prune_events(&self) -> Result<u64, JournalError> {
+        let mut pruned = 0;
+        for _ in 0..CUTS_PER_SWEEP {
+            let before_ms = unix_ms(self.now()) - self.options.event_retention_ms;
+            let (reply, rx) = oneshot::channel();
+            self.tx
+                .send(Request::Prune { before_ms, reply })
+                .await
+                .map_err(|_| JournalError::Unavailable)?;
+            match rx.await.map_err(|_| JournalError::Unavailable)?? {
+                Some(cp) => pruned += cp.events,
+                None => break,
+            }
+        }
+        Ok(pruned)
+    }
+}
+
+impl Writer {
+    /// One cut, written and synced alone; `None` when nothing is old enough.
+    pub(super) fn prune(&mut self, before_ms: i64) -> Result<Option<Checkpoint>, JournalError> {
+        let planned = self
+            .plan_cut(before_ms)
+            .map_err(|e| self.storage_fault(e))?;
+        let Some(mut cut) = planned else {
+            return Ok(None);
+        };
+        let id = format!("prn_{}", ulid::Ulid::generate());
+        let draft = Draft::observed(Body::JournalPruned(cut.checkpoint.clone()))
+            .source(Source::OperatorAttested);
+        let start = self.head();
+        let note = self.seal_note(&id, draft);
+        let checkpoint = cut.checkpoint.clone();
+        let set = WriteSet {
+            events: vec![note],
+            states: std::mem::take(&mut cut.kept),
+            cut: Some(cut),
+            ..WriteSet::default()
+        };
+        match self.persist_synced(set) {
+            Ok(()) => {
+                self.metrics.pruned(checkpoint.events);
+                Ok(Some(checkpoint))
+            }
+            Err(e) => {
+                self.rewind(start);
+                Err(e)
+            }
+        }
+    }
+
+    /// Which events, index runs and records a cut removes.
+    fn plan_cut(&self, before_ms: i64) -> Result<Option<Cut>, StoreError> {
+        let previous = self.store.checkpoint()?;
+        let first_seq = previous.map_or(1, |c| c.seq + 1);
+        let mut last = None;
+        let mut touched = Vec::new();
+        let mut seen = HashSet::new();
+        // A cut of nothing but the previous cut's note would only chain another.
+        let mut substantive = false;
+        for raw in self.store.raw_events(first_seq, EVENTS_PER_CUT)? {
+            // An unreadable event stays: `audit verify` must still see it.
+            let Ok(event) = super::encoding::decode(&raw.bytes) else {
+                break;
+            };
+            let old = event_ms(&event.ts).is_some_and(|ms| ms < before_ms);
+            if !old || event.seq != raw.key_seq {
+                break;
+            }
+            if seen.insert(event.invocation_id.clone()) {
+                // An unsettled record is replayed from its events: they stay until it
+                // settles (`postern reconcile` settles one that waits for an operator).
+                if !is_note(event.kind) && !self.settled(&event.invocation_id)? {
+                    break;
+                }
+                touched.push(event.invocation_id.clone());
+            }
+            substantive |= event.kind != EventKind::JournalPruned;
+            last = Some((event.seq, event.hash));
+        }
+        let Some((seq, hash)) = last.filter(|_| substantive) else {
+            return Ok(None);
+        };
+        let mut cut = Cut {
+            checkpoint: Checkpoint {
+                seq,
+                hash,
+                events: seq + 1 - first_seq,
+                records: 0,
+            },
+            first_seq,
+            runs: Vec::new(),
+            states: Vec::new(),
+            kept: Vec::new(),
+        };
+        for id in touched {
+            self.plan_invocation(&id, seq, &mut cut)?;
+        }
+        cut.checkpoint.records = cut.states.len() as u64;
+        Ok(Some(cut))
+    }
+
+    /// An invocation the cut goes through: its runs that end at or before `seq` go, and its
+    /// settled record goes when nothing of it is left and no index entry names it.
+    fn plan_invocation(&self, id: &str, seq: u64, cut: &mut Cut) -> Result<(), StoreError> {
+        let mut left = false;
+        for (first, count) in self.store.runs_of(id)? {
+            match first + u64::from(count) <= seq + 1 {
+                true => cut.runs.push((id.to_owned(), first)),
+                false => left = true,
+            }
+        }
+        let Some(mut state) = self.store.state(id)?.filter(|s| s.progress.closed) else {
+            return Ok(());
+        };
+        if !left && !self.held_by_index(&state)? {
+            cut.states.push(id.to_owned());
+        } else if !state.progress.events_pruned {
+            state.progress.events_pruned = true;
+            cut.kept.push(std::sync::Arc::new(state));
+        }
+        Ok(())
+    }
+
+    fn settled(&self, id: &str) -> Result<bool, StoreError> {
+        if self.is_live(id) {
+            return Ok(false);
+        }
+        Ok(self.store.state(id)?.is_some_and(|s| s.progress.closed))
+    }
+
+    /// A live idempotency key or resend twin names this record: a request that finds the
+    /// entry must still find the record (a missing one would read as never sent).
+    fn held_by_index(&self, state: &State) -> Result<bool, StoreError> {
+        let r = &state.record;
+        let now = unix_ms((self.clock)());
+        let names = |id: Option<(String, i64)>| {
+            id.is_some_and(|(id, at)| id == r.invocation_id && at > now)
+        };
+        if let Some(k) = &r.evidence.idempotency {
+            let slot = KeySlot {
+                scope: k.scope.clone(),
+                agent: r.agent.clone(),
+                key: k.key.clone(),
+            };
+            let entry = self.store.key_entry(&slot.index_key())?;
+            if names(entry.map(|e| (e.invocation_id, e.expires_at_ms))) {
+                return Ok(true);
+            }
+        }
+        if let (Some(route), Some(fingerprint)) = (&r.route, &r.evidence.fingerprint) {
+            let slot = TwinSlot {
+                agent: r.agent.clone(),
+                route: route.clone(),
+                fingerprint: fingerprint.clone(),
+            };
+            let entry = self.store.twin_entry(&slot.index_key())?;
+            if names(entry.map(|e| (e.invocation_id, e.expires_at_ms))) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// The daemon's own events: no record is projected from them.
+fn is_note(kind: EventKind) -> bool {
+    matches!(kind, EventKind::ConfigReloaded | EventKind::JournalPruned)
+}
+
+/// An event's `ts` as unix ms (`None` if it does not parse: such an event is kept).
+fn event_ms(ts: &str) -> Option<i64> {
+    let format = time::format_description::well_known::Rfc3339;
+    time::OffsetDateTime::parse(ts, &format).ok().map(unix_ms)
+}
