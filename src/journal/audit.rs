@@ -84,15 +84,15 @@ struct Walk {
 
 impl Walk {
     fn step(&mut self, raw: &super::store::RawEvent) -> Result<(), Box<AuditReport>> {
-        let fail = |walk: &Self, reason: &str| Box::new(walk.broken(raw.key_seq, reason));
-        if raw.key_seq != self.expected_seq {
+        let fail = |walk: &Self, reason: &str| Box::new(walk.broken(raw.seq, reason));
+        if raw.seq != self.expected_seq {
             let seq = self.expected_seq;
             return Err(Box::new(self.broken(seq, "missing event (seq gap)")));
         }
-        let Ok(event) = super::encoding::decode(&raw.bytes) else {
+        let Ok(event) = &raw.event else {
             return Err(fail(self, "event bytes do not parse"));
         };
-        if event.seq != raw.key_seq {
+        if event.seq != raw.seq {
             return Err(fail(self, "event seq differs from its key"));
         }
         if event.prev_hash != self.prev {
@@ -105,7 +105,7 @@ impl Walk {
             let vouched = serde_json::from_value::<Checkpoint>(event.data.clone()).ok();
             self.confirmed = vouched.is_some() && vouched == self.checkpoint;
         }
-        self.prev = event.hash;
+        self.prev = event.hash.clone();
         self.count += 1;
         self.expected_seq += 1;
         Ok(())

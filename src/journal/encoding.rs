@@ -14,6 +14,8 @@ use super::event::{Event, EventKind, Source};
 
 /// First byte of a compact frame (a JSON frame starts with `{`).
 const COMPACT: u8 = 0xB1;
+/// First byte of a run: consecutive events of one invocation stored as one value.
+const RUN: u8 = 0xB3;
 const HASH_PREFIX: &str = "sha256:";
 
 /// First byte of an LZ4-packed record (a plain one is JSON and starts with `{`).
@@ -88,7 +90,74 @@ fn compact(event: &Event) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// The event in stored bytes of either format.
+/// A run of consecutive events of one invocation (one append) as one stored value, keyed by
+/// its first seq. What the events share is stored once: the invocation id, the first
+/// `prev_hash` (each later one is the hash before it), and a `hop` or `ts` equal to the
+/// previous event's. `None` when the frame cannot hold one of them (see `encode`).
+///
+/// Run: tag, count (varint), first prev digest (32 bytes), invocation id (length byte and
+/// UTF-8); then per event: its digest (32 bytes), attempt and generation (varints), kind
+/// and source codes, a flags byte (1: hop as before, 2: ts as before), the hop and ts
+/// that are new (length byte and UTF-8), and `data` as JSON behind its length (varint).
+pub fn encode_run(events: &[Event]) -> Option<Vec<u8>> {
+    let first = events.first()?;
+    let mut out = Vec::with_capacity(64 + events.len() * 160);
+    out.push(RUN);
+    varint(&mut out, events.len() as u64);
+    out.extend_from_slice(&digest(&first.prev_hash)?);
+    text(&mut out, &first.invocation_id)?;
+    let mut previous: Option<&Event> = None;
+    for event in events {
+        let linked = previous.is_none_or(|p| p.hash == event.prev_hash && p.seq + 1 == event.seq);
+        if event.invocation_id != first.invocation_id || !linked {
+            return None;
+        }
+        out.extend_from_slice(&digest(&event.hash)?);
+        varint(&mut out, u64::from(event.attempt));
+        varint(&mut out, u64::from(event.generation));
+        out.push(kind_code(event.kind));
+        out.push(source_code(event.source));
+        let same_hop = previous.is_some_and(|p| p.hop == event.hop);
+        let same_ts = previous.is_some_and(|p| p.ts == event.ts);
+        out.push(u8::from(same_hop) | u8::from(same_ts) << 1);
+        if !same_hop {
+            text(&mut out, &event.hop)?;
+        }
+        if !same_ts {
+            text(&mut out, &event.ts)?;
+        }
+        let data = serde_json::to_vec(&event.data).ok()?;
+        varint(&mut out, data.len() as u64);
+        out.extend_from_slice(&data);
+        previous = Some(event);
+    }
+    Some(out)
+}
+
+/// The events of one stored value under key `key`: a run, or one event of either
+/// single-event format.
+pub fn decode_stored(key: u64, bytes: &[u8]) -> Result<Vec<Event>, DecodeError> {
+    match bytes.split_first() {
+        Some((&RUN, rest)) => Frame(rest).run(key),
+        _ => decode(bytes).map(|e| vec![e]),
+    }
+}
+
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn text(out: &mut Vec<u8>, t: &str) -> Option<()> {
+    out.push(u8::try_from(t.len()).ok()?);
+    out.extend_from_slice(t.as_bytes());
+    Some(())
+}
+
+/// The event in stored bytes of either single-event format.
 pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
     match bytes.first() {
         Some(&COMPACT) => Frame(&bytes[1..]).event(),
@@ -122,6 +191,73 @@ impl<'a> Frame<'a> {
         let [len] = self.array::<1>()?;
         let bytes = self.take(usize::from(len))?;
         String::from_utf8(bytes.to_vec()).map_err(|_| DecodeError("event text is not UTF-8"))
+    }
+
+    fn varint(&mut self) -> Result<u64, DecodeError> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let [b] = self.array::<1>()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(DecodeError("varint too long"))
+    }
+
+    fn small(&mut self) -> Result<u32, DecodeError> {
+        u32::try_from(self.varint()?).map_err(|_| DecodeError("counter out of range"))
+    }
+
+    fn digest(&mut self) -> Result<String, DecodeError> {
+        Ok(super::event::sha256_tagged_digest(&self.array::<32>()?))
+    }
+
+    fn run(mut self, key: u64) -> Result<Vec<Event>, DecodeError> {
+        let count = self.varint()?;
+        // Each event takes at least 37 bytes: a damaged count cannot make it allocate.
+        if count == 0 || count > (self.0.len() / 37) as u64 {
+            return Err(DecodeError("run count does not fit its bytes"));
+        }
+        let mut prev_hash = self.digest()?;
+        let invocation_id = self.text()?;
+        let (mut hop, mut ts) = (String::new(), String::new());
+        let mut out = Vec::with_capacity(count as usize);
+        for i in 0..count {
+            let hash = self.digest()?;
+            let attempt = self.small()?;
+            let generation = self.small()?;
+            let [kind, source, flags] = self.array::<3>()?;
+            let kind = kind_of(kind).ok_or(DecodeError("unknown event kind code"))?;
+            let source = source_of(source).ok_or(DecodeError("unknown event source code"))?;
+            if flags & 1 == 0 {
+                hop = self.text()?;
+            }
+            if flags & 2 == 0 {
+                ts = self.text()?;
+            }
+            let len = usize::try_from(self.varint()?).map_err(|_| DecodeError("data too long"))?;
+            let data = serde_json::from_slice(self.take(len)?)
+                .map_err(|_| DecodeError("event data does not parse"))?;
+            let next = hash.clone();
+            out.push(Event {
+                seq: key.saturating_add(i),
+                invocation_id: invocation_id.clone(),
+                attempt,
+                generation,
+                ts: ts.clone(),
+                kind,
+                source,
+                hop: hop.clone(),
+                data,
+                prev_hash: std::mem::replace(&mut prev_hash, next),
+                hash,
+            });
+        }
+        if !self.0.is_empty() {
+            return Err(DecodeError("bytes after the run's last event"));
+        }
+        Ok(out)
     }
 
     fn event(mut self) -> Result<Event, DecodeError> {
@@ -315,6 +451,80 @@ mod tests {
         for n in 0..packed.len() {
             let _ = unpack(&packed[..n]);
         }
+    }
+
+    /// Three chained events of one invocation, the last with another hop and ts.
+    fn chained() -> Vec<Event> {
+        let mut run = vec![sealed(
+            EventKind::ActionAccepted,
+            serde_json::json!({"m": "GET"}),
+        )];
+        for (kind, hop, ts) in [
+            (
+                EventKind::PreflightValidated,
+                "origin",
+                "2026-12-04T21:20:08.209Z",
+            ),
+            (
+                EventKind::DispatchStarted,
+                "postern",
+                "2026-12-04T21:20:09.001Z",
+            ),
+        ] {
+            let Some(before) = run.last() else { break };
+            let mut e = before.clone();
+            (e.seq, e.kind, e.hop, e.ts) = (before.seq + 1, kind, hop.into(), ts.into());
+            (e.prev_hash, e.generation) = (before.hash.clone(), 300);
+            e.seal();
+            run.push(e);
+        }
+        run
+    }
+
+    #[test]
+    fn a_run_round_trips_every_event_and_its_hash_and_is_smaller_than_its_frames() {
+        let run = chained();
+        let Some(bytes) = encode_run(&run) else {
+            panic!("the run frame holds these");
+        };
+        assert_eq!(bytes[0], RUN);
+        let frames: usize = run.iter().map(|e| encode(e).len()).sum();
+        assert!(bytes.len() + 150 < frames, "{} vs {frames}", bytes.len());
+        let back = decode_stored(42, &bytes).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, run);
+        assert!(back.iter().all(|e| e.compute_hash() == e.hash));
+        // A single event's value decodes as a run of one.
+        assert_eq!(
+            decode_stored(42, &encode(&run[0])),
+            Ok(vec![run[0].clone()])
+        );
+    }
+
+    #[test]
+    fn a_run_of_unlinked_events_or_with_a_long_field_is_not_framed() {
+        let mut run = chained();
+        run[2].prev_hash = run[0].hash.clone();
+        assert_eq!(encode_run(&run), None);
+        let mut run = chained();
+        run[1].hop = "h".repeat(300);
+        assert_eq!(encode_run(&run), None);
+        assert_eq!(encode_run(&[]), None);
+    }
+
+    #[test]
+    fn cut_or_damaged_runs_are_errors_not_panics() {
+        let Some(bytes) = encode_run(&chained()) else {
+            panic!("run");
+        };
+        for n in 0..bytes.len() {
+            assert!(decode_stored(42, &bytes[..n]).is_err(), "cut at {n}");
+        }
+        let mut huge = bytes.clone();
+        huge[1] = 0x7f;
+        assert!(decode_stored(42, &huge).is_err());
+        let mut longer = bytes;
+        longer.push(0);
+        assert!(decode_stored(42, &longer).is_err());
     }
 
     #[test]

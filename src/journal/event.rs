@@ -505,10 +505,9 @@ impl Event {
         sha256_tagged(&self.canonical_bytes())
     }
 
-    /// Sets `hash` and returns the event's stored bytes.
-    pub fn seal(&mut self) -> Vec<u8> {
+    /// Sets `hash`: the event is chained.
+    pub fn seal(&mut self) {
         self.hash = self.compute_hash();
-        super::encoding::encode(self)
     }
 
     fn canonical_bytes(&self) -> Vec<u8> {

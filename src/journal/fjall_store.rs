@@ -7,7 +7,7 @@ use fjall::{
     CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions, PersistMode,
 };
 
-use super::encoding::{decode, pack, unpack};
+use super::encoding::{decode_stored, encode, encode_run, pack, unpack};
 use super::event::{Checkpoint, Event};
 use super::keys::KeyEntry;
 use super::projection::State;
@@ -102,8 +102,13 @@ fn split_expiry(k: &[u8]) -> Result<(i64, &[u8]), StoreError> {
 }
 
 /// The events of a write, cut where the invocation changes or seq skips.
-fn invocation_runs(events: &[(Event, Vec<u8>)]) -> impl Iterator<Item = &[(Event, Vec<u8>)]> {
-    events.chunk_by(|(a, _), (b, _)| a.invocation_id == b.invocation_id && a.seq + 1 == b.seq)
+fn invocation_runs(events: &[Event]) -> impl Iterator<Item = &[Event]> {
+    events.chunk_by(|a, b| a.invocation_id == b.invocation_id && a.seq + 1 == b.seq)
+}
+
+fn key_seq(k: &[u8]) -> Result<u64, StoreError> {
+    let key: [u8; 8] = k.try_into().map_err(|e| corrupt("event key", e))?;
+    Ok(u64::from_be_bytes(key))
 }
 
 impl FjallStore {
@@ -168,7 +173,7 @@ impl EventStore for FjallStore {
     fn write(&self, set: WriteSet) -> Result<(), StoreError> {
         let mut batch = self.db.batch();
         for run in invocation_runs(&set.events) {
-            let (first, count) = (run[0].0.seq, run.len());
+            let (first, count) = (run[0].seq, run.len());
             // One index row per run of an invocation's events: its first seq, and how many
             // follow when more than one (an empty value is one, as rows were before).
             let follow = if count > 1 {
@@ -179,10 +184,16 @@ impl EventStore for FjallStore {
             } else {
                 Vec::new()
             };
-            let id = &run[0].0.invocation_id;
+            let id = &run[0].invocation_id;
             batch.insert(&self.by_invocation, invocation_key(id, first), follow);
-            for (event, bytes) in run {
-                batch.insert(&self.events, seq_key(event.seq), bytes.as_slice());
+            // One value per run; an event the run frame cannot hold is stored alone.
+            match encode_run(run) {
+                Some(bytes) => batch.insert(&self.events, seq_key(first), bytes),
+                None => {
+                    for event in run {
+                        batch.insert(&self.events, seq_key(event.seq), encode(event));
+                    }
+                }
             }
         }
         for state in &set.states {
@@ -236,21 +247,49 @@ impl EventStore for FjallStore {
         match self.events.last_key_value() {
             None => Ok(None),
             Some(guard) => {
-                let (_, v) = guard.into_inner()?;
-                decode(&v).map(Some).map_err(|e| corrupt("event", e))
+                let (k, v) = guard.into_inner()?;
+                let events = decode_stored(key_seq(&k)?, &v).map_err(|e| corrupt("event", e))?;
+                Ok(events.into_iter().last())
             }
         }
     }
 
     fn raw_events(&self, from: u64, limit: usize) -> Result<Vec<RawEvent>, StoreError> {
+        // `from` may sit inside a run stored under an earlier key.
+        let start = match self.events.range(..=seq_key(from)).next_back() {
+            Some(guard) => key_seq(&guard.key()?)?,
+            None => from,
+        };
         let mut out = Vec::new();
-        for guard in self.events.range(seq_key(from)..).take(limit) {
+        for guard in self.events.range(seq_key(start)..) {
+            if out.len() >= limit {
+                break;
+            }
             let (k, v) = guard.into_inner()?;
-            let key: [u8; 8] = k.as_ref().try_into().map_err(|e| corrupt("event key", e))?;
-            out.push(RawEvent {
-                key_seq: u64::from_be_bytes(key),
-                bytes: v.to_vec(),
-            });
+            let key = key_seq(&k)?;
+            match decode_stored(key, &v) {
+                Ok(events) => {
+                    let last = events.len().saturating_sub(1);
+                    for (i, event) in events.into_iter().enumerate() {
+                        let seq = key.saturating_add(i as u64);
+                        if seq >= from {
+                            out.push(RawEvent {
+                                seq,
+                                key,
+                                ends_value: i == last,
+                                event: Ok(event),
+                            });
+                        }
+                    }
+                }
+                Err(e) if key >= from => out.push(RawEvent {
+                    seq: key,
+                    key,
+                    ends_value: true,
+                    event: Err(e),
+                }),
+                Err(_) => {}
+            }
         }
         Ok(out)
     }
@@ -290,10 +329,11 @@ impl EventStore for FjallStore {
         let mut out = Vec::new();
         for (first, count) in self.runs_of(invocation_id)? {
             let end = first.saturating_add(u64::from(count));
-            // A run a retention cut went through reads only what is left of it.
-            for event in self.events.range(seq_key(first)..seq_key(end)) {
-                let (_, v) = event.into_inner()?;
-                out.push(decode(&v).map_err(|e| corrupt("event", e))?);
+            // A run is one value, or (older journals) one value per event.
+            for guard in self.events.range(seq_key(first)..seq_key(end)) {
+                let (k, v) = guard.into_inner()?;
+                let events = decode_stored(key_seq(&k)?, &v).map_err(|e| corrupt("event", e))?;
+                out.extend(events.into_iter().filter(|e| e.seq < end));
             }
         }
         Ok(out)
@@ -465,8 +505,8 @@ impl FjallStore {
     /// A retention cut: the events up to the checkpoint, the index runs that ended before
     /// it and the settled records with nothing left, removed; the checkpoint stored.
     fn write_cut(&self, batch: &mut fjall::OwnedWriteBatch, cut: &Cut) -> Result<(), StoreError> {
-        for seq in cut.first_seq..=cut.checkpoint.seq {
-            batch.remove(&self.events, seq_key(seq));
+        for key in &cut.keys {
+            batch.remove(&self.events, seq_key(*key));
         }
         for (id, first) in &cut.runs {
             batch.remove(&self.by_invocation, invocation_key(id, *first));

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 pub use audit::{AuditReport, ChainBreak, verify};
-pub use encoding::{DecodeError, decode as decode_event, unpack as unpack_record};
+pub use encoding::{DecodeError, decode as decode_event, decode_stored, unpack as unpack_record};
 pub use event::{
     Accepted, ApprovalAnswer, ApprovalRequest, Body, Checkpoint, ConfigReload, ConnectAttempt,
     Delivered, Dispatch, Draft, Event, EventKind, Failure, GENESIS_HASH, Lease, Preflight,

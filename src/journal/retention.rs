@@ -83,18 +83,20 @@ impl Writer {
     fn plan_cut(&self, before_ms: i64) -> Result<Option<Cut>, StoreError> {
         let previous = self.store.checkpoint()?;
         let first_seq = previous.map_or(1, |c| c.seq + 1);
-        let mut last = None;
         let mut touched = Vec::new();
         let mut seen = HashSet::new();
         // A cut of nothing but the previous cut's note would only chain another.
         let mut substantive = false;
+        let mut keys = Vec::new();
+        // The cut so far, taken only where a stored value ends (a run is cut whole).
+        let mut whole = None;
         for raw in self.store.raw_events(first_seq, EVENTS_PER_CUT)? {
             // An unreadable event stays: `audit verify` must still see it.
-            let Ok(event) = super::encoding::decode(&raw.bytes) else {
+            let Ok(event) = raw.event else {
                 break;
             };
             let old = event_ms(&event.ts).is_some_and(|ms| ms < before_ms);
-            if !old || event.seq != raw.key_seq {
+            if !old || event.seq != raw.seq {
                 break;
             }
             if seen.insert(event.invocation_id.clone()) {
@@ -103,12 +105,16 @@ impl Writer {
                 if !is_note(event.kind) && !self.settled(&event.invocation_id)? {
                     break;
                 }
-                touched.push(event.invocation_id.clone());
+                touched.push((event.invocation_id.clone(), event.seq));
             }
             substantive |= event.kind != EventKind::JournalPruned;
-            last = Some((event.seq, event.hash));
+            if raw.ends_value {
+                keys.push(raw.key);
+                whole = Some((event.seq, event.hash, substantive));
+            }
         }
-        let Some((seq, hash)) = last.filter(|_| substantive) else {
+        let last = whole.and_then(|(seq, hash, substantive)| substantive.then_some((seq, hash)));
+        let Some((seq, hash)) = last else {
             return Ok(None);
         };
         let mut cut = Cut {
@@ -119,12 +125,13 @@ impl Writer {
                 records: 0,
             },
             first_seq,
+            keys,
             runs: Vec::new(),
             states: Vec::new(),
             kept: Vec::new(),
         };
-        for id in touched {
-            self.plan_invocation(&id, seq, &mut cut)?;
+        for (id, _) in touched.iter().filter(|(_, at)| *at <= seq) {
+            self.plan_invocation(id, seq, &mut cut)?;
         }
         cut.checkpoint.records = cut.states.len() as u64;
         Ok(Some(cut))

@@ -27,7 +27,7 @@ pub enum StoreError {
 #[derive(Debug, Default)]
 pub struct WriteSet {
     /// Events with their stored JSON (from `Event::seal`).
-    pub events: Vec<(Event, Vec<u8>)>,
+    pub events: Vec<Event>,
     pub states: Vec<std::sync::Arc<State>>,
     /// Invocations with a live exchange (recovery looks at these).
     pub opened: Vec<String>,
@@ -55,6 +55,8 @@ pub struct Cut {
     pub checkpoint: Checkpoint,
     /// The seqs removed: from the previous checkpoint's next to `checkpoint.seq`.
     pub first_seq: u64,
+    /// The keys of the stored values holding them.
+    pub keys: Vec<u64>,
     /// Index runs removed: (invocation id, first seq of the run).
     pub runs: Vec<(String, u64)>,
     /// Settled records removed (none of their events is left).
@@ -79,9 +81,7 @@ impl WriteSet {
     /// Whether this write touches an invocation's events or stored state: the sweeps must
     /// not remove the state of one (a write may reopen a settled record).
     pub fn touches(&self, invocation_id: &str) -> bool {
-        self.events
-            .iter()
-            .any(|(e, _)| e.invocation_id == invocation_id)
+        self.events.iter().any(|e| e.invocation_id == invocation_id)
             || self
                 .states
                 .iter()
@@ -89,10 +89,17 @@ impl WriteSet {
     }
 }
 
-/// One raw stored event, for the audit walk (which must see unparsable bytes too).
+/// One stored event as read back, for the audit walk (which must see unparsable values
+/// too) and retention cuts.
 pub struct RawEvent {
-    pub key_seq: u64,
-    pub bytes: Vec<u8>,
+    /// The seq this event holds: its value's key plus its place in a run.
+    pub seq: u64,
+    /// The key of the stored value it came from (a run holds several events).
+    pub key: u64,
+    /// Whether it is the last event of that value (a cut ends only there).
+    pub ends_value: bool,
+    /// The event, or why its value does not decode (then it stands for the whole value).
+    pub event: Result<Event, super::encoding::DecodeError>,
 }
 
 /// The journal's storage. Implementations must make `write` atomic.
@@ -103,7 +110,8 @@ pub trait EventStore: Send + Sync + 'static {
     fn sync(&self) -> Result<(), StoreError>;
     /// The event with the highest seq.
     fn head(&self) -> Result<Option<Event>, StoreError>;
-    /// Raw events with seq >= `from`, at most `limit`, in seq order.
+    /// Stored events with seq >= `from`, at most `limit` (or to the end of the last value
+    /// read), in seq order.
     fn raw_events(&self, from: u64, limit: usize) -> Result<Vec<RawEvent>, StoreError>;
     /// The index runs of one invocation: (first seq, how many consecutive events).
     fn runs_of(&self, invocation_id: &str) -> Result<Vec<(u64, u32)>, StoreError>;

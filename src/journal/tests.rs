@@ -793,22 +793,24 @@ fn a_checkpoint_no_journal_pruned_event_vouches_for_is_a_break() {
         assert_eq!(rt.block_on(journal.prune_events()), Ok(5));
         assert!(rt.block_on(settled(&journal)).is_ok());
     }
-    // Someone removes the note (seq 6) and seq 7 behind a checkpoint whose hash is right.
+    // Someone removes the note (seq 6) and the run 7..=9 behind a checkpoint whose hash
+    // is right.
     let Ok(store) = FjallStore::open(dir.path()) else {
         panic!("store");
     };
-    let events = store.raw_events(7, 1).unwrap_or_default();
-    let Some(seventh) = events.first().and_then(|r| encoding::decode(&r.bytes).ok()) else {
-        panic!("no seq 7");
+    let events = store.raw_events(9, 1).unwrap_or_default();
+    let Some(Ok(ninth)) = events.into_iter().next().map(|r| r.event) else {
+        panic!("no seq 9");
     };
     let forged = Cut {
         checkpoint: Checkpoint {
-            seq: 7,
-            hash: seventh.hash,
-            events: 2,
+            seq: 9,
+            hash: ninth.hash,
+            events: 4,
             records: 0,
         },
         first_seq: 6,
+        keys: vec![6, 7],
         runs: vec![],
         states: vec![],
         kept: vec![],
@@ -821,7 +823,7 @@ fn a_checkpoint_no_journal_pruned_event_vouches_for_is_a_break() {
     let report = verify(&store);
     assert!(
         report.as_ref().is_ok_and(|r| !r.ok
-            && r.from_seq == 8
+            && r.from_seq == 10
             && r.chain_break
                 .as_ref()
                 .is_some_and(|b| b.reason.contains("checkpoint not confirmed"))),

@@ -97,7 +97,7 @@ pub(super) struct Writer {
 }
 
 struct Staged {
-    events: Vec<(Event, Vec<u8>)>,
+    events: Vec<Event>,
     state: Arc<State>,
     was_open: bool,
     /// The invocation was not closed before this request.
@@ -209,7 +209,7 @@ impl Writer {
                             set.twins.push(w);
                         }
                         needs_sync |= staged.needs_sync;
-                        let seqs = staged.events.iter().map(|(e, _)| e.seq).collect();
+                        let seqs = staged.events.iter().map(|e| e.seq).collect();
                         let closed = staged.state.progress.closed;
                         if closed && staged.was_open {
                             set.closed.push(invocation_id.clone());
@@ -261,9 +261,9 @@ impl Writer {
                     }
                 }
                 Request::Note { id, draft, reply } => {
-                    let (event, bytes) = self.seal_note(&id, draft);
+                    let event = self.seal_note(&id, draft);
                     notes.push((reply, event.seq));
-                    set.events.push((event, bytes));
+                    set.events.push(event);
                     needs_sync = true;
                 }
                 Request::Flush { reply } => {
@@ -326,7 +326,7 @@ impl Writer {
     }
 
     /// Chains one event of the daemon's own, outside any invocation's projection.
-    pub(super) fn seal_note(&mut self, id: &str, draft: Draft) -> (Event, Vec<u8>) {
+    pub(super) fn seal_note(&mut self, id: &str, draft: Draft) -> Event {
         let (kind, data) = split_body(&draft.body);
         let mut event = Event {
             seq: self.head_seq + 1,
@@ -341,10 +341,10 @@ impl Writer {
             prev_hash: self.head_hash.clone(),
             hash: String::new(),
         };
-        let bytes = event.seal();
+        event.seal();
         self.head_seq = event.seq;
         self.head_hash = event.hash.clone();
-        (event, bytes)
+        event
     }
 
     /// `stage`, after checking the index claims riding it; a refused claim writes nothing.
@@ -490,7 +490,7 @@ impl Writer {
         if self.health.is_fatal() {
             return Err(JournalError::Unavailable);
         }
-        let kinds: Vec<EventKind> = set.events.iter().map(|(e, _)| e.kind).collect();
+        let kinds: Vec<EventKind> = set.events.iter().map(|e| e.kind).collect();
         let count = set.events.len();
         if let Err(e) = self.store.write(set) {
             return Err(self.storage_fault(e));
@@ -629,13 +629,13 @@ impl Writer {
                 prev_hash: prev,
                 hash: String::new(),
             };
-            let bytes = event.seal();
+            event.seal();
             let dispatched_before = state.as_ref().is_some_and(|s| s.progress.dispatched_ever);
             let next = apply_body(state.take().map(Arc::unwrap_or_clone), &event, draft.body)
                 .map_err(JournalError::Refused)?;
             needs_sync |= needs_sync_rule(kind, dispatched_before);
             prev = event.hash.clone();
-            events.push((event, bytes));
+            events.push(event);
             state = Some(Arc::new(next));
         }
         let state = state.ok_or(JournalError::Refused(Refusal::UnknownInvocation))?;

@@ -5,14 +5,34 @@ use serde_json::Value;
 
 use crate::support::{Daemon, Home, TEST_CONFIG, get_json, journal_dir, stdout};
 
-/// Rewrites one stored event the way an attacker with disk access would.
-fn tamper(home: &Home, seq: u64, edit: impl FnOnce(&mut Value)) {
+/// The events keyspace with the value holding `seq` split into one stored event per seq
+/// (a run holds several), so one of them can be edited or removed alone.
+fn split_at(home: &Home, seq: u64) -> (Database, fjall::Keyspace) {
     let db = Database::builder(journal_dir(&home.root()))
         .open()
         .expect("open journal");
     let events = db
         .keyspace("events", KeyspaceCreateOptions::default)
         .expect("events");
+    let (k, v) = events
+        .range(..=seq.to_be_bytes())
+        .next_back()
+        .expect("a value at or before the seq")
+        .into_inner()
+        .expect("read");
+    let key = u64::from_be_bytes(k.as_ref().try_into().expect("seq key"));
+    let stored = postern::journal::decode_stored(key, &v).expect("stored events");
+    events.remove(k).expect("remove");
+    for event in stored {
+        let json = serde_json::to_vec(&event).expect("event json");
+        events.insert(event.seq.to_be_bytes(), json).expect("write");
+    }
+    (db, events)
+}
+
+/// Rewrites one stored event the way an attacker with disk access would.
+fn tamper(home: &Home, seq: u64, edit: impl FnOnce(&mut Value)) {
+    let (db, events) = split_at(home, seq);
     let raw = events
         .get(seq.to_be_bytes())
         .expect("read")
@@ -27,12 +47,7 @@ fn tamper(home: &Home, seq: u64, edit: impl FnOnce(&mut Value)) {
 }
 
 fn remove(home: &Home, seq: u64) {
-    let db = Database::builder(journal_dir(&home.root()))
-        .open()
-        .expect("open journal");
-    let events = db
-        .keyspace("events", KeyspaceCreateOptions::default)
-        .expect("events");
+    let (db, events) = split_at(home, seq);
     events.remove(seq.to_be_bytes()).expect("remove");
     db.persist(fjall::PersistMode::SyncAll).expect("persist");
 }

@@ -494,8 +494,11 @@ pub fn stored_text(daemon: &mut Daemon) -> String {
                 .into_inner()
                 .unwrap_or_else(|e| panic!("{name}: {e:?}"));
             text += &String::from_utf8_lossy(&k);
-            text += &match postern::journal::decode_event(&v) {
-                Ok(event) if name == "events" => serde_json::to_string(&event).unwrap_or_default(),
+            let seq = k.as_ref().try_into().map(u64::from_be_bytes).unwrap_or(0);
+            text += &match postern::journal::decode_stored(seq, &v) {
+                Ok(events) if name == "events" => {
+                    serde_json::to_string(&events).unwrap_or_default()
+                }
                 _ => match postern::journal::unpack_record(&v) {
                     Ok(json) => String::from_utf8_lossy(&json).into_owned(),
                     Err(e) => panic!("{name} holds a value that does not unpack: {e}"),
