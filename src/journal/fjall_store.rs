@@ -10,7 +10,7 @@ use fjall::{
 use super::encoding::{decode_stored, encode, encode_run, pack, unpack};
 use super::event::{Checkpoint, Event};
 use super::keys::KeyEntry;
-use super::projection::State;
+use super::projection::{State, replay};
 use super::request::StoredRequest;
 use super::result::StoredResult;
 use super::store::{Cut, EventStore, RawEvent, StoreError, WriteSet};
@@ -198,7 +198,13 @@ impl EventStore for FjallStore {
         }
         for state in &set.states {
             let id = state.record.invocation_id.as_bytes();
-            batch.insert(&self.states, id, to_record("state", state.as_ref())?);
+            // A settled record whose events are all kept is their projection: its row only
+            // marks it settled (and lists it), and reading it replays them.
+            let row = match state.progress.closed && !state.progress.events_pruned {
+                true => Vec::new(),
+                false => to_record("state", state.as_ref())?,
+            };
+            batch.insert(&self.states, id, row);
         }
         for id in &set.opened {
             batch.insert(&self.open, id.as_bytes(), []);
@@ -342,7 +348,7 @@ impl EventStore for FjallStore {
     fn state(&self, invocation_id: &str) -> Result<Option<State>, StoreError> {
         match self.states.get(invocation_id.as_bytes())? {
             None => Ok(None),
-            Some(v) => from_record("state", &v).map(Some),
+            Some(v) => self.stored_state(invocation_id, &v),
         }
     }
 
@@ -353,8 +359,9 @@ impl EventStore for FjallStore {
         };
         let mut out = Vec::new();
         for guard in iter.rev().take(limit) {
-            let (_, v) = guard.into_inner()?;
-            out.push(from_record("state", &v)?);
+            let (k, v) = guard.into_inner()?;
+            let id = std::str::from_utf8(&k).map_err(|e| corrupt("state key", e))?;
+            out.extend(self.stored_state(id, &v)?);
         }
         Ok(out)
     }
@@ -500,6 +507,19 @@ impl FjallStore {
             );
         }
         Ok(())
+    }
+
+    /// A state row: the record itself, or (empty) a mark that it settled and is the
+    /// projection of its events.
+    fn stored_state(&self, id: &str, row: &[u8]) -> Result<Option<State>, StoreError> {
+        if !row.is_empty() {
+            return from_record("state", row).map(Some);
+        }
+        let replayed = replay(&self.events_of(id)?);
+        match replayed {
+            Some(state) if state.progress.closed => Ok(Some(state)),
+            _ => Err(corrupt("state", "a settled record's events do not settle it")),
+        }
     }
 
     /// A retention cut: the events up to the checkpoint, the index runs that ended before
