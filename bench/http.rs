@@ -157,11 +157,7 @@ fn start_origin(rt: &tokio::runtime::Runtime) -> Origin {
 /// The floor under any intercepting proxy here: CONNECT, TLS in, HTTP/1.1 parse, TLS out,
 /// keep-alive upstream; no policy, no journal. On its own 2-thread runtime, as postern is.
 fn start_relay(origin: &Origin) -> SocketAddr {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
@@ -512,6 +508,15 @@ fn us(d: Duration) -> String {
 }
 
 /// `POSTERN_BENCH_ONLY` (e.g. `GET small 1 postern fsync`) runs just the matching cells.
+/// Two worker threads, as the 2-core machines this runs on have.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn selected(cell: &str) -> bool {
     std::env::var("POSTERN_BENCH_ONLY").map_or(true, |only| cell.contains(&only))
 }
@@ -523,11 +528,7 @@ fn main() {
     if std::env::var("POSTERN_BENCH_ONLY").is_ok_and(|only| only == "soak") {
         return soak();
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let origin = start_origin(&rt);
     let direct_tls = tls_client(origin.ca_pem.as_bytes());
     let relay = start_relay(&origin);
@@ -755,11 +756,7 @@ fn soak() {
             .unwrap_or(default)
     };
     let (secs, rate) = (env("POSTERN_SOAK_SECS", 600), env("POSTERN_SOAK_RATE", 200));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let origin = start_origin(&rt);
     let retention = "event_retention = \"60s\"\nresult_retention = \"60s\"\n";
     let p = start_postern_journal(&origin, "fsync", false, retention);

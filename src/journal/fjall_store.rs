@@ -518,7 +518,10 @@ impl FjallStore {
         let replayed = replay(&self.events_of(id)?);
         match replayed {
             Some(state) if state.progress.closed => Ok(Some(state)),
-            _ => Err(corrupt("state", "a settled record's events do not settle it")),
+            _ => Err(corrupt(
+                "state",
+                "a settled record's events do not settle it",
+            )),
         }
     }
 

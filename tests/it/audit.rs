@@ -120,3 +120,40 @@ fn a_deleted_event_is_a_gap() {
         stdout(&out)
     );
 }
+
+#[test]
+fn events_past_their_retention_are_pruned_behind_a_checkpoint_the_audit_starts_from() {
+    let home = Home::new();
+    home.drill("POST", "RESULT_DELIVERED", None);
+    home.drill("GET", "RESULT_DELIVERED", None);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let config = format!("{TEST_CONFIG}event_retention = \"1s\"\nresult_retention = \"1s\"\n");
+    let daemon = Daemon::start(&home, Some(&config));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let report = loop {
+        let (status, report) = get_json(&daemon.url("/v1/audit/verify"), &[]);
+        assert_eq!(status, 200);
+        if report["from_seq"] != 1 || std::time::Instant::now() > deadline {
+            break report;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    // Both settled invocations (seq 1..=18) went; the JOURNAL_PRUNED note vouches for them.
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["from_seq"], 19, "{report}");
+    assert_eq!(report["checkpoint"]["seq"], 18);
+    assert_eq!(report["checkpoint"]["records"], 2);
+    let out = daemon.cli(&["audit", "verify"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout(&out).starts_with("ok: 1 events from seq 19 (checkpoint at seq 18, hash sha256:"),
+        "{}",
+        stdout(&out)
+    );
+    let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);
+    assert_eq!(
+        list["invocations"].as_array().map(Vec::len),
+        Some(0),
+        "{list}"
+    );
+}
