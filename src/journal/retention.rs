@@ -49,9 +49,15 @@ impl Journal {
 impl Writer {
     /// One cut, written and synced alone; `None` when nothing is old enough.
     pub(super) fn prune(&mut self, before_ms: i64) -> Result<Option<Checkpoint>, JournalError> {
-        let planned = self
-            .plan_cut(before_ms)
-            .map_err(|e| self.storage_fault(e))?;
+        let planned = self.plan_cut(before_ms).or_else(|e| match e {
+            // A record that does not read back stays, and so does all after it: the
+            // sweep is no reason to stop postern (`audit verify` reports such damage).
+            StoreError::Corrupt { what, detail } => {
+                tracing::warn!(what, detail, "retention cut stopped at unreadable data");
+                Ok(None)
+            }
+            other => Err(self.storage_fault(other)),
+        })?;
         let Some(mut cut) = planned else {
             return Ok(None);
         };

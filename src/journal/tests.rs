@@ -830,3 +830,33 @@ fn a_checkpoint_no_journal_pruned_event_vouches_for_is_a_break() {
         "{report:?}"
     );
 }
+
+#[test]
+fn a_record_that_does_not_read_back_stops_the_cut_and_not_postern() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let rt = rt();
+    let id = {
+        let journal = open_pruning(dir.path());
+        let id = rt.block_on(settled(&journal));
+        let Ok(id) = id else { panic!("{id:?}") };
+        id
+    };
+    {
+        let Ok(db) = fjall::Database::builder(dir.path()).open() else {
+            panic!("open");
+        };
+        let Ok(states) = db.keyspace("states", fjall::KeyspaceCreateOptions::default) else {
+            panic!("states");
+        };
+        assert!(states.insert(id.as_bytes(), b"\xB2damaged").is_ok());
+        assert!(db.persist(fjall::PersistMode::SyncAll).is_ok());
+    }
+    let journal = open_pruning(dir.path());
+    let_them_age();
+    assert_eq!(rt.block_on(journal.prune_events()), Ok(0));
+    // postern goes on: new work is still journaled.
+    assert!(rt.block_on(settled(&journal)).is_ok());
+    assert!(journal.verify().is_ok_and(|r| r.ok && r.from_seq == 1));
+}
