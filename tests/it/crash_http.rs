@@ -250,7 +250,8 @@ fn cells() -> Vec<Cell> {
     }
     // Over h2 REQUEST_SENT means the request's end was handed to its stream, whose frames
     // may still be queued when the crash comes: the origin then saw it or not (the record
-    // is `unknown` either way), so only HTTP/1.1 pins the count.
+    // is `unknown` either way), so only HTTP/1.1 is crashed there (and over TLS the count
+    // may be one short, see `run`).
     cells.push(Cell {
         remote: Remote::Answers(3000),
         ..over(Https, "REQUEST_SENT", Stream, restarted(1))
@@ -511,7 +512,18 @@ fn run(c: &Cell, template: &Home) {
         assert_eq!(evidence["response_status"], status, "{ctx}: {record}");
     }
     let effects = c.expect.effects + earlier;
-    assert_eq!(origin.hits(), effects, "{ctx}: requests the origin saw");
+    // Over TLS the origin has sent postern a session ticket it never read: the crash right
+    // after REQUEST_SENT closes that socket with a reset, which can discard the request
+    // before the origin reads it (seen under load). The record is `unknown` either way.
+    let may_be_lost = c.crash_after == "REQUEST_SENT" && up.tls.is_some();
+    let hits = origin.hits();
+    match may_be_lost {
+        true => assert!(
+            (effects - c.expect.effects.min(1)..=effects).contains(&hits),
+            "{ctx}: requests the origin saw: {hits}, expected {effects} or one lost"
+        ),
+        false => assert_eq!(hits, effects, "{ctx}: requests the origin saw"),
+    }
     if c.pooled {
         let (_, list) = get_json(&daemon.url("/v1/invocations"), &[]);
         let first = &list["invocations"][1];
