@@ -620,6 +620,13 @@ fn a_daemon_note_is_chained_between_invocations_and_survives_a_restart() {
     assert_eq!(events[0].kind, EventKind::ConfigReloaded);
 }
 
+fn temp_dir() -> tempfile::TempDir {
+    match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(e) => panic!("no temp dir: {e}"),
+    }
+}
+
 fn open_pruning(dir: &Path) -> Journal {
     let options = JournalOptions {
         event_retention_ms: 0,
@@ -651,9 +658,7 @@ fn let_them_age() {
 
 #[test]
 fn retention_prunes_settled_history_behind_a_checkpoint_the_audit_starts_from() {
-    let Ok(dir) = tempfile::tempdir() else {
-        panic!("no temp dir");
-    };
+    let dir = temp_dir();
     let rt = rt();
     let (a, b, open_one, d) = {
         let journal = open_pruning(dir.path());
@@ -721,9 +726,7 @@ fn retention_prunes_settled_history_behind_a_checkpoint_the_audit_starts_from() 
 
 #[test]
 fn a_record_an_idempotency_key_names_outlives_its_events_and_goes_with_the_key() {
-    let Ok(dir) = tempfile::tempdir() else {
-        panic!("no temp dir");
-    };
+    let dir = temp_dir();
     let journal = open_pruning(dir.path());
     let rt = rt();
     let id = new_invocation_id();
@@ -782,9 +785,7 @@ fn a_record_an_idempotency_key_names_outlives_its_events_and_goes_with_the_key()
 
 #[test]
 fn a_checkpoint_no_journal_pruned_event_vouches_for_is_a_break() {
-    let Ok(dir) = tempfile::tempdir() else {
-        panic!("no temp dir");
-    };
+    let dir = temp_dir();
     let rt = rt();
     {
         let journal = open_pruning(dir.path());
@@ -833,9 +834,7 @@ fn a_checkpoint_no_journal_pruned_event_vouches_for_is_a_break() {
 
 #[test]
 fn a_record_that_does_not_read_back_stops_the_cut_and_not_postern() {
-    let Ok(dir) = tempfile::tempdir() else {
-        panic!("no temp dir");
-    };
+    let dir = temp_dir();
     let rt = rt();
     let id = {
         let journal = open_pruning(dir.path());
