@@ -479,18 +479,12 @@ pub struct Event {
     pub hash: String,
 }
 
-#[derive(Serialize)]
-struct Canonical<'a> {
-    seq: u64,
-    invocation_id: &'a str,
-    attempt: u32,
-    generation: u32,
-    ts: &'a str,
-    kind: EventKind,
-    source: Source,
-    hop: &'a str,
-    data: &'a serde_json::Value,
-    prev_hash: &'a str,
+/// A chained event with its `data` as the JSON its hash was computed over, so the store
+/// does not serialize it a second time.
+#[derive(Debug, Clone)]
+pub struct Sealed {
+    pub event: Event,
+    pub data_json: Vec<u8>,
 }
 
 impl Event {
@@ -502,28 +496,50 @@ impl Event {
 
     /// SHA-256 over the canonical bytes of everything but `hash`.
     pub fn compute_hash(&self) -> String {
-        sha256_tagged(&self.canonical_bytes())
+        let data = serde_json::to_vec(&self.data).unwrap_or_default();
+        sha256_tagged(&self.canonical_bytes(&data))
     }
 
-    /// Sets `hash`: the event is chained.
+    /// Sets `hash` in place (tests build chains by hand).
+    #[cfg(test)]
     pub fn seal(&mut self) {
         self.hash = self.compute_hash();
     }
 
-    fn canonical_bytes(&self) -> Vec<u8> {
-        let canonical = Canonical {
-            seq: self.seq,
-            invocation_id: &self.invocation_id,
-            attempt: self.attempt,
-            generation: self.generation,
-            ts: &self.ts,
-            kind: self.kind,
-            source: self.source,
-            hop: &self.hop,
-            data: &self.data,
-            prev_hash: &self.prev_hash,
-        };
-        serde_json::to_vec(&canonical).unwrap_or_default()
+    /// Sets `hash`: the event is chained.
+    pub fn sealed(mut self) -> Sealed {
+        let data_json = serde_json::to_vec(&self.data).unwrap_or_default();
+        self.hash = sha256_tagged(&self.canonical_bytes(&data_json));
+        Sealed {
+            event: self,
+            data_json,
+        }
+    }
+
+    /// The event as compact JSON with the fields in this order and without `hash`; `data`
+    /// (a `Value`, so its keys are sorted) given as its JSON. What `serde_json` writes for
+    /// the same fields, assembled here so `data` is serialized once for hash and store.
+    fn canonical_bytes(&self, data: &[u8]) -> Vec<u8> {
+        fn field(out: &mut Vec<u8>, name: &str, value: &impl Serialize) {
+            out.push(if out.is_empty() { b'{' } else { b',' });
+            let _ = serde_json::to_writer(&mut *out, name);
+            out.push(b':');
+            let _ = serde_json::to_writer(&mut *out, value);
+        }
+        let mut out = Vec::with_capacity(320 + data.len());
+        field(&mut out, "seq", &self.seq);
+        field(&mut out, "invocation_id", &self.invocation_id);
+        field(&mut out, "attempt", &self.attempt);
+        field(&mut out, "generation", &self.generation);
+        field(&mut out, "ts", &self.ts);
+        field(&mut out, "kind", &self.kind);
+        field(&mut out, "source", &self.source);
+        field(&mut out, "hop", &self.hop);
+        out.extend_from_slice(b",\"data\":");
+        out.extend_from_slice(data);
+        field(&mut out, "prev_hash", &self.prev_hash);
+        out.push(b'}');
+        out
     }
 }
 
@@ -606,6 +622,63 @@ mod tests {
         let back: Event = serde_json::from_str(&text).unwrap_or_else(|_| event.clone());
         assert_eq!(back.compute_hash(), event.hash);
         assert!(event.hash.starts_with("sha256:") && event.hash.len() == 71);
+    }
+
+    /// The canonical form as `serde_json` writes these fields: what every hash so far was
+    /// computed over.
+    #[derive(Serialize)]
+    struct Canonical<'a> {
+        seq: u64,
+        invocation_id: &'a str,
+        attempt: u32,
+        generation: u32,
+        ts: &'a str,
+        kind: EventKind,
+        source: Source,
+        hop: &'a str,
+        data: &'a serde_json::Value,
+        prev_hash: &'a str,
+    }
+
+    #[test]
+    fn the_assembled_canonical_bytes_are_what_serde_json_writes() {
+        let data =
+            serde_json::json!({"z": [1, "\"é\\\u{1}"], "a": {"y": null, "b": 2.5}, "m": true});
+        let event = Event {
+            seq: u64::MAX,
+            invocation_id: "act_\"x\n".into(),
+            attempt: 3,
+            generation: 7,
+            ts: "2026-01-01T00:00:00.000Z".into(),
+            kind: EventKind::RemoteResponseComplete,
+            source: Source::RemoteQuery,
+            hop: "proxy:corp\\1".into(),
+            data,
+            prev_hash: GENESIS_HASH.into(),
+            hash: String::new(),
+        };
+        let expected = serde_json::to_vec(&Canonical {
+            seq: event.seq,
+            invocation_id: &event.invocation_id,
+            attempt: event.attempt,
+            generation: event.generation,
+            ts: &event.ts,
+            kind: event.kind,
+            source: event.source,
+            hop: &event.hop,
+            data: &event.data,
+            prev_hash: &event.prev_hash,
+        })
+        .unwrap_or_default();
+        let data_json = serde_json::to_vec(&event.data).unwrap_or_default();
+        assert_eq!(
+            String::from_utf8_lossy(&event.canonical_bytes(&data_json)),
+            String::from_utf8_lossy(&expected)
+        );
+        let sealed = event.clone().sealed();
+        assert_eq!(sealed.event.hash, sha256_tagged(&expected));
+        assert_eq!(sealed.data_json, data_json);
+        assert_eq!(sealed.event.compute_hash(), sealed.event.hash);
     }
 
     #[test]

@@ -7,8 +7,8 @@ use fjall::{
     CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions, PersistMode,
 };
 
-use super::encoding::{decode_stored, encode, encode_run, pack, unpack};
-use super::event::{Checkpoint, Event};
+use super::encoding::{decode_stored, decode_stored_within, encode, encode_group, pack, unpack};
+use super::event::{Checkpoint, Event, Sealed};
 use super::keys::KeyEntry;
 use super::projection::{State, replay};
 use super::request::StoredRequest;
@@ -102,8 +102,10 @@ fn split_expiry(k: &[u8]) -> Result<(i64, &[u8]), StoreError> {
 }
 
 /// The events of a write, cut where the invocation changes or seq skips.
-fn invocation_runs(events: &[Event]) -> impl Iterator<Item = &[Event]> {
-    events.chunk_by(|a, b| a.invocation_id == b.invocation_id && a.seq + 1 == b.seq)
+fn invocation_runs(events: &[Sealed]) -> impl Iterator<Item = &[Sealed]> {
+    events.chunk_by(|a, b| {
+        a.event.invocation_id == b.event.invocation_id && a.event.seq + 1 == b.event.seq
+    })
 }
 
 fn key_seq(k: &[u8]) -> Result<u64, StoreError> {
@@ -172,29 +174,34 @@ impl FjallStore {
 impl EventStore for FjallStore {
     fn write(&self, set: WriteSet) -> Result<(), StoreError> {
         let mut batch = self.db.batch();
-        for run in invocation_runs(&set.events) {
-            let (first, count) = (run[0].seq, run.len());
-            // One index row per run of an invocation's events: its first seq, and how many
-            // follow when more than one (an empty value is one, as rows were before).
-            let follow = if count > 1 {
-                u32::try_from(count)
-                    .unwrap_or(u32::MAX)
-                    .to_le_bytes()
-                    .to_vec()
-            } else {
-                Vec::new()
-            };
-            let id = &run[0].invocation_id;
-            batch.insert(&self.by_invocation, invocation_key(id, first), follow);
-            // One value per run; an event the run frame cannot hold is stored alone.
-            match encode_run(run) {
-                Some(bytes) => batch.insert(&self.events, seq_key(first), bytes),
-                None => {
-                    for event in run {
-                        batch.insert(&self.events, seq_key(event.seq), encode(event));
-                    }
+        // One value for the write; an event the group frame cannot hold is stored alone.
+        match (set.events.first(), encode_group(&set.events)) {
+            (Some(first), Some(bytes)) => {
+                batch.insert(&self.events, seq_key(first.event.seq), bytes)
+            }
+            _ => {
+                for sealed in &set.events {
+                    batch.insert(
+                        &self.events,
+                        seq_key(sealed.event.seq),
+                        encode(&sealed.event),
+                    );
                 }
             }
+        }
+        for run in invocation_runs(&set.events) {
+            // One index row per run of an invocation's events: its first seq, and how many
+            // follow when more than one (an empty value is one, as rows were before).
+            let follow = match run.len() {
+                1 => Vec::new(),
+                n => u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes().to_vec(),
+            };
+            let first = &run[0].event;
+            batch.insert(
+                &self.by_invocation,
+                invocation_key(&first.invocation_id, first.seq),
+                follow,
+            );
         }
         for state in &set.states {
             let id = state.record.invocation_id.as_bytes();
@@ -335,11 +342,21 @@ impl EventStore for FjallStore {
         let mut out = Vec::new();
         for (first, count) in self.runs_of(invocation_id)? {
             let end = first.saturating_add(u64::from(count));
-            // A run is one value, or (older journals) one value per event.
-            for guard in self.events.range(seq_key(first)..seq_key(end)) {
+            // A run sits in one group stored under its first seq or an earlier one, or
+            // (older journals) in one value of its own or one value per event.
+            let mut values = Vec::new();
+            for guard in self.events.range(..seq_key(end)).rev() {
                 let (k, v) = guard.into_inner()?;
-                let events = decode_stored(key_seq(&k)?, &v).map_err(|e| corrupt("event", e))?;
-                out.extend(events.into_iter().filter(|e| e.seq < end));
+                let key = key_seq(&k)?;
+                values.push((key, v));
+                if key <= first {
+                    break;
+                }
+            }
+            for (key, v) in values.into_iter().rev() {
+                let events =
+                    decode_stored_within(key, &v, first..end).map_err(|e| corrupt("event", e))?;
+                out.extend(events);
             }
         }
         Ok(out)

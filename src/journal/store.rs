@@ -3,7 +3,7 @@
 //! After any `StoreError::Poisoned` the store accepts no further writes; the
 //! process must exit and recover from what is durable.
 
-use super::event::{Checkpoint, Event};
+use super::event::{Checkpoint, Event, Sealed};
 use super::keys::{KeyEntry, KeyWrite};
 use super::projection::State;
 use super::request::StoredRequest;
@@ -26,8 +26,8 @@ pub enum StoreError {
 /// Everything one group commit writes, atomically.
 #[derive(Debug, Default)]
 pub struct WriteSet {
-    /// Events with their stored JSON (from `Event::seal`).
-    pub events: Vec<Event>,
+    /// Chained events, each with the `data` JSON its hash was computed over.
+    pub events: Vec<Sealed>,
     pub states: Vec<std::sync::Arc<State>>,
     /// Invocations with a live exchange (recovery looks at these).
     pub opened: Vec<String>,
@@ -81,7 +81,9 @@ impl WriteSet {
     /// Whether this write touches an invocation's events or stored state: the sweeps must
     /// not remove the state of one (a write may reopen a settled record).
     pub fn touches(&self, invocation_id: &str) -> bool {
-        self.events.iter().any(|e| e.invocation_id == invocation_id)
+        self.events
+            .iter()
+            .any(|e| e.event.invocation_id == invocation_id)
             || self
                 .states
                 .iter()

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::event::{Checkpoint, Draft, Event, EventKind, GENESIS_HASH, split_body};
+use super::event::{Checkpoint, Draft, Event, EventKind, GENESIS_HASH, Sealed, split_body};
 use super::failpoints::Failpoints;
 use super::health::Health;
 use super::keys::{KeyClaim, KeyEntry, KeyWrite};
@@ -97,7 +97,7 @@ pub(super) struct Writer {
 }
 
 struct Staged {
-    events: Vec<Event>,
+    events: Vec<Sealed>,
     state: Arc<State>,
     was_open: bool,
     /// The invocation was not closed before this request.
@@ -209,7 +209,7 @@ impl Writer {
                             set.twins.push(w);
                         }
                         needs_sync |= staged.needs_sync;
-                        let seqs = staged.events.iter().map(|e| e.seq).collect();
+                        let seqs = staged.events.iter().map(|e| e.event.seq).collect();
                         let closed = staged.state.progress.closed;
                         if closed && staged.was_open {
                             set.closed.push(invocation_id.clone());
@@ -262,7 +262,7 @@ impl Writer {
                 }
                 Request::Note { id, draft, reply } => {
                     let event = self.seal_note(&id, draft);
-                    notes.push((reply, event.seq));
+                    notes.push((reply, event.event.seq));
                     set.events.push(event);
                     needs_sync = true;
                 }
@@ -326,9 +326,9 @@ impl Writer {
     }
 
     /// Chains one event of the daemon's own, outside any invocation's projection.
-    pub(super) fn seal_note(&mut self, id: &str, draft: Draft) -> Event {
+    pub(super) fn seal_note(&mut self, id: &str, draft: Draft) -> Sealed {
         let (kind, data) = split_body(&draft.body);
-        let mut event = Event {
+        let sealed = Event {
             seq: self.head_seq + 1,
             invocation_id: id.to_owned(),
             attempt: draft.attempt,
@@ -340,11 +340,11 @@ impl Writer {
             data,
             prev_hash: self.head_hash.clone(),
             hash: String::new(),
-        };
-        event.seal();
-        self.head_seq = event.seq;
-        self.head_hash = event.hash.clone();
-        event
+        }
+        .sealed();
+        self.head_seq = sealed.event.seq;
+        self.head_hash = sealed.event.hash.clone();
+        sealed
     }
 
     /// `stage`, after checking the index claims riding it; a refused claim writes nothing.
@@ -490,7 +490,7 @@ impl Writer {
         if self.health.is_fatal() {
             return Err(JournalError::Unavailable);
         }
-        let kinds: Vec<EventKind> = set.events.iter().map(|e| e.kind).collect();
+        let kinds: Vec<EventKind> = set.events.iter().map(|e| e.event.kind).collect();
         let count = set.events.len();
         if let Err(e) = self.store.write(set) {
             return Err(self.storage_fault(e));
@@ -559,12 +559,16 @@ impl Writer {
         &self,
         id: &str,
         overlay: &HashMap<String, Arc<State>>,
+        fresh: bool,
     ) -> Result<Option<(Arc<State>, bool)>, JournalError> {
         if let Some(s) = overlay.get(id) {
             return Ok(Some((s.clone(), !s.progress.closed)));
         }
         if let Some(s) = self.live.lock().ok().and_then(|l| l.get(id).cloned()) {
             return Ok(Some((s, true)));
+        }
+        if fresh {
+            return Ok(None);
         }
         let stored = self.store.state(id).map_err(|e| self.storage_fault(e))?;
         if let Some(stored) = stored.filter(|s| s.progress.closed) {
@@ -594,7 +598,13 @@ impl Writer {
         if commits != result.is_some() || result.is_some_and(|r| r.invocation_id != id) {
             return Err(JournalError::Refused(Refusal::ResultWithoutCommit));
         }
-        let (mut state, was_open, was_live) = match self.current(id, overlay)? {
+        // `ACTION_ACCEPTED` opens an invocation whose id was just minted (a ULID): the store
+        // holds nothing under it, and reading that costs two lookups per request.
+        let fresh = matches!(
+            drafts.first().map(|d| &d.body),
+            Some(super::event::Body::ActionAccepted(_))
+        );
+        let (mut state, was_open, was_live) = match self.current(id, overlay, fresh)? {
             Some((s, open)) => (Some(s), open, open),
             None => {
                 self.admit_new()?;
@@ -616,7 +626,7 @@ impl Writer {
                 (_, None, Some(s)) => s.record.generation,
                 (_, None, None) => 1,
             };
-            let mut event = Event {
+            let sealed = Event {
                 seq,
                 invocation_id: id.to_owned(),
                 attempt: draft.attempt,
@@ -628,14 +638,18 @@ impl Writer {
                 data,
                 prev_hash: prev,
                 hash: String::new(),
-            };
-            event.seal();
+            }
+            .sealed();
             let dispatched_before = state.as_ref().is_some_and(|s| s.progress.dispatched_ever);
-            let next = apply_body(state.take().map(Arc::unwrap_or_clone), &event, draft.body)
-                .map_err(JournalError::Refused)?;
+            let next = apply_body(
+                state.take().map(Arc::unwrap_or_clone),
+                &sealed.event,
+                draft.body,
+            )
+            .map_err(JournalError::Refused)?;
             needs_sync |= needs_sync_rule(kind, dispatched_before);
-            prev = event.hash.clone();
-            events.push(event);
+            prev = sealed.event.hash.clone();
+            events.push(sealed);
             state = Some(Arc::new(next));
         }
         let state = state.ok_or(JournalError::Refused(Refusal::UnknownInvocation))?;

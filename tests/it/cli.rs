@@ -8,16 +8,13 @@ use serde_json::Value;
 use crate::approvals;
 use crate::git::{bridge, seed};
 use crate::origins::{self, Origin};
-use crate::support::{BIN, Daemon, Home, TEST_CONFIG, curl, get_json, secret_set, stderr, stdout};
+use crate::support::{
+    BIN, Daemon, Home, TEST_CONFIG, curl, free_port, get_json, secret_set, stderr, stdout,
+};
 
 const VAULT_KEY: &str = "vault-passphrase-for-cli";
 /// Characters a URL's userinfo cannot carry as they are.
 const AGENT_TOKEN: &str = "t0k:en@/%+ #1-0123456789abcdef";
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
 
 /// The test config with a fixed proxy port (`postern env` prints the configured address).
 fn config_with(proxy_port: u16, extra: &str) -> String {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::origins::{Origin, echoes_request};
-use crate::support::{BIN, Daemon, Home, secret_set, stderr, stdout};
+use crate::support::{BIN, Daemon, Home, free_port, secret_set, stderr, stdout};
 use crate::tls_origin::{TlsOrigin, echo_origin};
 
 const VAULT_KEY: &str = "jail test vault key";
@@ -27,24 +27,6 @@ pub fn userns_allowed() -> bool {
         eprintln!("note: user namespaces are refused here; postern jail tests skipped");
     }
     ok
-}
-
-/// A port free now, below Linux's ephemeral range (32768–60999): a port the kernel hands
-/// out for `bind(0)` or an outgoing connection could be taken by another test before the
-/// daemon binds it (seen once: `[admin] listen: Address already in use`).
-fn free_port() -> u16 {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let seed = nanos ^ std::process::id().wrapping_mul(2_654_435_761);
-    loop {
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let port = 20_000 + (seed.wrapping_add(n.wrapping_mul(7_919)) % 12_000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
 }
 
 /// A daemon with fixed listen ports (the jail finds them in the config), one agent and a

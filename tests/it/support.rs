@@ -526,3 +526,27 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     }
     files
 }
+
+/// A port free now, below Linux's ephemeral range (32768–60999): a port the kernel hands
+/// out for `bind(0)` or an outgoing connection could be taken by another test before the
+/// daemon binds it (seen once: `[admin] listen: Address already in use`).
+pub fn free_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    // One seed per test process: n·7919 mod 12000 then visits every port once, so no two
+    // calls hand out the same port (a seed per call did: seen once as `Address already in use`).
+    static SEED: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let seed = *SEED.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        nanos ^ std::process::id().wrapping_mul(2_654_435_761)
+    });
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let step = (u64::from(seed) + u64::from(n) * 7_919) % 12_000;
+        let port = 20_000 + step as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
