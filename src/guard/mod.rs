@@ -227,6 +227,14 @@ impl ReflectionGuard {
         self.automaton.is_none()
     }
 
+    /// The guard of an exchange with no secret in it, shared: building one allocates
+    /// its empty start table (measured ~1 % of postern's CPU per uncredentialed request).
+    pub fn none() -> Arc<Self> {
+        static NONE: std::sync::LazyLock<Arc<ReflectionGuard>> =
+            std::sync::LazyLock::new(|| Arc::new(ReflectionGuard::default()));
+        NONE.clone()
+    }
+
     /// Returns the redacted bytes and how many hits were replaced.
     pub fn redact(&self, bytes: &[u8]) -> (Bytes, usize) {
         let (out, hits) = self.redact_uniform(bytes, Mask::Marker);

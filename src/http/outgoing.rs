@@ -52,7 +52,7 @@ impl Switch {
         Self {
             agent,
             origin,
-            guard: Arc::new(ReflectionGuard::default()),
+            guard: ReflectionGuard::none(),
             idle: route.idle_timeout,
             _busy: busy,
         }

@@ -329,7 +329,7 @@ impl Exchange {
         match (&self.injection, hop) {
             (Some(route), Some(hop)) => route.guard_with(hop, cache),
             (Some(one), None) | (None, Some(one)) => one.guard(cache),
-            (None, None) => Some(Arc::new(ReflectionGuard::default())),
+            (None, None) => Some(ReflectionGuard::none()),
         }
     }
 
