@@ -12,6 +12,8 @@
 //! fjall compresses only journal values over 4 KiB, and these are written once each.
 
 use super::event::{Event, EventKind, Sealed, Source};
+use super::request::StoredRequest;
+use super::result::{HttpResult, Payload, SshResult, StoredResult, b64, unb64};
 
 /// First byte of a compact frame (a JSON frame starts with `{`).
 const COMPACT: u8 = 0xB1;
@@ -63,6 +65,149 @@ pub fn unpack(bytes: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, DecodeError> {
     lz4_flex::block::decompress(frame.0, len)
         .map(std::borrow::Cow::Owned)
         .map_err(|_| DecodeError("packed record does not inflate"))
+}
+
+/// First byte of a result record whose body (HTTP) or output (SSH) follows its JSON as
+/// raw bytes.
+const RAW_BODY: u8 = 0xB5;
+/// Bodies whose base64 is shorter than this (~768 bytes) stay inside the result's JSON.
+const RAW_BODY_FROM: usize = 1024;
+
+/// A result record as stored. An HTTP body or SSH output of some size leaves the JSON and
+/// follows it as raw bytes: base64 is 4/3 of the bytes, and fjall writes a result twice
+/// (its journal, then a blob file). Then packed when that pays, as every record.
+///
+/// Raw-body frame: tag, the JSON's length (varint), the JSON (with `body_base64` null, or
+/// `stdout_base64` and `stderr_base64` empty), then each body (HTTP: the body; SSH: stdout,
+/// stderr) as its length (varint) and its bytes.
+pub fn encode_result(result: &StoredResult) -> Result<Vec<u8>, serde_json::Error> {
+    match split_bodies(result) {
+        Some((bare, bodies)) => raw_frame(&serde_json::to_vec(&bare)?, &bodies),
+        None => serde_json::to_vec(result).map(pack),
+    }
+}
+
+/// A kept request as stored: a body from `RAW_BODY_FROM` on as raw bytes, as a result's.
+pub fn encode_request(request: &StoredRequest) -> Result<Vec<u8>, serde_json::Error> {
+    let body = request.body_base64.as_deref();
+    let Some(raw) = body.filter(|b| b.len() >= RAW_BODY_FROM).and_then(unb64) else {
+        return serde_json::to_vec(request).map(pack);
+    };
+    let bare = StoredRequest {
+        invocation_id: request.invocation_id.clone(),
+        method: request.method.clone(),
+        target: request.target.clone(),
+        headers: request.headers.clone(),
+        body_base64: None,
+        body_bytes: request.body_bytes,
+        headers_incomplete: request.headers_incomplete,
+        expires_at_ms: request.expires_at_ms,
+    };
+    raw_frame(&serde_json::to_vec(&bare)?, &[raw])
+}
+
+/// A stored kept request, whichever way `encode_request` (or an older build) wrote it.
+pub fn decode_request(bytes: &[u8]) -> Result<StoredRequest, DecodeError> {
+    let unpacked = unpack(bytes)?;
+    let Some((&RAW_BODY, rest)) = unpacked.split_first() else {
+        return serde_json::from_slice(&unpacked)
+            .map_err(|_| DecodeError("request JSON does not parse"));
+    };
+    let mut frame = Frame(rest);
+    let json = frame.body()?;
+    let mut request: StoredRequest =
+        serde_json::from_slice(json).map_err(|_| DecodeError("request JSON does not parse"))?;
+    if request.body_base64.is_some() {
+        return Err(DecodeError(
+            "raw bytes beside a request that holds its body",
+        ));
+    }
+    request.body_base64 = Some(b64(frame.body()?));
+    frame.end()?;
+    Ok(request)
+}
+
+/// The raw-body frame around a record's JSON and its bodies, packed when that pays.
+fn raw_frame(json: &[u8], bodies: &[Vec<u8>]) -> Result<Vec<u8>, serde_json::Error> {
+    let size: usize = bodies.iter().map(Vec::len).sum();
+    let mut out = Vec::with_capacity(20 + json.len() + size);
+    out.push(RAW_BODY);
+    for part in std::iter::once(json).chain(bodies.iter().map(Vec::as_slice)) {
+        varint(&mut out, part.len() as u64);
+        out.extend_from_slice(part);
+    }
+    Ok(pack(out))
+}
+
+/// The result without its base64 bodies, and those bodies as bytes; `None` when they are
+/// small (or not base64), and the JSON is stored as it is.
+fn split_bodies(result: &StoredResult) -> Option<(StoredResult, Vec<Vec<u8>>)> {
+    let (payload, bodies) = match &result.payload {
+        Payload::Http(http) => {
+            let body = http.body_base64.as_deref();
+            let raw = body.filter(|b| b.len() >= RAW_BODY_FROM).and_then(unb64)?;
+            let bare = HttpResult {
+                status: http.status,
+                headers: http.headers.clone(),
+                body_base64: None,
+                body_stored: http.body_stored,
+                digest: http.digest.clone(),
+                bytes: http.bytes,
+                grpc_status: http.grpc_status,
+                trailers: http.trailers.clone(),
+            };
+            (Payload::Http(bare), vec![raw])
+        }
+        Payload::Ssh(ssh) if ssh.stdout_base64.len() + ssh.stderr_base64.len() >= RAW_BODY_FROM => {
+            let raw = vec![unb64(&ssh.stdout_base64)?, unb64(&ssh.stderr_base64)?];
+            let bare = SshResult {
+                exit_status: ssh.exit_status,
+                exit_signal: ssh.exit_signal.clone(),
+                stdout_base64: String::new(),
+                stderr_base64: String::new(),
+                output_stored: ssh.output_stored,
+            };
+            (Payload::Ssh(bare), raw)
+        }
+        _ => return None,
+    };
+    let bare = StoredResult {
+        invocation_id: result.invocation_id.clone(),
+        outcome: result.outcome,
+        payload,
+        complete: result.complete,
+        expires_at_ms: result.expires_at_ms,
+    };
+    Some((bare, bodies))
+}
+
+/// A stored result record, whichever way `encode_result` (or an older build) wrote it.
+pub fn decode_result(bytes: &[u8]) -> Result<StoredResult, DecodeError> {
+    let unpacked = unpack(bytes)?;
+    let Some((&RAW_BODY, rest)) = unpacked.split_first() else {
+        return serde_json::from_slice(&unpacked)
+            .map_err(|_| DecodeError("result JSON does not parse"));
+    };
+    let mut frame = Frame(rest);
+    let json = frame.body()?;
+    let mut result: StoredResult =
+        serde_json::from_slice(json).map_err(|_| DecodeError("result JSON does not parse"))?;
+    match &mut result.payload {
+        Payload::Http(http) if http.body_base64.is_none() => {
+            http.body_base64 = Some(b64(frame.body()?));
+        }
+        Payload::Ssh(ssh) if ssh.stdout_base64.is_empty() && ssh.stderr_base64.is_empty() => {
+            ssh.stdout_base64 = b64(frame.body()?);
+            ssh.stderr_base64 = b64(frame.body()?);
+        }
+        _ => {
+            return Err(DecodeError(
+                "raw bytes beside a result that holds its body or has none",
+            ));
+        }
+    }
+    frame.end()?;
+    Ok(result)
 }
 
 /// Why stored bytes are not an event.
@@ -276,6 +421,12 @@ impl<'a> Frame<'a> {
         Err(DecodeError("varint too long"))
     }
 
+    /// A length (varint) and that many bytes.
+    fn body(&mut self) -> Result<&'a [u8], DecodeError> {
+        let len = usize::try_from(self.varint()?).map_err(|_| DecodeError("body too long"))?;
+        self.take(len)
+    }
+
     fn small(&mut self) -> Result<u32, DecodeError> {
         u32::try_from(self.varint()?).map_err(|_| DecodeError("counter out of range"))
     }
@@ -334,7 +485,7 @@ impl<'a> Frame<'a> {
     fn end(&self) -> Result<(), DecodeError> {
         match self.0.is_empty() {
             true => Ok(()),
-            false => Err(DecodeError("bytes after the run's last event")),
+            false => Err(DecodeError("bytes after the end of the frame")),
         }
     }
 
@@ -573,6 +724,141 @@ mod tests {
         for n in 0..packed.len() {
             let _ = unpack(&packed[..n]);
         }
+    }
+
+    fn http_result(body: &[u8]) -> StoredResult {
+        StoredResult {
+            invocation_id: "act_01M91EVH0GQJG1K8Y6ECDTQ52H".into(),
+            outcome: crate::contract::Outcome::Committed,
+            payload: Payload::Http(HttpResult {
+                status: 200,
+                headers: vec![("content-type".into(), "application/octet-stream".into())],
+                body_base64: Some(b64(body)),
+                body_stored: true,
+                digest: super::super::event::sha256_tagged(body),
+                bytes: body.len() as u64,
+                grpc_status: None,
+                trailers: Vec::new(),
+            }),
+            complete: true,
+            expires_at_ms: 1_800_000_000_000,
+        }
+    }
+
+    #[test]
+    fn a_large_http_body_is_stored_raw_beside_its_json_and_reads_back_whole() {
+        // Bytes LZ4 cannot shrink, so the raw frame's size shows.
+        let body: Vec<u8> = (0u32..65_536)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let result = http_result(&body);
+        let Ok(stored) = encode_result(&result) else {
+            panic!("encodes");
+        };
+        let json = serde_json::to_vec(&result).unwrap_or_default();
+        assert!(
+            stored.len() < body.len() + 1024,
+            "{} vs body {}",
+            stored.len(),
+            body.len()
+        );
+        assert!(json.len() > body.len() * 4 / 3);
+        assert_eq!(decode_result(&stored), Ok(result));
+        // A small body stays in the JSON; what older builds wrote (plain or packed) still reads.
+        let small = http_result(b"{\"ok\":true}");
+        let Ok(stored) = encode_result(&small) else {
+            panic!("encodes");
+        };
+        assert_eq!(stored.first(), Some(&b'{'));
+        assert_eq!(decode_result(&stored), Ok(small.clone()));
+        let old = pack(serde_json::to_vec(&http_result(&[b'a'; 4000])).unwrap_or_default());
+        assert_eq!(old.first(), Some(&PACKED));
+        assert_eq!(decode_result(&old), Ok(http_result(&[b'a'; 4000])));
+    }
+
+    #[test]
+    fn large_ssh_output_is_stored_raw_and_reads_back_whole() {
+        let stdout: Vec<u8> = (0u32..5000).map(|i| (i * 13 % 256) as u8).collect();
+        let ssh = |out: &[u8], err: &[u8]| StoredResult {
+            payload: Payload::Ssh(SshResult {
+                exit_status: Some(3),
+                exit_signal: None,
+                stdout_base64: b64(out),
+                stderr_base64: b64(err),
+                output_stored: true,
+            }),
+            ..http_result(b"")
+        };
+        let big = ssh(&stdout, b"warning\n");
+        let Ok(stored) = encode_result(&big) else {
+            panic!("encodes");
+        };
+        let inner = unpack(&stored).map(|c| c.into_owned()).unwrap_or_default();
+        assert_eq!(inner.first(), Some(&RAW_BODY));
+        assert_eq!(decode_result(&stored), Ok(big));
+        let small = ssh(b"ok\n", b"");
+        let Ok(stored) = encode_result(&small) else {
+            panic!("encodes");
+        };
+        assert_eq!(stored.first(), Some(&b'{'));
+        assert_eq!(decode_result(&stored), Ok(small));
+    }
+
+    #[test]
+    fn a_kept_request_s_body_is_stored_raw_and_reads_back_whole() {
+        let request = |body: &[u8]| StoredRequest {
+            invocation_id: "act_01M91EVH0GQJG1K8Y6ECDTQ52H".into(),
+            method: "POST".into(),
+            target: "https://api.example.test/v1/charges".into(),
+            headers: vec![("content-type".into(), "application/json".into())],
+            body_base64: Some(b64(body)),
+            body_bytes: body.len() as u64,
+            headers_incomplete: false,
+            expires_at_ms: 1_800_000_000_000,
+        };
+        let body: Vec<u8> = (0u32..2048).map(|i| (i * 31 % 253) as u8).collect();
+        let Ok(stored) = encode_request(&request(&body)) else {
+            panic!("encodes");
+        };
+        let inner = unpack(&stored).map(|c| c.into_owned()).unwrap_or_default();
+        assert_eq!(inner.first(), Some(&RAW_BODY));
+        assert!(stored.len() < body.len() + 300, "{}", stored.len());
+        assert_eq!(decode_request(&stored), Ok(request(&body)));
+        for n in 0..inner.len() {
+            assert!(decode_request(&inner[..n]).is_err(), "cut at {n}");
+        }
+        let small = request(b"{}");
+        let Ok(stored) = encode_request(&small) else {
+            panic!("encodes");
+        };
+        assert_eq!(stored.first(), Some(&b'{'));
+        assert_eq!(decode_request(&stored), Ok(small));
+    }
+
+    #[test]
+    fn a_cut_or_damaged_raw_body_frame_is_an_error_not_a_panic() {
+        let body: Vec<u8> = (0u32..4096).map(|i| (i * 7 % 251) as u8).collect();
+        let Ok(stored) = encode_result(&http_result(&body)) else {
+            panic!("encodes");
+        };
+        let Some(inner) = unpack(&stored).ok().map(|c| c.into_owned()) else {
+            panic!("unpacks");
+        };
+        assert_eq!(inner.first(), Some(&RAW_BODY));
+        for n in 0..inner.len() {
+            assert!(decode_result(&inner[..n]).is_err(), "cut at {n}");
+        }
+        let mut lying = inner.clone();
+        lying[1] = 0xff;
+        assert!(decode_result(&lying).is_err());
+        // A raw body beside JSON that carries one too is refused, not merged.
+        let json = serde_json::to_vec(&http_result(b"x")).unwrap_or_default();
+        let mut both = vec![RAW_BODY];
+        varint(&mut both, json.len() as u64);
+        both.extend_from_slice(&json);
+        varint(&mut both, 4);
+        both.extend_from_slice(b"more");
+        assert!(decode_result(&both).is_err());
     }
 
     /// Three chained events of one invocation, the last with another hop and ts.

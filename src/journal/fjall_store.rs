@@ -7,7 +7,10 @@ use fjall::{
     CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions, PersistMode,
 };
 
-use super::encoding::{decode_stored, decode_stored_within, encode, encode_group, pack, unpack};
+use super::encoding::{
+    decode_request, decode_result, decode_stored, decode_stored_within, encode, encode_group,
+    encode_request, encode_result, pack, unpack,
+};
 use super::event::{Checkpoint, Event, Sealed};
 use super::keys::KeyEntry;
 use super::projection::{State, replay};
@@ -221,7 +224,8 @@ impl EventStore for FjallStore {
         }
         for result in &set.results {
             let id = result.invocation_id.as_bytes();
-            batch.insert(&self.results, id, to_record("result", result)?);
+            let record = encode_result(result).map_err(|e| corrupt("result", e))?;
+            batch.insert(&self.results, id, record);
             batch.insert(
                 &self.result_expiry,
                 expiry_key(result.expires_at_ms, &result.invocation_id),
@@ -230,7 +234,8 @@ impl EventStore for FjallStore {
         }
         for request in &set.requests {
             let id = request.invocation_id.as_bytes();
-            batch.insert(&self.requests, id, to_record("request", request)?);
+            let record = encode_request(request).map_err(|e| corrupt("request", e))?;
+            batch.insert(&self.requests, id, record);
             batch.insert(
                 &self.result_expiry,
                 expiry_key(request.expires_at_ms, &request.invocation_id),
@@ -395,14 +400,18 @@ impl EventStore for FjallStore {
     fn result(&self, invocation_id: &str) -> Result<Option<StoredResult>, StoreError> {
         match self.results.get(invocation_id.as_bytes())? {
             None => Ok(None),
-            Some(v) => from_record("result", &v).map(Some),
+            Some(v) => decode_result(&v)
+                .map(Some)
+                .map_err(|e| corrupt("result", e)),
         }
     }
 
     fn request(&self, invocation_id: &str) -> Result<Option<StoredRequest>, StoreError> {
         match self.requests.get(invocation_id.as_bytes())? {
             None => Ok(None),
-            Some(v) => from_record("request", &v).map(Some),
+            Some(v) => decode_request(&v)
+                .map(Some)
+                .map_err(|e| corrupt("request", e)),
         }
     }
 
