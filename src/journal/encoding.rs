@@ -108,23 +108,42 @@ pub fn encode_request(request: &StoredRequest) -> Result<Vec<u8>, serde_json::Er
 
 /// A stored kept request, whichever way `encode_request` (or an older build) wrote it.
 pub fn decode_request(bytes: &[u8]) -> Result<StoredRequest, DecodeError> {
+    decode_framed(
+        bytes,
+        "request JSON does not parse",
+        |request: &mut StoredRequest, frame| {
+            if request.body_base64.is_some() {
+                return Err(DecodeError(
+                    "raw bytes beside a request that holds its body",
+                ));
+            }
+            request.body_base64 = Some(b64(frame.body()?));
+            Ok(())
+        },
+    )
+}
+
+/// A record stored as JSON, plain or packed, or in a raw-body frame, whose bodies `fill`
+/// puts back into it.
+fn decode_framed<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    bad_json: &'static str,
+    fill: impl FnOnce(&mut T, &mut Frame<'_>) -> Result<(), DecodeError>,
+) -> Result<T, DecodeError> {
     let unpacked = unpack(bytes)?;
-    let Some((&RAW_BODY, rest)) = unpacked.split_first() else {
-        return serde_json::from_slice(&unpacked)
-            .map_err(|_| DecodeError("request JSON does not parse"));
+    let (json, frame) = match unpacked.split_first() {
+        Some((&RAW_BODY, rest)) => {
+            let mut frame = Frame(rest);
+            (frame.body()?, Some(frame))
+        }
+        _ => (&unpacked[..], None),
     };
-    let mut frame = Frame(rest);
-    let json = frame.body()?;
-    let mut request: StoredRequest =
-        serde_json::from_slice(json).map_err(|_| DecodeError("request JSON does not parse"))?;
-    if request.body_base64.is_some() {
-        return Err(DecodeError(
-            "raw bytes beside a request that holds its body",
-        ));
+    let mut record: T = serde_json::from_slice(json).map_err(|_| DecodeError(bad_json))?;
+    if let Some(mut frame) = frame {
+        fill(&mut record, &mut frame)?;
+        frame.end()?;
     }
-    request.body_base64 = Some(b64(frame.body()?));
-    frame.end()?;
-    Ok(request)
+    Ok(record)
 }
 
 /// The raw-body frame around a record's JSON and its bodies, packed when that pays.
@@ -183,31 +202,29 @@ fn split_bodies(result: &StoredResult) -> Option<(StoredResult, Vec<Vec<u8>>)> {
 
 /// A stored result record, whichever way `encode_result` (or an older build) wrote it.
 pub fn decode_result(bytes: &[u8]) -> Result<StoredResult, DecodeError> {
-    let unpacked = unpack(bytes)?;
-    let Some((&RAW_BODY, rest)) = unpacked.split_first() else {
-        return serde_json::from_slice(&unpacked)
-            .map_err(|_| DecodeError("result JSON does not parse"));
-    };
-    let mut frame = Frame(rest);
-    let json = frame.body()?;
-    let mut result: StoredResult =
-        serde_json::from_slice(json).map_err(|_| DecodeError("result JSON does not parse"))?;
-    match &mut result.payload {
-        Payload::Http(http) if http.body_base64.is_none() => {
-            http.body_base64 = Some(b64(frame.body()?));
-        }
-        Payload::Ssh(ssh) if ssh.stdout_base64.is_empty() && ssh.stderr_base64.is_empty() => {
-            ssh.stdout_base64 = b64(frame.body()?);
-            ssh.stderr_base64 = b64(frame.body()?);
-        }
-        _ => {
-            return Err(DecodeError(
-                "raw bytes beside a result that holds its body or has none",
-            ));
-        }
-    }
-    frame.end()?;
-    Ok(result)
+    decode_framed(
+        bytes,
+        "result JSON does not parse",
+        |result: &mut StoredResult, frame| {
+            match &mut result.payload {
+                Payload::Http(http) if http.body_base64.is_none() => {
+                    http.body_base64 = Some(b64(frame.body()?));
+                }
+                Payload::Ssh(ssh)
+                    if ssh.stdout_base64.is_empty() && ssh.stderr_base64.is_empty() =>
+                {
+                    ssh.stdout_base64 = b64(frame.body()?);
+                    ssh.stderr_base64 = b64(frame.body()?);
+                }
+                _ => {
+                    return Err(DecodeError(
+                        "raw bytes beside a result that holds its body or has none",
+                    ));
+                }
+            }
+            Ok(())
+        },
+    )
 }
 
 /// Why stored bytes are not an event.
@@ -437,12 +454,7 @@ impl<'a> Frame<'a> {
 
     fn run(mut self, key: u64) -> Result<Vec<Event>, DecodeError> {
         let count = self.count()?;
-        let mut chain = Chain {
-            seq: key,
-            prev_hash: self.digest()?,
-            hop: String::new(),
-            ts: String::new(),
-        };
+        let mut chain = self.chain_from(key)?;
         let invocation_id = self.text()?;
         let mut out = Vec::with_capacity(count as usize);
         for _ in 0..count {
@@ -454,12 +466,7 @@ impl<'a> Frame<'a> {
 
     fn group(mut self, key: u64, seqs: &std::ops::Range<u64>) -> Result<Vec<Event>, DecodeError> {
         let runs = self.count()?;
-        let mut chain = Chain {
-            seq: key,
-            prev_hash: self.digest()?,
-            hop: String::new(),
-            ts: String::new(),
-        };
+        let mut chain = self.chain_from(key)?;
         let mut out = Vec::new();
         for _ in 0..runs {
             let invocation_id = self.text()?;
@@ -470,6 +477,16 @@ impl<'a> Frame<'a> {
         }
         self.end()?;
         Ok(out)
+    }
+
+    /// The chain state before the first event of a run or group stored under `key`.
+    fn chain_from(&mut self, key: u64) -> Result<Chain, DecodeError> {
+        Ok(Chain {
+            seq: key,
+            prev_hash: self.digest()?,
+            hop: String::new(),
+            ts: String::new(),
+        })
     }
 
     /// A count of events or runs: each takes at least 37 bytes, so a damaged count cannot
@@ -790,18 +807,26 @@ mod tests {
             ..http_result(b"")
         };
         let big = ssh(&stdout, b"warning\n");
-        let Ok(stored) = encode_result(&big) else {
+        round_trip(encode_result, decode_result, big, ssh(b"ok\n", b""));
+    }
+
+    /// `big` is stored in a raw-body frame and `small` as JSON, and both read back; the
+    /// big one's frame, unpacked.
+    fn round_trip<T: PartialEq + std::fmt::Debug>(
+        encode: impl Fn(&T) -> Result<Vec<u8>, serde_json::Error>,
+        decode: impl Fn(&[u8]) -> Result<T, DecodeError>,
+        big: T,
+        small: T,
+    ) -> Vec<u8> {
+        let (Ok(stored), Ok(plain)) = (encode(&big), encode(&small)) else {
             panic!("encodes");
         };
         let inner = unpack(&stored).map(|c| c.into_owned()).unwrap_or_default();
         assert_eq!(inner.first(), Some(&RAW_BODY));
-        assert_eq!(decode_result(&stored), Ok(big));
-        let small = ssh(b"ok\n", b"");
-        let Ok(stored) = encode_result(&small) else {
-            panic!("encodes");
-        };
-        assert_eq!(stored.first(), Some(&b'{'));
-        assert_eq!(decode_result(&stored), Ok(small));
+        assert_eq!(decode(&stored), Ok(big));
+        assert_eq!(plain.first(), Some(&b'{'));
+        assert_eq!(decode(&plain), Ok(small));
+        inner
     }
 
     #[test]
@@ -817,22 +842,16 @@ mod tests {
             expires_at_ms: 1_800_000_000_000,
         };
         let body: Vec<u8> = (0u32..2048).map(|i| (i * 31 % 253) as u8).collect();
-        let Ok(stored) = encode_request(&request(&body)) else {
-            panic!("encodes");
-        };
-        let inner = unpack(&stored).map(|c| c.into_owned()).unwrap_or_default();
-        assert_eq!(inner.first(), Some(&RAW_BODY));
-        assert!(stored.len() < body.len() + 300, "{}", stored.len());
-        assert_eq!(decode_request(&stored), Ok(request(&body)));
+        let inner = round_trip(
+            encode_request,
+            decode_request,
+            request(&body),
+            request(b"{}"),
+        );
+        assert!(inner.len() < body.len() + 300, "{}", inner.len());
         for n in 0..inner.len() {
             assert!(decode_request(&inner[..n]).is_err(), "cut at {n}");
         }
-        let small = request(b"{}");
-        let Ok(stored) = encode_request(&small) else {
-            panic!("encodes");
-        };
-        assert_eq!(stored.first(), Some(&b'{'));
-        assert_eq!(decode_request(&stored), Ok(small));
     }
 
     #[test]
@@ -963,10 +982,16 @@ mod tests {
         let Some(bytes) = encode_group(&sealed_all(&grouped())) else {
             panic!("group");
         };
+        cut_or_inflated_is_an_error(&bytes);
+    }
+
+    /// Every cut prefix of a stored value, and one whose count claims more than its bytes
+    /// hold, is an error (not a panic, not a huge allocation).
+    fn cut_or_inflated_is_an_error(bytes: &[u8]) {
         for n in 0..bytes.len() {
             assert!(decode_stored(42, &bytes[..n]).is_err(), "cut at {n}");
         }
-        let mut huge = bytes.clone();
+        let mut huge = bytes.to_vec();
         huge[1] = 0x7f;
         assert!(decode_stored(42, &huge).is_err());
     }
@@ -987,12 +1012,7 @@ mod tests {
         let Some(bytes) = encode_run(&chained()) else {
             panic!("run");
         };
-        for n in 0..bytes.len() {
-            assert!(decode_stored(42, &bytes[..n]).is_err(), "cut at {n}");
-        }
-        let mut huge = bytes.clone();
-        huge[1] = 0x7f;
-        assert!(decode_stored(42, &huge).is_err());
+        cut_or_inflated_is_an_error(&bytes);
         let mut longer = bytes;
         longer.push(0);
         assert!(decode_stored(42, &longer).is_err());
