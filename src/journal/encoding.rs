@@ -136,7 +136,9 @@ fn decode_framed<T: serde::de::DeserializeOwned>(
             let mut frame = Frame(rest);
             (frame.body()?, Some(frame))
         }
-        _ => (&unpacked[..], None),
+        Some((b'{', _)) => (&unpacked[..], None),
+        Some(_) => return Err(NEWER_FORMAT),
+        None => return Err(DecodeError(bad_json)),
     };
     let mut record: T = serde_json::from_slice(json).map_err(|_| DecodeError(bad_json))?;
     if let Some(mut frame) = frame {
@@ -226,6 +228,11 @@ pub fn decode_result(bytes: &[u8]) -> Result<StoredResult, DecodeError> {
         },
     )
 }
+
+/// A stored value in a form this build does not know: the tags above are all it reads.
+const NEWER_FORMAT: DecodeError = DecodeError(
+    "a storage format this postern does not know (written by a newer postern? run that one)",
+);
 
 /// Why stored bytes are not an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -386,9 +393,10 @@ fn text(out: &mut Vec<u8>, t: &str) -> Option<()> {
 pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
     match bytes.first() {
         Some(&COMPACT) => Frame(&bytes[1..]).event(),
-        Some(_) => {
+        Some(b'{') => {
             serde_json::from_slice(bytes).map_err(|_| DecodeError("event JSON does not parse"))
         }
+        Some(_) => Err(NEWER_FORMAT),
         None => Err(DecodeError("empty event")),
     }
 }
@@ -1016,6 +1024,15 @@ mod tests {
         let mut longer = bytes;
         longer.push(0);
         assert!(decode_stored(42, &longer).is_err());
+    }
+
+    #[test]
+    fn a_format_tag_this_build_does_not_know_says_so() {
+        for bytes in [&[0xB9, 1, 2][..], &[0x00][..]] {
+            assert_eq!(decode_stored(1, bytes), Err(NEWER_FORMAT));
+            assert_eq!(decode_result(bytes), Err(NEWER_FORMAT));
+            assert_eq!(decode_request(bytes), Err(NEWER_FORMAT));
+        }
     }
 
     #[test]
