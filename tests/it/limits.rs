@@ -235,6 +235,32 @@ fn a_head_sent_byte_by_byte_is_cut_off_after_the_header_read_timeout() {
     assert_eq!(origin.hits(), 0);
 }
 
+/// A connection that never speaks holds no request buffers while it waits, and is still
+/// closed at the header read timeout; one that speaks late within it is served.
+#[test]
+fn a_silent_connection_is_closed_at_the_header_read_timeout_and_a_late_one_is_served() {
+    let origin = ok_origin();
+    let home = Home::new();
+    let config = http_config(origin.port(), "header_read_timeout = \"1s\"");
+    let daemon = Daemon::start(&home, Some(&config));
+    let mut silent = open(&daemon);
+    let mut late = open(&daemon);
+    std::thread::sleep(Duration::from_millis(600));
+    write!(
+        late,
+        "GET http://origin.test:{}/ HTTP/1.1\r\nHost: origin.test\r\n\r\n",
+        origin.port()
+    )
+    .unwrap();
+    assert!(read_head(&mut late).starts_with("HTTP/1.1 200"));
+    let (closed, _) = closed_within(&mut silent, Duration::from_secs(8));
+    assert!(
+        closed.is_some_and(|d| d < Duration::from_secs(4)),
+        "silent connection kept open: {closed:?}"
+    );
+    assert_eq!(origin.hits(), 1);
+}
+
 #[test]
 fn a_tunnel_without_a_client_hello_is_closed_after_the_tls_handshake_timeout() {
     let origin = echo_origin();
