@@ -89,8 +89,9 @@ impl Walk {
             let seq = self.expected_seq;
             return Err(Box::new(self.broken(seq, "missing event (seq gap)")));
         }
-        let Ok(event) = &raw.event else {
-            return Err(fail(self, "event bytes do not parse"));
+        let event = match &raw.event {
+            Ok(event) => event,
+            Err(e) => return Err(fail(self, &format!("event bytes do not parse: {e}"))),
         };
         if event.seq != raw.seq {
             return Err(fail(self, "event seq differs from its key"));

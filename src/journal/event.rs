@@ -497,7 +497,12 @@ impl Event {
     /// SHA-256 over the canonical bytes of everything but `hash`.
     pub fn compute_hash(&self) -> String {
         let data = serde_json::to_vec(&self.data).unwrap_or_default();
-        sha256_tagged(&self.canonical_bytes(&data))
+        self.hash_over(&data)
+    }
+
+    /// `compute_hash`, with `data` given as the JSON it serializes to.
+    pub fn hash_over(&self, data_json: &[u8]) -> String {
+        sha256_tagged(&self.canonical_bytes(data_json))
     }
 
     /// Sets `hash` in place (tests build chains by hand).
@@ -509,7 +514,7 @@ impl Event {
     /// Sets `hash`: the event is chained.
     pub fn sealed(mut self) -> Sealed {
         let data_json = serde_json::to_vec(&self.data).unwrap_or_default();
-        self.hash = sha256_tagged(&self.canonical_bytes(&data_json));
+        self.hash = self.hash_over(&data_json);
         Sealed {
             event: self,
             data_json,

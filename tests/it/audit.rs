@@ -94,6 +94,47 @@ fn a_tampered_event_breaks_the_chain_at_its_seq() {
     assert_eq!(json["break"]["seq"], 4);
 }
 
+/// Replaces `from` with `to` (as long) in the first stored group, in place.
+fn change_first_group(home: &Home, from: &[u8], to: &[u8]) {
+    let db = Database::builder(journal_dir(&home.root()))
+        .open()
+        .expect("open journal");
+    let events = db
+        .keyspace("events", KeyspaceCreateOptions::default)
+        .expect("events");
+    let (k, v) = events
+        .first_key_value()
+        .expect("a stored group")
+        .into_inner()
+        .expect("read");
+    let at = v
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("the bytes in the group");
+    let mut changed = v.to_vec();
+    changed[at..at + to.len()].copy_from_slice(to);
+    events.insert(k, changed).expect("write");
+    db.persist(fjall::PersistMode::SyncAll).expect("persist");
+}
+
+/// An attacker who edits a stored group in place (without splitting it) changes events
+/// whose digests are computed when read: the group's last event no longer hashes to the
+/// digest stored for it, and the audit breaks there.
+#[test]
+fn a_byte_changed_inside_a_stored_group_breaks_the_chain_there() {
+    let home = Home::new();
+    home.drill("POST", "RESULT_DELIVERED", None);
+    change_first_group(&home, b"\"POST\"", b"\"PAST\"");
+    let out = home.cli(&["audit", "verify"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = stdout(&out);
+    assert!(
+        text.contains("BROKEN at seq") && text.contains("hash does not match"),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn a_rehashed_event_still_breaks_the_link_to_its_successor() {
     let home = Home::new();
