@@ -5,15 +5,21 @@ use serde_json::Value;
 
 use crate::support::{Daemon, Home, TEST_CONFIG, get_json, journal_dir, stdout};
 
-/// The events keyspace with the value holding `seq` split into one stored event per seq
-/// (a run holds several), so one of them can be edited or removed alone.
-fn split_at(home: &Home, seq: u64) -> (Database, fjall::Keyspace) {
+/// The journal (the daemon stopped) and its events keyspace.
+fn open_events(home: &Home) -> (Database, fjall::Keyspace) {
     let db = Database::builder(journal_dir(&home.root()))
         .open()
         .expect("open journal");
     let events = db
         .keyspace("events", KeyspaceCreateOptions::default)
         .expect("events");
+    (db, events)
+}
+
+/// The events keyspace with the value holding `seq` split into one stored event per seq
+/// (a run holds several), so one of them can be edited or removed alone.
+fn split_at(home: &Home, seq: u64) -> (Database, fjall::Keyspace) {
+    let (db, events) = open_events(home);
     let (k, v) = events
         .range(..=seq.to_be_bytes())
         .next_back()
@@ -96,12 +102,7 @@ fn a_tampered_event_breaks_the_chain_at_its_seq() {
 
 /// Replaces `from` with `to` (as long) in the first stored group, in place.
 fn change_first_group(home: &Home, from: &[u8], to: &[u8]) {
-    let db = Database::builder(journal_dir(&home.root()))
-        .open()
-        .expect("open journal");
-    let events = db
-        .keyspace("events", KeyspaceCreateOptions::default)
-        .expect("events");
+    let (db, events) = open_events(home);
     let (k, v) = events
         .first_key_value()
         .expect("a stored group")
