@@ -82,8 +82,8 @@ const MAX_GROUP: usize = 1024;
 
 /// How the writer waits for its next request. While groups stay small (requests come one at
 /// a time, as from one agent) it polls for a short while before it sleeps: waking a sleeping
-/// thread costs more than that on a VM (measured at c=1: p50 with fsync 750 -> ~610 µs,
-/// without 390 -> ~240 µs). Busy, it never waits (its groups are large), so spinning cannot
+/// thread costs more than that on a VM (measured at c=1, repo bench: p50 with fsync
+/// 717-749 -> 585-696 µs, buffered 319-414 -> 235-238 µs). Busy, it never waits (its groups are large), so spinning cannot
 /// take a core from the workers when they need it; idle, it spins once per group.
 struct Pace {
     /// Average group size, in sixteenths (an exponential average over ~8 groups).
@@ -120,6 +120,7 @@ impl Pace {
         rx.blocking_recv()
     }
 }
+
 const BUFFERED_SYNC_EVERY: Duration = Duration::from_secs(1);
 
 pub(super) struct Writer {
