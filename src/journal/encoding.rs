@@ -286,7 +286,8 @@ fn compact(event: &Event) -> Option<Vec<u8>> {
 /// (varints), kind and source codes, a flags byte (1: hop as before, 2: ts as before), the
 /// hop and ts that are new (length byte and UTF-8), and `data` as JSON behind its length
 /// (varint); last the digest of the last event (32 bytes). The other digests are computed
-/// when read (one SHA-256 over each event's canonical bytes), which saves 32 incompressible bytes per event, written twice.
+/// when read (one SHA-256 over each event's canonical bytes), which saves 32 incompressible
+/// bytes per event, written twice.
 pub fn encode_group(events: &[Sealed]) -> Option<Vec<u8>> {
     frame_group(events, Digests::Last)
 }
