@@ -507,7 +507,8 @@ fn us(d: Duration) -> String {
     format!("{:.0}µs", d.as_secs_f64() * 1e6)
 }
 
-/// `POSTERN_BENCH_ONLY` (e.g. `GET small 1 postern fsync`) runs just the matching cells.
+/// `POSTERN_BENCH_ONLY` (e.g. `GET small 1 postern fsync`) runs just the matching cells, each
+/// beside its direct cell, and skips the SSE, guard and RSS lines.
 /// Two worker threads, as the 2-core machines this runs on have.
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -545,6 +546,13 @@ fn main() {
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
     for (post, label) in [(false, "GET small"), (true, "POST 1 KiB")] {
         for concurrency in [1usize, 32] {
+            let paths = ["direct", "bare relay", "postern fsync", "postern buffered"];
+            if !paths
+                .iter()
+                .any(|p| selected(&format!("{label} {concurrency} {p}")))
+            {
+                continue;
+            }
             let direct = rt.block_on(load(
                 origin.addr,
                 None,
@@ -597,6 +605,9 @@ fn main() {
         }
     }
     println!();
+    if std::env::var("POSTERN_BENCH_ONLY").is_ok() {
+        return;
+    }
     let (d50, d99) = rt.block_on(sse_latency(origin.addr, None, &direct_tls));
     let tls = tls_client(&std::fs::read(&fsync.ca).unwrap());
     let (p50, p99) = rt.block_on(sse_latency(origin.addr, Some(fsync.proxy), &tls));
