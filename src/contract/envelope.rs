@@ -119,22 +119,24 @@ pub enum Completion {
 }
 
 /// The idempotency contract recorded before dispatch.
+// Fields in key order: journal data is written straight from them (`Body::data_json`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdempotencyEvidence {
-    pub key: String,
-    pub scope: String,
     pub fingerprint: String,
+    pub key: String,
     pub remote_contract: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub safe_until: Option<String>,
+    pub scope: String,
 }
 
 /// Which credential was used: never its value.
+// Fields in key order: journal data is written straight from them (`Body::data_json`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CredentialEvidence {
     pub id: String,
-    pub version: u64,
     pub mode: String,
+    pub version: u64,
 }
 
 impl Envelope {

@@ -41,17 +41,18 @@ pub struct TunnelEvidence {
 /// What the relay after a protocol switch (SPEC §3.6, WebSocket) carried: counts, who
 /// closed it, and how many echoes of the secret the guard masked. `RESULT_DELIVERED`
 /// carries it; the record shows it as evidence `upgrade`.
+// Fields in key order: journal data is written straight from them (`Body::data_json`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UpgradeEvidence {
-    pub protocol: String,
-    pub bytes_up: u64,
     pub bytes_down: u64,
+    pub bytes_up: u64,
     pub closed_by: ClosedBy,
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub redactions: u64,
+    pub protocol: String,
     /// The origin sent a frame it may not send: postern ended the relay with close `1002`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol_error: Option<FrameError>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub redactions: u64,
 }
 
 /// Why a frame from a WebSocket origin ended the relay (RFC 6455 §5; SPEC §3.6).

@@ -255,6 +255,14 @@ pub fn encode(event: &Event) -> Vec<u8> {
     compact(event).unwrap_or_else(|| serde_json::to_vec(event).unwrap_or_default())
 }
 
+/// A sealed event stored alone (what a group frame cannot hold): its `data` is the JSON
+/// its hash was computed over, as the writer leaves `event.data` empty.
+pub fn encode_sealed(sealed: &Sealed) -> Vec<u8> {
+    let mut event = sealed.event.clone();
+    event.data = serde_json::from_slice(&sealed.data_json).unwrap_or_default();
+    encode(&event)
+}
+
 fn compact(event: &Event) -> Option<Vec<u8>> {
     let data = serde_json::to_vec(&event.data).ok()?;
     let mut out = Vec::with_capacity(96 + event.invocation_id.len() + data.len());

@@ -117,7 +117,8 @@ impl Source {
     }
 }
 
-/// The observed facts an event carries, one variant per kind.
+/// The observed facts an event carries, one variant per kind. Every struct inside declares
+/// its fields in key order (`data_json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "data", rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Body {
@@ -164,6 +165,40 @@ impl Body {
             Self::JournalPruned(_) => EventKind::JournalPruned,
         }
     }
+
+    /// The event's `data` as JSON, serialized straight from the typed fields. The data
+    /// structs declare their fields in key order, so this is byte for byte what the sorted
+    /// `serde_json::Value` route (`split_body`, which audit and decoding use) writes,
+    /// without building that tree for every event appended.
+    pub fn data_json(&self) -> Vec<u8> {
+        let json = match self {
+            Self::ActionAccepted(d) => serde_json::to_vec(d),
+            Self::PreflightValidated(d) => serde_json::to_vec(d),
+            Self::CredentialAuthorized(d) => serde_json::to_vec(d),
+            Self::ApprovalRequested(d) => serde_json::to_vec(d),
+            Self::ApprovalGranted(d) | Self::ApprovalDenied(d) => serde_json::to_vec(d),
+            Self::ConnectAttempt(d) => serde_json::to_vec(d),
+            Self::DispatchStarted(d) => serde_json::to_vec(d),
+            Self::RequestSent(d) => serde_json::to_vec(d),
+            Self::RemoteResponseStarted(d) => serde_json::to_vec(d),
+            Self::RemoteResponseComplete(d) => serde_json::to_vec(d),
+            Self::ResultCommitted(d) => serde_json::to_vec(d),
+            Self::ResultDelivered(d) => serde_json::to_vec(d),
+            Self::Failed(d) => serde_json::to_vec(d),
+            Self::Reconciled(d) => serde_json::to_vec(d),
+            Self::RetryLeased(d) => serde_json::to_vec(d),
+            Self::ConfigReloaded(d) => serde_json::to_vec(d),
+            Self::JournalPruned(d) => serde_json::to_vec(d),
+        };
+        let json = json.unwrap_or_default();
+        debug_assert_eq!(
+            String::from_utf8_lossy(&json),
+            serde_json::to_string(&split_body(self).1).unwrap_or_default(),
+            "{:?}: data fields must be declared in key order",
+            self.kind()
+        );
+        json
+    }
 }
 
 /// The protocol of an invocation.
@@ -178,45 +213,45 @@ pub enum Protocol {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Accepted {
     pub agent: String,
-    pub protocol: Protocol,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub method: Option<String>,
-    /// Absolute URL, or `ssh://user@host:port`.
-    pub target: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    pub protocol: Protocol,
+    /// Absolute URL, or `ssh://user@host:port`.
+    pub target: String,
 }
 
 /// The snapshot an invocation binds at preflight (SPEC §2, "Snapshot binding").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Preflight {
-    pub route: String,
-    pub fingerprint: String,
-    /// The method is in the route's `idempotent_methods`.
-    pub idempotent: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<CredentialEvidence>,
+    /// The agent sent the credential's placeholder where it is injected (SPEC §3.7).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub credential_placeholder: bool,
+    pub fingerprint: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<IdempotencyEvidence>,
-    /// Unix ms until which a same-key retry is safe.
+    /// The method is in the route's `idempotent_methods`.
+    pub idempotent: bool,
+    /// An identical resend sent anyway (SPEC §3.7): its twin and whether the agent asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub safe_until_ms: Option<i64>,
+    pub resend: Option<super::twins::ResendEvidence>,
     /// The route's (or SSH target's) `retry_budget`: generations beyond the first this
     /// invocation may have. Absent in events written before it was bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_budget: Option<u32>,
-    /// The agent sent the credential's placeholder where it is injected (SPEC §3.7).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub credential_placeholder: bool,
-    /// An identical resend sent anyway (SPEC §3.7): its twin and whether the agent asked.
+    pub route: String,
+    /// Unix ms until which a same-key retry is safe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resend: Option<super::twins::ResendEvidence>,
+    pub safe_until_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApprovalRequest {
-    pub fingerprint: String,
     pub expires_at: String,
+    pub fingerprint: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -228,13 +263,10 @@ pub struct ApprovalAnswer {
 /// One connection-setup stage and its result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConnectAttempt {
-    pub n: u32,
-    pub stage: Stage,
-    pub ok: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub code: Option<Code>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<Code>,
     /// The transport library's own words; operators only, never an envelope.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diagnostic: Option<String>,
@@ -242,17 +274,20 @@ pub struct ConnectAttempt {
     /// `hop`, not part of its data.
     #[serde(skip)]
     pub hop: Option<String>,
+    pub n: u32,
+    pub ok: bool,
+    pub stage: Stage,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Dispatch {
+    /// The address the request goes to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection_id: Option<String>,
     #[serde(default)]
     pub reused_connection: bool,
-    /// The address the request goes to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub address: Option<String>,
     /// The origin's verified TLS identity: the name checked and the leaf's digest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsIdentity>,
@@ -261,8 +296,8 @@ pub struct Dispatch {
 /// What TLS verification proved about the origin.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TlsIdentity {
-    pub server_name: String,
     pub leaf_sha256: String,
+    pub server_name: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -278,34 +313,34 @@ pub struct ResponseStarted {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResponseComplete {
-    pub completion: Completion,
     pub bytes: u64,
+    pub completion: Completion,
     pub digest: String,
 }
 
 /// The resolving event: outcome computed by `contract` from a complete result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultCommitted {
-    pub outcome: Outcome,
-    pub retry: Retry,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<u16>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exit_status: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exit_signal: Option<String>,
-    /// The `grpc-status` that ended a gRPC call (SPEC §3.2).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub grpc_status: Option<u32>,
-    pub digest: String,
     pub bytes: u64,
     /// The output was complete (SSH output may break after an exit status).
     pub complete: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion: Option<Completion>,
+    pub digest: String,
     /// Extra evidence such as `location` for a `202`.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub evidence: serde_json::Map<String, serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_signal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<i64>,
+    /// The `grpc-status` that ended a gRPC call (SPEC §3.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_status: Option<u32>,
+    pub outcome: Outcome,
+    pub retry: Retry,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -323,11 +358,11 @@ pub struct Delivered {
 pub struct Failure {
     pub code: Code,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub field: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diagnostic: Option<String>,
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub evidence: serde_json::Map<String, serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
 }
 
 impl Failure {
@@ -343,8 +378,8 @@ impl Failure {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reconciliation {
-    pub outcome: Outcome,
     pub note: String,
+    pub outcome: Outcome,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unsafe_retry: Option<bool>,
 }
@@ -353,14 +388,14 @@ pub struct Reconciliation {
 /// never a value. Its `invocation_id` is the reload's own (`rld_<ULID>`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConfigReload {
-    /// `applied` or `refused`.
-    pub result: String,
     /// Routes, agents, credentials and SSH targets added, removed or changed.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub changes: serde_json::Value,
     /// The config paths of a refused reload's problems.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
+    /// `applied` or `refused`.
+    pub result: String,
 }
 
 /// `JOURNAL_PRUNED` and the checkpoint row beside it: the events up to `seq` were pruned
@@ -368,20 +403,21 @@ pub struct ConfigReload {
 /// to it. The event, chained after the cut, is what makes a stored checkpoint verifiable.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
-    pub seq: u64,
-    pub hash: String,
     /// Events pruned in this cut.
     pub events: u64,
+    pub hash: String,
     /// Records (settled invocations) pruned with them.
     pub records: u64,
+    pub seq: u64,
 }
 
 /// `RETRY_LEASED`: a new generation of the invocation may dispatch (SPEC §3.4).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     pub generation: u32,
-    #[serde(default)]
-    pub unsafe_override: bool,
+    /// Who asked and why, in their words (an operator's note, "same idempotency key").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     /// A live generation this lease takes over (its worker never reached the dispatch
     /// boundary and its lease ran out): that worker is stopped by the generation check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -390,9 +426,8 @@ pub struct Lease {
     /// before another may supersede it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
-    /// Who asked and why, in their words (an operator's note, "same idempotency key").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
+    #[serde(default)]
+    pub unsafe_override: bool,
 }
 
 /// The generation a lease took over, and why.
@@ -512,8 +547,14 @@ impl Event {
     }
 
     /// Sets `hash`: the event is chained.
-    pub fn sealed(mut self) -> Sealed {
+    pub fn sealed(self) -> Sealed {
         let data_json = serde_json::to_vec(&self.data).unwrap_or_default();
+        self.sealed_over(data_json)
+    }
+
+    /// `sealed`, with `data` given as its JSON (`Body::data_json`); the writer leaves
+    /// `data` itself `Null` then, as nothing after the store reads it.
+    pub fn sealed_over(mut self, data_json: Vec<u8>) -> Sealed {
         self.hash = self.hash_over(&data_json);
         Sealed {
             event: self,
@@ -577,6 +618,151 @@ pub fn sha256_tagged_digest(digest: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every kind with every optional field set: the straight serialization matches the
+    /// sorted one the audit and the API read (`data_json` also asserts it in debug builds).
+    #[test]
+    fn data_is_written_in_key_order_for_every_kind() {
+        let some = |s: &str| Some(s.to_owned());
+        let mut evidence = serde_json::Map::new();
+        evidence.insert("z".into(), 1.into());
+        evidence.insert("a".into(), serde_json::json!({"y": 1, "b": 2}));
+        let credential = CredentialEvidence {
+            id: "c".into(),
+            mode: "bearer".into(),
+            version: 2,
+        };
+        let twin = super::super::twins::TwinRef {
+            code: Some(Code::RemoteTimeout),
+            invocation_id: "act_t".into(),
+            outcome: Outcome::Unknown,
+        };
+        let upgrade = UpgradeEvidence {
+            bytes_down: 1,
+            bytes_up: 2,
+            closed_by: crate::contract::ClosedBy::Origin,
+            protocol: "websocket".into(),
+            protocol_error: Some(crate::contract::FrameError::Masked),
+            redactions: 3,
+        };
+        let bodies = [
+            Body::ActionAccepted(Accepted {
+                agent: "a".into(),
+                command: some("id"),
+                method: some("exec"),
+                protocol: Protocol::Ssh,
+                target: "ssh://u@h:22".into(),
+            }),
+            Body::PreflightValidated(Preflight {
+                credential: Some(credential),
+                credential_placeholder: true,
+                fingerprint: "sha256:f".into(),
+                idempotency: Some(IdempotencyEvidence {
+                    fingerprint: "sha256:f".into(),
+                    key: "k".into(),
+                    remote_contract: "none".into(),
+                    safe_until: some("2026-01-01T00:00:00Z"),
+                    scope: "s".into(),
+                }),
+                idempotent: true,
+                resend: Some(super::super::twins::ResendEvidence {
+                    resend_deliberate: true,
+                    resend_of: Some(twin),
+                }),
+                retry_budget: Some(3),
+                route: "r".into(),
+                safe_until_ms: Some(9),
+            }),
+            Body::ApprovalRequested(ApprovalRequest {
+                expires_at: "2026-01-01T00:00:00Z".into(),
+                fingerprint: "sha256:f".into(),
+            }),
+            Body::ApprovalGranted(ApprovalAnswer { by: some("op") }),
+            Body::ConnectAttempt(ConnectAttempt {
+                address: some("127.0.0.1:1"),
+                code: Some(Code::ConnectTimeout),
+                diagnostic: some("refused"),
+                hop: some("proxy:p"),
+                n: 1,
+                ok: false,
+                stage: Stage::TcpConnect,
+            }),
+            Body::DispatchStarted(Dispatch {
+                address: some("127.0.0.1:1"),
+                connection_id: some("c1"),
+                reused_connection: true,
+                tls: Some(TlsIdentity {
+                    leaf_sha256: "ab".into(),
+                    server_name: "h".into(),
+                }),
+            }),
+            Body::RequestSent(RequestSent { bytes: 1 }),
+            Body::RemoteResponseStarted(ResponseStarted { status: Some(200) }),
+            Body::RemoteResponseComplete(ResponseComplete {
+                bytes: 1,
+                completion: Completion::LastChunk,
+                digest: "sha256:d".into(),
+            }),
+            Body::ResultCommitted(ResultCommitted {
+                bytes: 1,
+                complete: true,
+                completion: Some(Completion::EndStream),
+                digest: "sha256:d".into(),
+                evidence: evidence.clone(),
+                exit_signal: some("KILL"),
+                exit_status: Some(1),
+                grpc_status: Some(2),
+                outcome: Outcome::Committed,
+                retry: Retry::Never,
+                status: Some(200),
+            }),
+            Body::ResultDelivered(Delivered {
+                bytes: 4,
+                upgrade: Some(upgrade),
+            }),
+            Body::Failed(Failure {
+                code: Code::RemoteTimeout,
+                diagnostic: some("d"),
+                evidence,
+                field: some("f"),
+            }),
+            Body::Reconciled(Reconciliation {
+                note: "n".into(),
+                outcome: Outcome::Committed,
+                unsafe_retry: Some(true),
+            }),
+            Body::RetryLeased(Lease {
+                generation: 2,
+                note: some("n"),
+                supersedes: Some(Supersession {
+                    generation: 1,
+                    reason: SupersedeReason::LeaseExpired,
+                }),
+                ttl_ms: Some(5),
+                unsafe_override: true,
+            }),
+            Body::ConfigReloaded(ConfigReload {
+                changes: serde_json::json!({"routes": {"added": ["b"], "a": 1}}),
+                problems: vec!["routes.x".into()],
+                result: "refused".into(),
+            }),
+            Body::JournalPruned(Checkpoint {
+                events: 1,
+                hash: GENESIS_HASH.into(),
+                records: 2,
+                seq: 3,
+            }),
+        ];
+        for body in &bodies {
+            let sorted = serde_json::to_vec(&split_body(body).1).unwrap_or_default();
+            assert_eq!(
+                String::from_utf8_lossy(&body.data_json()),
+                String::from_utf8_lossy(&sorted),
+                "{:?}",
+                body.kind()
+            );
+        }
+    }
 
     #[test]
     fn bodies_split_and_rejoin() {

@@ -8,8 +8,8 @@ use fjall::{
 };
 
 use super::encoding::{
-    decode_request, decode_result, decode_stored, decode_stored_within, encode, encode_group,
-    encode_request, encode_result, pack, unpack,
+    decode_request, decode_result, decode_stored, decode_stored_within, encode_group,
+    encode_request, encode_result, encode_sealed, pack, unpack,
 };
 use super::event::{Checkpoint, Event, Sealed};
 use super::keys::KeyEntry;
@@ -187,7 +187,7 @@ impl EventStore for FjallStore {
                     batch.insert(
                         &self.events,
                         seq_key(sealed.event.seq),
-                        encode(&sealed.event),
+                        encode_sealed(sealed),
                     );
                 }
             }

@@ -37,20 +37,22 @@ impl TwinSlot {
 }
 
 /// The twin a resend names in its evidence (`resend_of`).
+// Fields in key order: journal data is written straight from them (`Body::data_json`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TwinRef {
-    pub invocation_id: String,
     pub code: Option<crate::contract::Code>,
+    pub invocation_id: String,
     pub outcome: crate::contract::Outcome,
 }
 
 /// Journaled at the preflight of a resend that is dispatched anyway.
+// Fields in key order: journal data is written straight from them (`Body::data_json`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResendEvidence {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resend_of: Option<TwinRef>,
     /// `Postern-Resend: deliberate` asked for a new invocation whatever the twin.
     pub resend_deliberate: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resend_of: Option<TwinRef>,
 }
 
 /// What the index holds for a slot (one small entry per non-idempotent invocation).

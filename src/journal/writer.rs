@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::event::{Checkpoint, Draft, Event, EventKind, GENESIS_HASH, Sealed, split_body};
+use super::event::{Checkpoint, Draft, Event, EventKind, GENESIS_HASH, Sealed};
 use super::failpoints::Failpoints;
 use super::health::Health;
 use super::keys::{KeyClaim, KeyEntry, KeyWrite};
@@ -371,21 +371,21 @@ impl Writer {
 
     /// Chains one event of the daemon's own, outside any invocation's projection.
     pub(super) fn seal_note(&mut self, id: &str, draft: Draft) -> Sealed {
-        let (kind, data) = split_body(&draft.body);
+        let data_json = draft.body.data_json();
         let sealed = Event {
             seq: self.head_seq + 1,
             invocation_id: id.to_owned(),
             attempt: draft.attempt,
             generation: draft.generation.unwrap_or(1),
             ts: rfc3339((self.clock)()),
-            kind,
+            kind: draft.body.kind(),
             source: draft.source,
             hop: draft.hop,
-            data,
+            data: serde_json::Value::Null,
             prev_hash: self.head_hash.clone(),
             hash: String::new(),
         }
-        .sealed();
+        .sealed_over(data_json);
         self.head_seq = sealed.event.seq;
         self.head_hash = sealed.event.hash.clone();
         sealed
@@ -662,7 +662,7 @@ impl Writer {
         let ts = rfc3339((self.clock)());
         for draft in drafts {
             seq += 1;
-            let (kind, data) = split_body(&draft.body);
+            let (kind, data_json) = (draft.body.kind(), draft.body.data_json());
             // A draft names the generation its writer holds; the projection refuses a stale one.
             let generation = match (&draft.body, draft.generation, &state) {
                 (super::event::Body::RetryLeased(l), _, _) => l.generation,
@@ -679,11 +679,11 @@ impl Writer {
                 kind,
                 source: draft.source,
                 hop: draft.hop,
-                data,
+                data: serde_json::Value::Null,
                 prev_hash: prev,
                 hash: String::new(),
             }
-            .sealed();
+            .sealed_over(data_json);
             let dispatched_before = state.as_ref().is_some_and(|s| s.progress.dispatched_ever);
             let next = apply_body(
                 state.take().map(Arc::unwrap_or_clone),
