@@ -394,7 +394,7 @@ pub async fn handle_leased(
 
 async fn run_spawned(mut ex: Exchange, inbound: Inbound) -> Response<ProxyBody> {
     let (tx, rx) = oneshot::channel();
-    tokio::spawn(async move {
+    let exchange = async move {
         let (mut parts, body) = inbound.request.into_parts();
         ex.agent_upgrade = take_websocket(&mut parts);
         if ex.agent_upgrade.is_some() {
@@ -402,7 +402,10 @@ async fn run_spawned(mut ex: Exchange, inbound: Inbound) -> Response<ProxyBody> 
             ex.agent_slot = parts.extensions.remove::<HeldSlot>();
         }
         ex.run(parts, AgentBody::Incoming(body), tx).await;
-    });
+    };
+    // Boxed: the exchange's state is ~15 KB, which tokio would copy into the task and
+    // again when the task finishes.
+    tokio::spawn(Box::pin(exchange));
     match rx.await {
         Ok(resp) => resp,
         Err(_) => {
