@@ -756,9 +756,10 @@ fn fastest(mut run: impl FnMut() -> usize) -> (Duration, usize) {
 
 /// `POSTERN_BENCH_ONLY=soak`: small GETs at a constant rate (`POSTERN_SOAK_RATE`, 200/s)
 /// for `POSTERN_SOAK_SECS` (600) through postern `fsync` with a 60 s event and result
-/// retention; every 30 s the journal's size on disk (allocated blocks, the space reserve
-/// left out) and what postern wrote. A journal that stops growing levels off after the
-/// retention plus a sweep.
+/// retention (`POSTERN_SOAK_EVENT_RETENTION`, `POSTERN_SOAK_RESULT_RETENTION`); every 30 s
+/// the journal's size on disk (allocated blocks, the space reserve left out) and what
+/// postern wrote. A journal that stops growing levels off after the retention plus a
+/// sweep.
 fn soak() {
     let env = |name: &str, default: u64| {
         std::env::var(name)
@@ -767,10 +768,17 @@ fn soak() {
             .unwrap_or(default)
     };
     let (secs, rate) = (env("POSTERN_SOAK_SECS", 600), env("POSTERN_SOAK_RATE", 200));
+    // `POSTERN_SOAK_QUIET` seconds more without load: what stays once results expire.
+    let quiet = env("POSTERN_SOAK_QUIET", 0);
+    let text = |name: &str| std::env::var(name).unwrap_or_else(|_| "60s".to_owned());
+    let (events, results) = (
+        text("POSTERN_SOAK_EVENT_RETENTION"),
+        text("POSTERN_SOAK_RESULT_RETENTION"),
+    );
     let rt = runtime();
     let origin = start_origin(&rt);
-    let retention = "event_retention = \"60s\"\nresult_retention = \"60s\"\n";
-    let p = start_postern_journal(&origin, "fsync", false, retention);
+    let retention = format!("event_retention = \"{events}\"\nresult_retention = \"{results}\"\n");
+    let p = start_postern_journal(&origin, "fsync", false, &retention);
     let journal = p._home.path().join("home/journal");
     let tls = tls_client(&std::fs::read(&p.ca).unwrap());
     let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -801,19 +809,27 @@ fn soak() {
             }
         });
     }
-    println!("Soak: small GETs at {rate}/s for {secs}s, fsync, event and result retention 60s");
+    println!(
+        "Soak: small GETs at {rate}/s for {secs}s (then {quiet}s without load), fsync, event retention {events}, result retention {results}"
+    );
     println!();
-    println!("| seconds | requests | journal on disk MB | written MB | written KB / request |");
-    println!("|---:|---:|---:|---:|---:|");
+    println!(
+        "| seconds | requests | journal on disk MB | of it fjall's write-ahead journals MB | kept KB / request | written MB | written KB / request |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     let disk0 = written_bytes(p.child.id());
-    while Instant::now() < until {
-        std::thread::sleep(Duration::from_secs(30).min(until - Instant::now()));
+    let end = until + Duration::from_secs(quiet);
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_secs(30).min(end - Instant::now()));
         let n = sent.load(std::sync::atomic::Ordering::Relaxed);
         let written = written_bytes(p.child.id()) - disk0;
+        let kept = on_disk(&journal) as f64;
         println!(
-            "| {} | {n} | {:.1} | {:.1} | {:.1} |",
+            "| {} | {n} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
             started.elapsed().as_secs(),
-            on_disk(&journal) as f64 / 1e6,
+            kept / 1e6,
+            on_disk(&journal.join("journals")) as f64 / 1e6,
+            kept / n.max(1) as f64 / 1024.0,
             written / 1e6,
             written / n.max(1) as f64 / 1024.0
         );
