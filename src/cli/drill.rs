@@ -171,6 +171,7 @@ fn steps(method: &str, id: &str, expires_at_ms: i64) -> Vec<(Draft, Option<Store
             observed(Body::ResultDelivered(Delivered {
                 bytes: body.len() as u64,
                 upgrade: None,
+                end_of_stream_delivered: None,
             })),
             None,
         ),

@@ -54,10 +54,11 @@ impl DeliveryBody {
     }
 }
 
-/// The body's end was handed over: delivered now, or once the agent's connection flushed it.
-fn handed_over(done: oneshot::Sender<DeliveryEnd>, watch: Option<&FlushWatch>) {
+/// The body's end was handed over: delivered now, or once the agent's connection flushed
+/// it (`cut`: a streamed body's data mark, should the connection close first).
+fn handed_over(done: oneshot::Sender<DeliveryEnd>, watch: Option<&FlushWatch>, cut: Option<u64>) {
     match watch {
-        Some(w) => w.deliver_when_flushed(done),
+        Some(w) => w.deliver_when_flushed(done, cut),
         None => {
             let _ = done.send(DeliveryEnd::Delivered);
         }
@@ -85,7 +86,7 @@ impl Body for DeliveryBody {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
         if let Some(done) = self.done.take() {
-            handed_over(done, self.watch.as_ref());
+            handed_over(done, self.watch.as_ref(), None);
         }
         match self.trailers.take() {
             // hyper ends the stream with them and polls no further.
@@ -110,7 +111,7 @@ impl Drop for DeliveryBody {
     fn drop(&mut self) {
         if let Some(done) = self.done.take() {
             if self.data.is_none() {
-                handed_over(done, self.watch.as_ref());
+                handed_over(done, self.watch.as_ref(), None);
             } else {
                 let _ = done.send(DeliveryEnd::Dropped);
             }
@@ -132,13 +133,16 @@ pub enum Chunk {
     Abort,
 }
 
-/// A streamed body fed by the exchange; reports whether the agent got its end.
+/// A streamed body fed by the exchange; reports whether the agent got its end, and if
+/// not, up to where its data went out (`DeliveryEnd::Cut`).
 pub struct ChannelBody {
     rx: tokio::sync::mpsc::Receiver<Chunk>,
     finished: bool,
     done: Option<oneshot::Sender<DeliveryEnd>>,
     /// The agent's connection: the end counts once that connection flushed it.
     watch: Option<FlushWatch>,
+    /// The connection's flush mark when the last data was handed over (or the head).
+    handed: u64,
 }
 
 impl ChannelBody {
@@ -147,21 +151,29 @@ impl ChannelBody {
         watch: Option<FlushWatch>,
     ) -> (Self, oneshot::Receiver<DeliveryEnd>) {
         let (tx, done) = oneshot::channel();
+        let handed = watch.as_ref().map_or(0, FlushWatch::mark);
         (
             Self {
                 rx,
                 finished: false,
                 done: Some(tx),
                 watch,
+                handed,
             },
             done,
         )
     }
 
+    fn hand(&mut self, data: &Bytes) {
+        if let (false, Some(w)) = (data.is_empty(), &self.watch) {
+            self.handed = w.mark();
+        }
+    }
+
     fn finish(&mut self) {
         self.finished = true;
         if let Some(done) = self.done.take() {
-            handed_over(done, self.watch.as_ref());
+            handed_over(done, self.watch.as_ref(), Some(self.handed));
         }
     }
 }
@@ -179,8 +191,12 @@ impl Body for ChannelBody {
         }
         match self.rx.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Chunk::Data(d))) => Poll::Ready(Some(Ok(Frame::data(d)))),
+            Poll::Ready(Some(Chunk::Data(d))) => {
+                self.hand(&d);
+                Poll::Ready(Some(Ok(Frame::data(d))))
+            }
             Poll::Ready(Some(Chunk::Last(d))) => {
+                self.hand(&d);
                 self.finish();
                 Poll::Ready(Some(Ok(Frame::data(d))))
             }
@@ -200,10 +216,20 @@ impl Body for ChannelBody {
 }
 
 impl Drop for ChannelBody {
+    /// Dropped before its end: a cut, unless data the exchange sent never went out.
     fn drop(&mut self) {
-        if let Some(done) = self.done.take() {
-            let _ = done.send(DeliveryEnd::Dropped);
-        }
+        let Some(done) = self.done.take() else { return };
+        let unsent = std::iter::from_fn(|| self.rx.try_recv().ok()).any(|c| match c {
+            Chunk::Data(d) | Chunk::Last(d) => !d.is_empty(),
+            Chunk::Trailers(_) | Chunk::Abort => false,
+        });
+        let end = match (unsent, &self.watch) {
+            (false, Some(_)) => DeliveryEnd::Cut {
+                handed: self.handed,
+            },
+            _ => DeliveryEnd::Dropped,
+        };
+        let _ = done.send(end);
     }
 }
 

@@ -47,10 +47,11 @@ impl Exchange {
                     self.inv.delivery_failed().await;
                     return;
                 }
-                let end = done.await.unwrap_or(DeliveryEnd::Dropped);
-                match end {
+                match done.await.unwrap_or(DeliveryEnd::Dropped) {
                     DeliveryEnd::Delivered => self.inv.delivered(self.delivered_bytes).await,
-                    DeliveryEnd::Dropped => self.inv.delivery_failed().await,
+                    DeliveryEnd::Cut { .. } | DeliveryEnd::Dropped => {
+                        self.inv.delivery_failed().await;
+                    }
                 }
             }
             Outgoing::Gone => self.inv.delivery_failed().await,
@@ -69,17 +70,29 @@ impl Exchange {
         }
     }
 
-    /// Records how a streamed delivery ended.
+    /// Records how a streamed delivery ended. An agent that read every body byte and then
+    /// closed has the answer, though its stream's end never went out (SPEC §3.9: an SSE
+    /// client stops reading once it has its JSON-RPC reply); one that missed a byte has not.
     async fn after_stream(&mut self, end: StreamEnd, done: oneshot::Receiver<DeliveryEnd>) {
-        match end {
-            StreamEnd::Broken => {}
-            StreamEnd::Committed { agent_gone: true } => self.inv.delivery_failed().await,
-            StreamEnd::Committed { agent_gone: false } => {
-                match done.await.unwrap_or(DeliveryEnd::Dropped) {
-                    DeliveryEnd::Delivered => self.inv.delivered(self.delivered_bytes).await,
-                    DeliveryEnd::Dropped => self.inv.delivery_failed().await,
-                }
+        let StreamEnd::Committed { lost, .. } = end else {
+            return;
+        };
+        if lost {
+            return self.inv.delivery_failed().await;
+        }
+        match done.await.unwrap_or(DeliveryEnd::Dropped) {
+            DeliveryEnd::Delivered => self.inv.delivered(self.delivered_bytes).await,
+            DeliveryEnd::Cut { handed } if self.read_before_close(handed).await => {
+                self.inv.delivered_unended(self.delivered_bytes).await;
             }
+            DeliveryEnd::Cut { .. } | DeliveryEnd::Dropped => self.inv.delivery_failed().await,
+        }
+    }
+
+    async fn read_before_close(&self, handed: u64) -> bool {
+        match &self.flush {
+            Some(watch) => watch.read_before_close(handed).await,
+            None => false,
         }
     }
 

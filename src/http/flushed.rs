@@ -19,9 +19,12 @@ use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
+
+use super::wire::WireView;
 
 /// How delivery to the agent ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,9 +32,18 @@ pub enum DeliveryEnd {
     /// The last byte was handed to the connection (toward the agent: and flushed, when
     /// the body knows the agent's connection).
     Delivered,
+    /// A streamed body whose end never went out (the agent left, or its connection closed
+    /// first) but whose data did, up to `handed` (the connection's flush count when its
+    /// last data was handed over): whether the agent read them is `read_before_close`'s.
+    Cut { handed: u64 },
     /// The agent's connection went away first.
     Dropped,
 }
+
+/// How long a cut delivery waits to learn how the agent closed: hyper drops a body once
+/// its connection failed, so the close is known by then, save on a connection that stays
+/// (a response to `HEAD`), where nothing more comes.
+const CLOSE_KNOWN_WITHIN: Duration = Duration::from_secs(1);
 
 /// One agent connection's flushes (and, h2, stream ends), shared by the bodies sent on it.
 #[derive(Clone)]
@@ -44,6 +56,12 @@ struct Ledger {
     ends: u64,
     /// `poll_flush` calls entered so far.
     flushes: u64,
+    /// The latest flush that completed (its entry number), and the bytes the agent's TCP
+    /// connection had taken by then.
+    flushed: u64,
+    written_at_flush: u64,
+    /// The agent's TCP connection (`None` where postern does not own it).
+    wire: Option<Arc<WireView>>,
     closed: bool,
     waiting: Vec<Waiter>,
 }
@@ -52,34 +70,68 @@ struct Ledger {
 struct Waiter {
     ends: u64,
     flushes: u64,
+    /// A streamed body's data mark: if the connection closes first, that is a cut.
+    cut: Option<u64>,
     done: oneshot::Sender<DeliveryEnd>,
 }
 
 impl FlushWatch {
-    fn new(h2: bool) -> Self {
+    fn new(h2: bool, wire: Option<Arc<WireView>>) -> Self {
         Self(Arc::new(Mutex::new(Ledger {
             h2,
+            wire,
             ..Ledger::default()
         })))
     }
 
     /// Reports `Delivered` on `done` once the connection flushed what was handed over by
-    /// now (see the module note); `Dropped` if the connection closes first.
-    pub fn deliver_when_flushed(&self, done: oneshot::Sender<DeliveryEnd>) {
+    /// now (see the module note); if the connection closes first, `Cut` at `cut` (a
+    /// streamed body's data mark) or else `Dropped`.
+    pub fn deliver_when_flushed(&self, done: oneshot::Sender<DeliveryEnd>, cut: Option<u64>) {
         let Ok(mut ledger) = self.0.lock() else {
             let _ = done.send(DeliveryEnd::Delivered);
             return;
         };
         if ledger.closed {
-            let _ = done.send(DeliveryEnd::Dropped);
+            let _ =
+                done.send(cut.map_or(DeliveryEnd::Dropped, |handed| DeliveryEnd::Cut { handed }));
             return;
         }
         let waiter = Waiter {
             ends: ledger.ends,
             flushes: ledger.flushes,
+            cut,
             done,
         };
         ledger.waiting.push(waiter);
+    }
+
+    /// The connection's flush count now: a mark for bytes handed over from here on.
+    pub fn mark(&self) -> u64 {
+        self.0.lock().map_or(u64::MAX, |l| l.flushes)
+    }
+
+    /// The agent's TCP connection, where postern owns it.
+    pub fn wire(&self) -> Option<Arc<WireView>> {
+        self.0.lock().ok().and_then(|l| l.wire.clone())
+    }
+
+    /// Whether the agent read every byte handed over before `handed` (a `Cut`'s mark),
+    /// then closed (`wire`): a flush after the mark carried them into its TCP connection,
+    /// and its kernel acknowledged them before the agent closed in order. Never on h2,
+    /// whose streams end without a close: a reset stream says nothing of what was read.
+    pub async fn read_before_close(&self, handed: u64) -> bool {
+        let (wire, written) = {
+            let Ok(l) = self.0.lock() else { return false };
+            match (&l.wire, l.h2 || l.flushed <= handed) {
+                (Some(wire), false) => (wire.clone(), l.written_at_flush),
+                _ => return false,
+            }
+        };
+        match tokio::time::timeout(CLOSE_KNOWN_WITHIN, wire.closed()).await {
+            Ok(Ok(close)) => close.read_through(written),
+            _ => false,
+        }
     }
 
     fn ended(&self, streams: u64) {
@@ -98,6 +150,10 @@ impl FlushWatch {
 
     fn flushed(&self, entry: u64, ends: u64) {
         let Ok(mut l) = self.0.lock() else { return };
+        if entry > l.flushed {
+            l.flushed = entry;
+            l.written_at_flush = l.wire.as_ref().map_or(0, |w| w.written());
+        }
         if l.waiting.is_empty() {
             return;
         }
@@ -114,10 +170,13 @@ impl FlushWatch {
     }
 
     fn close(&self) {
-        if let Ok(mut l) = self.0.lock() {
-            l.closed = true;
-            // Dropping the senders reports `Dropped` to those waiting.
-            l.waiting.clear();
+        let Ok(mut l) = self.0.lock() else { return };
+        l.closed = true;
+        // A dropped sender reports `Dropped` to those waiting.
+        for w in l.waiting.drain(..) {
+            if let Some(handed) = w.cut {
+                let _ = w.done.send(DeliveryEnd::Cut { handed });
+            }
         }
     }
 }
@@ -173,8 +232,9 @@ pub struct Flushed<T> {
 
 impl<T> Flushed<T> {
     /// `h2`: the connection speaks HTTP/2 (else HTTP/1.x).
-    pub fn new(inner: T, h2: bool) -> (Self, FlushWatch) {
-        let watch = FlushWatch::new(h2);
+    /// `wire`: the agent's TCP connection under it, where postern owns it.
+    pub fn new(inner: T, h2: bool, wire: Option<Arc<WireView>>) -> (Self, FlushWatch) {
+        let watch = FlushWatch::new(h2, wire);
         let frames = h2.then(FrameScan::default);
         let io = Self {
             inner,
@@ -320,10 +380,10 @@ mod tests {
 
     #[tokio::test]
     async fn http1_an_end_is_delivered_by_the_first_flush_after_it() -> std::io::Result<()> {
-        let (mut io, watch) = Flushed::new(Gate { open: true }, false);
+        let (mut io, watch) = Flushed::new(Gate { open: true }, false, None);
         io.write_all(b"head and body").await?;
         let (tx, mut rx) = oneshot::channel();
-        watch.deliver_when_flushed(tx);
+        watch.deliver_when_flushed(tx, None);
         assert_eq!(now(&mut rx), None, "handed over is not flushed");
         io.flush().await?;
         assert_eq!(now(&mut rx), Some(DeliveryEnd::Delivered));
@@ -341,9 +401,9 @@ mod tests {
     #[tokio::test]
     async fn h2_an_end_needs_a_stream_ending_frame_written_whole_then_a_flush()
     -> std::io::Result<()> {
-        let (mut io, watch) = Flushed::new(Gate { open: true }, true);
+        let (mut io, watch) = Flushed::new(Gate { open: true }, true, None);
         let (tx, mut rx) = oneshot::channel();
-        watch.deliver_when_flushed(tx);
+        watch.deliver_when_flushed(tx, None);
         // Data still on its way (no END_STREAM), flushed: not the end.
         io.write_all(&frame(0, 0, 1, b"part")).await?;
         io.flush().await?;
@@ -377,10 +437,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_that_cannot_flush_delivers_nothing_and_closing_drops_it() {
-        let (io, watch) = Flushed::new(Gate { open: false }, false);
+        let (io, watch) = Flushed::new(Gate { open: false }, false, None);
         let mut io = Box::pin(io);
         let (tx, mut rx) = oneshot::channel();
-        watch.deliver_when_flushed(tx);
+        watch.deliver_when_flushed(tx, None);
         let waker = std::task::Waker::noop();
         let mut cx = Context::from_waker(waker);
         assert!(io.as_mut().poll_write(&mut cx, b"x").is_pending());
@@ -389,7 +449,7 @@ mod tests {
         drop(io);
         assert!(rx.await.is_err(), "dropped, never delivered");
         let (tx, mut rx) = oneshot::channel();
-        watch.deliver_when_flushed(tx);
+        watch.deliver_when_flushed(tx, None);
         assert_eq!(now(&mut rx), Some(DeliveryEnd::Dropped));
     }
 }

@@ -14,11 +14,12 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use super::Proxy;
 use super::drive;
 use super::exchange::Inbound;
-use super::flushed::Flushed;
+use super::flushed::{FlushWatch, Flushed};
 use super::internal;
 use super::respond::{self, ProxyBody};
 use super::sniff::FramingSniffer;
 use super::tunnel;
+use super::wire::{Wire, WireView};
 use crate::config::{Route, Scheme};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Accepted, Body, Draft, Failure, Protocol, new_invocation_id};
@@ -62,9 +63,10 @@ async fn serve_agent(
     (source, slot, member): (IpAddr, Arc<Slot>, Arc<Member>),
 ) {
     let header_timeout = proxy.config().proxy.header_read_timeout;
+    let (stream, wire) = Wire::new(stream);
     let stream = FramingSniffer::new(stream);
     let conflict = stream.conflict.clone();
-    let (stream, watch) = Flushed::new(stream, false);
+    let (stream, watch) = Flushed::new(stream, false, Some(wire));
     let m = member.clone();
     let failed_logins = Arc::new(AtomicU32::new(0));
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
@@ -499,6 +501,8 @@ async fn intercept(
 struct Caller {
     agent: String,
     proof: Option<Vec<u8>>,
+    /// The TCP connection the `CONNECT` came on, which carries the tunnel's bytes.
+    wire: Option<Arc<WireView>>,
 }
 
 impl Caller {
@@ -507,7 +511,11 @@ impl Caller {
             .headers()
             .get(header::PROXY_AUTHORIZATION)
             .map(|v| v.as_bytes().to_vec());
-        Self { agent, proof }
+        let wire = req
+            .extensions()
+            .get::<FlushWatch>()
+            .and_then(FlushWatch::wire);
+        Self { agent, proof, wire }
     }
 
     fn still_admitted(&self, config: &crate::config::Config) -> Option<String> {
@@ -537,7 +545,7 @@ async fn serve_inner<I>(
     let proxy_header_timeout = proxy.config().proxy.header_read_timeout;
     let io = FramingSniffer::new(io);
     let conflict = io.conflict.clone();
-    let (io, watch) = Flushed::new(io, h2);
+    let (io, watch) = Flushed::new(io, h2, caller.wire.clone());
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(watch.clone());
         req.extensions_mut().insert(slot.clone());

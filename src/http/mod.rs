@@ -41,6 +41,7 @@ mod tunnel;
 mod twin;
 mod upgrade;
 pub mod upstream;
+mod wire;
 mod wsframe;
 
 use std::sync::Arc;

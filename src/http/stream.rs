@@ -71,8 +71,9 @@ pub struct StreamStart {
 pub enum StreamEnd {
     /// The upstream broke; the record says `REMOTE_RESULT_INCOMPLETE`.
     Broken,
-    /// The result is committed; the agent may or may not still be there.
-    Committed { agent_gone: bool },
+    /// The result is committed. If the agent left, body data meant for it may have been
+    /// `lost` (never handed to its connection).
+    Committed { lost: bool },
 }
 
 /// The delivered bytes: digest, length, and the stored copy while it fits.
@@ -86,6 +87,8 @@ struct Tally {
     carry: Carry,
     decoder: Option<Decoder>,
     withheld: Option<Undecodable>,
+    /// Body data the agent's connection never took (it had left, or it was withheld).
+    lost: bool,
 }
 
 impl Tally {
@@ -224,6 +227,8 @@ impl Exchange {
             },
             decoder: plan.decoder.take(),
             withheld: plan.withheld,
+            // A head that never went out: nothing reached the agent.
+            lost: agent_gone,
         };
         tally.keep = tally.withheld.is_none();
         if agent_gone {
@@ -286,9 +291,13 @@ impl Exchange {
             return StreamEnd::Broken;
         }
         if !agent_gone {
+            // Only the stream's end is left, unless the guard held back a tail (or a gRPC
+            // status rides the trailers).
+            let tail_is_data = !tail.is_empty() || plan.grpc.is_some();
             agent_gone = !self.release_end(&plan, tail).await;
+            tally.lost |= agent_gone && tail_is_data;
         }
-        StreamEnd::Committed { agent_gone }
+        StreamEnd::Committed { lost: tally.lost }
     }
 
     async fn forward(
@@ -309,8 +318,11 @@ impl Exchange {
         let (out, hits) = guard.redact_stream(&mut tally.carry, &data);
         tally.hits += hits;
         tally.absorb(&out);
-        if !*agent_gone && !out.is_empty() && tx.send(Chunk::Data(out)).await.is_err() {
+        if *agent_gone && !out.is_empty() {
+            tally.lost = true;
+        } else if !out.is_empty() && tx.send(Chunk::Data(out)).await.is_err() {
             *agent_gone = true;
+            tally.lost = true;
             self.inv.caller_cancelled().await;
         }
     }
@@ -326,6 +338,7 @@ impl Exchange {
         agent_gone: &mut bool,
     ) {
         tally.withheld = Some(why);
+        tally.lost = true;
         tally.keep = false;
         tally.stored = Vec::new();
         tally.carry.clear();

@@ -351,6 +351,10 @@ pub struct Delivered {
     /// `bytes_up`, `bytes_down`, `closed_by`).
     #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<UpgradeEvidence>,
+    /// `false`: the agent read every body byte and closed before the stream's end reached
+    /// it (SPEC §3.9). Never beside `upgrade`, so the keys stay in order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_of_stream_delivered: Option<bool>,
 }
 
 /// A failure as observed; the projection computes its phase, outcome and retry.
@@ -719,6 +723,12 @@ mod tests {
             Body::ResultDelivered(Delivered {
                 bytes: 4,
                 upgrade: Some(upgrade),
+                end_of_stream_delivered: None,
+            }),
+            Body::ResultDelivered(Delivered {
+                bytes: 4,
+                upgrade: None,
+                end_of_stream_delivered: Some(false),
             }),
             Body::Failed(Failure {
                 code: Code::RemoteTimeout,

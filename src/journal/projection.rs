@@ -413,6 +413,10 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
                 let upgrade = serde_json::to_value(u).unwrap_or_default();
                 r.evidence.extra.insert("upgrade".into(), upgrade);
             }
+            if let Some(end) = d.end_of_stream_delivered {
+                let key = "end_of_stream_delivered";
+                r.evidence.extra.insert(key.into(), end.into());
+            }
             p.delivered = true;
             p.closed = true;
         }

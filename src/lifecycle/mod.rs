@@ -402,9 +402,19 @@ impl Invocation {
 
     /// Nothing acts on `RESULT_DELIVERED`: it rides the next write without an ack.
     pub async fn delivered(&mut self, bytes: u64) {
+        self.observe_delivered(bytes, None).await;
+    }
+
+    /// The agent read every body byte, then closed before the stream's end reached it.
+    pub async fn delivered_unended(&mut self, bytes: u64) {
+        self.observe_delivered(bytes, Some(false)).await;
+    }
+
+    async fn observe_delivered(&mut self, bytes: u64, end_of_stream_delivered: Option<bool>) {
         let done = Body::ResultDelivered(Delivered {
             bytes,
             upgrade: None,
+            end_of_stream_delivered,
         });
         self.observe(vec![Draft::observed(done)]).await;
     }
@@ -414,6 +424,7 @@ impl Invocation {
         let done = Body::ResultDelivered(Delivered {
             bytes: upgrade.bytes_down,
             upgrade: Some(upgrade),
+            end_of_stream_delivered: None,
         });
         self.observe(vec![Draft::observed(done)]).await;
     }

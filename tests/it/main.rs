@@ -9,6 +9,7 @@ mod crash;
 mod crash_http;
 mod crash_ssh;
 mod credentials;
+mod delivery;
 mod disk;
 mod dns;
 mod first_day;
