@@ -21,6 +21,7 @@ mod https;
 mod idempotency;
 mod jail;
 mod limits;
+mod mcp;
 mod origins;
 mod precedence;
 mod reflection;
