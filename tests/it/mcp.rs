@@ -124,7 +124,13 @@ fn run_client(home: &Home, daemon: &Daemon, port: u16, sessions: usize) -> Vec<V
     cmd.arg(scripts().join("client.py"))
         .arg(format!("https://mcp.test:{port}/mcp"))
         .arg(sessions.to_string());
-    for var in ["NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "REQUESTS_CA_BUNDLE"] {
+    for var in [
+        "NO_PROXY",
+        "no_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+        "REQUESTS_CA_BUNDLE",
+    ] {
         cmd.env_remove(var);
     }
     let out = cmd
@@ -186,7 +192,11 @@ fn three_mcp_sessions_in_a_row_each_run_their_tool_call() {
         .filter_map(|r| r["session"].as_str())
         .collect();
     sessions.dedup();
-    assert_eq!(sessions.len(), 3, "three sessions, three ids: {requests:#?}");
+    assert_eq!(
+        sessions.len(),
+        3,
+        "three sessions, three ids: {requests:#?}"
+    );
     let (_, list) = crate::support::get_json(&daemon.url("/v1/invocations?limit=100"), &[]);
     let records = list["invocations"].as_array().unwrap();
     let undelivered: Vec<&Value> = records

@@ -35,6 +35,9 @@ enum Act {
     Fail500,
     /// Answers 200 after this long (longer than the SDK waits).
     Slow(Duration),
+    /// Streams a chat completion (SSE): one event, then nothing for this long (longer than
+    /// the SDK waits between reads), then the last event and the stream's end.
+    StreamStall(Duration),
 }
 
 /// One request as the origin received it.
@@ -136,6 +139,10 @@ fn serve_connection(
             return;
         };
         let (answer, close) = respond(&ledger, act, method, path, headers);
+        if let (Act::StreamStall(stall), Some(_)) = (act, &answer) {
+            let _ = stream_stalling(&mut tls, stall);
+            return;
+        }
         if let Some(delay) = close {
             std::thread::sleep(delay);
             if answer.is_none() {
@@ -205,7 +212,28 @@ fn respond(
             None,
         ),
         Act::Slow(d) => (Some(http_response(200, &body, &[])), Some(d)),
+        Act::StreamStall(_) => (Some(Vec::new()), None),
     }
+}
+
+/// A chat completion as SSE: `one `, a stall, `two`, `[DONE]`, the end.
+fn stream_stalling(out: &mut impl Write, stall: Duration) -> std::io::Result<()> {
+    let event = |content: &str| {
+        let data = format!(
+            r#"data: {{"id":"chatcmpl-1","object":"chat.completion.chunk","created":0,"model":"m","choices":[{{"index":0,"delta":{{"content":"{content}"}},"finish_reason":null}}]}}"#
+        );
+        let data = format!("{data}\n\n");
+        format!("{:x}\r\n{data}\r\n", data.len())
+    };
+    let head =
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+    out.write_all(format!("{head}{}", event("one ")).as_bytes())?;
+    out.flush()?;
+    std::thread::sleep(stall);
+    let done = "data: [DONE]\n\n";
+    let end = format!("{}{:x}\r\n{done}\r\n0\r\n\r\n", event("two"), done.len());
+    out.write_all(end.as_bytes())?;
+    out.flush()
 }
 
 fn http_response(status: u16, body: &str, extra: &[&str]) -> Vec<u8> {
@@ -735,6 +763,42 @@ fn openai_node_timeout_and_retry_is_one_effect() {
 #[test]
 fn stripe_timeout_and_retry_is_one_effect() {
     sdk_timeout_is_one_effect(Sdk::Stripe, true);
+}
+
+/// The SDK streams a completion and gives up mid-stream (its read timeout, 1 s, is shorter
+/// than the origin's stall): it has not seen the answer, so the record stays
+/// `RESULT_DELIVERY_FAILED`, and the same call afterwards is answered from the store (SPEC
+/// §3.9): one execution, and the whole answer.
+#[test]
+fn openai_python_stream_cut_by_its_timeout_is_one_execution_answered_from_the_store() {
+    let s = setup(
+        Sdk::OpenAiPython,
+        Act::StreamStall(Duration::from_secs(2)),
+        true,
+        "",
+    );
+    let key = s.api_key(true);
+    let first = s.run(&key, &["--stream", "--timeout", "1"]);
+    assert_eq!(
+        first.out["ok"], false,
+        "the SDK must time out mid-stream: {}",
+        first.out
+    );
+    assert_eq!(first.out["text"], "one ", "{}", first.out);
+    // The origin finishes the stream; postern commits it, undelivered.
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(first.took));
+    let (_, list) = crate::support::get_json(&s.daemon.url("/v1/invocations"), &[]);
+    let record = &list["invocations"][0];
+    assert_eq!(
+        (record["code"].as_str(), record["retry"].as_str()),
+        (Some("RESULT_DELIVERY_FAILED"), Some("fetch_result")),
+        "{record}"
+    );
+    let again = s.run(&key, &["--stream", "--timeout", "1"]);
+    assert_eq!(again.out["ok"], true, "{}", again.out);
+    assert_eq!(again.out["text"], "one two", "{}", again.out);
+    assert_eq!(again.out["replayed"], "true", "{}", again.out);
+    assert_eq!(s.origin.effects(), 1, "{:?}", s.origin.seen());
 }
 
 // --- the harness itself, on a route without a credential ------------------------------------

@@ -2,7 +2,10 @@
 """An agent on a vendor SDK, as the integration tests drive it through postern.
 
 usage: agent.py openai|openai-responses|anthropic|stripe BASE_URL [--timeout SECS]
-                [--key IDEMPOTENCY_KEY] [--stripe-account ACCT]
+                [--key IDEMPOTENCY_KEY] [--stripe-account ACCT] [--stream]
+
+--stream (openai): a streamed chat completion; the line adds the text read ("text", also on
+a failure mid-stream) and postern's Postern-Replayed header ("replayed").
 
 Configured only by the environment an agent gets: HTTPS_PROXY (with agent:token@),
 SSL_CERT_FILE (postern's bundle) and the SDK's key variable (OPENAI_API_KEY,
@@ -24,6 +27,7 @@ def args():
     p.add_argument("--timeout", type=float)
     p.add_argument("--key")
     p.add_argument("--stripe-account")
+    p.add_argument("--stream", action="store_true")
     return p.parse_args()
 
 
@@ -61,6 +65,8 @@ def run_openai(a, responses):
         kw["timeout"] = a.timeout
     client = openai.OpenAI(**kw)  # api key from OPENAI_API_KEY
     extra = {"extra_headers": {"Idempotency-Key": a.key}} if a.key else {}
+    if a.stream:
+        return stream_openai(client, openai, extra)
     try:
         if responses:
             r = client.responses.create(model="gpt-4o-mini", input="hi", **extra)
@@ -70,6 +76,23 @@ def run_openai(a, responses):
         return {"ok": True, "id": r.id}
     except openai.APIError as e:
         return stainless_failure(e)
+
+
+def stream_openai(client, openai, extra):
+    """A streamed chat completion, read to its end (or until the SDK gives up)."""
+    text = []
+    try:
+        raw = client.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], stream=True, **extra)
+        replayed = raw.headers.get("postern-replayed")
+        for chunk in raw.parse():
+            for choice in chunk.choices:
+                text.append(choice.delta.content or "")
+        return {"ok": True, "text": "".join(text), "replayed": replayed}
+    except openai.APIError as e:
+        return dict(stainless_failure(e), text="".join(text))
+    except Exception as e:  # noqa: BLE001 - a timeout mid-stream surfaces from httpx itself
+        return {"ok": False, "exception": type(e).__name__, "text": "".join(text)}
 
 
 def run_anthropic(a):
