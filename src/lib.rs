@@ -19,6 +19,7 @@ pub mod jail;
 pub mod journal;
 pub mod lifecycle;
 pub mod listen;
+pub mod mcp;
 pub mod policy;
 pub mod ssh;
 pub mod vault;

@@ -16,6 +16,56 @@ pub struct Identity {
     pub token: String,
 }
 
+impl Identity {
+    /// The `Proxy-Authorization` value.
+    pub fn authorization(&self) -> String {
+        use base64::Engine as _;
+        let pair = format!("{}:{}", self.agent, self.token);
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(pair)
+        )
+    }
+}
+
+/// The agent a command acts as (`jail`, `mcp`): `--agent`, else `POSTERN_AGENT`; its token:
+/// `POSTERN_AGENT_TOKEN`, else the config's (with `--agent`). None when neither names one
+/// (an agent-less config). `who` names the command in the refusal.
+pub(super) fn acting_agent(
+    config: &Config,
+    flag: Option<&str>,
+    env: Env<'_>,
+    who: &str,
+) -> Result<Option<Identity>, String> {
+    let nonempty = |name: &str| env(name).filter(|v| !v.is_empty());
+    let Some(agent) = flag
+        .map(str::to_owned)
+        .or_else(|| nonempty("POSTERN_AGENT"))
+    else {
+        return Ok(None);
+    };
+    if let Some(token) = nonempty("POSTERN_AGENT_TOKEN") {
+        return Ok(Some(Identity { agent, token }));
+    }
+    let configured = config.agents.iter().find(|a| a.id == agent);
+    let token = match configured {
+        Some(a) if flag.is_some() => a.token.expose().to_owned(),
+        _ => {
+            return Err(format!(
+                "{who}: no token for agent `{agent}`: set POSTERN_AGENT_TOKEN, or pass \
+                 --agent with a config whose [[agents]] holds it"
+            ));
+        }
+    };
+    if let Some(var) = token.strip_prefix(UNSET) {
+        return Err(format!(
+            "{who}: agent {agent}'s token comes from {var}, which is not set here \
+             (set {var} or POSTERN_AGENT_TOKEN)"
+        ));
+    }
+    Ok(Some(Identity { agent, token }))
+}
+
 /// `export` lines for curl, Python requests, Node and git.
 pub fn lines(home: &Home, proxy: SocketAddr, identity: Option<&Identity>) -> Vec<String> {
     let certs = std::fs::canonicalize(home.certs_dir()).unwrap_or_else(|_| home.certs_dir());

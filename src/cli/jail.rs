@@ -10,9 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use base64::Engine as _;
-
-use super::env::UNSET;
+use super::env::{Identity, UNSET, acting_agent};
 use super::{Env, Home, percent_encode};
 use crate::config::Config;
 use crate::jail::{self, EXIT_SETUP, Outer, Plan, PrivateDir, files, inside_addr};
@@ -58,22 +56,6 @@ pub fn run(config: Option<&Path>, home: &Home, args: JailArgs, env: Env<'_>) -> 
     }
 }
 
-/// Who CMD is to postern.
-struct Identity {
-    agent: String,
-    token: String,
-}
-
-impl Identity {
-    fn authorization(&self) -> String {
-        let pair = format!("{}:{}", self.agent, self.token);
-        format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(pair)
-        )
-    }
-}
-
 fn prepare(
     config_path: Option<&Path>,
     home: &Home,
@@ -90,7 +72,8 @@ fn prepare(
     };
     let config = crate::config::load(config_path, &lookup)
         .map_err(|e| Refusal(format!("postern jail: {e}")))?;
-    let identity = identity(&config, args.agent.as_deref(), env)?;
+    let identity =
+        acting_agent(&config, args.agent.as_deref(), env, "postern jail").map_err(Refusal)?;
     check_identity(config.proxy.listen, identity.as_ref())?;
     check_home_is_the_daemons(home)?;
     let dir = PrivateDir::create().map_err(|e| {
@@ -150,42 +133,6 @@ fn not_the_daemons(home: &Home) -> Refusal {
          state; CMD did not run",
         home.root.display()
     ))
-}
-
-/// The agent: `--agent`, else `POSTERN_AGENT`; its token: `POSTERN_AGENT_TOKEN`, else the
-/// config's (with `--agent`). None when neither names one (an agent-less config).
-fn identity(
-    config: &Config,
-    flag: Option<&str>,
-    env: Env<'_>,
-) -> Result<Option<Identity>, Refusal> {
-    let nonempty = |name: &str| env(name).filter(|v| !v.is_empty());
-    let Some(agent) = flag
-        .map(str::to_owned)
-        .or_else(|| nonempty("POSTERN_AGENT"))
-    else {
-        return Ok(None);
-    };
-    if let Some(token) = nonempty("POSTERN_AGENT_TOKEN") {
-        return Ok(Some(Identity { agent, token }));
-    }
-    let configured = config.agents.iter().find(|a| a.id == agent);
-    let token = match configured {
-        Some(a) if flag.is_some() => a.token.expose().to_owned(),
-        _ => {
-            return Err(Refusal(format!(
-                "postern jail: no token for agent `{agent}`: set POSTERN_AGENT_TOKEN, or pass \
-                 --agent with a config whose [[agents]] holds it"
-            )));
-        }
-    };
-    if let Some(var) = token.strip_prefix(UNSET) {
-        return Err(Refusal(format!(
-            "postern jail: agent {agent}'s token comes from {var}, which is not set here \
-             (set {var} or POSTERN_AGENT_TOKEN)"
-        )));
-    }
-    Ok(Some(Identity { agent, token }))
 }
 
 /// Asks the running daemon's proxy for an agent-only page (not journaled when the token is

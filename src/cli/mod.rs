@@ -24,6 +24,7 @@ mod drill;
 mod env;
 mod home;
 mod jail;
+mod mcp;
 mod operator;
 mod render;
 mod retry;
@@ -222,6 +223,14 @@ pub enum Command {
     /// and config hidden): `postern jail --agent ID -- CMD [ARGS…]`. Exits with CMD's status,
     /// 125 when the jail cannot be made.
     Jail(jail::JailArgs),
+    /// Serve MCP on stdin/stdout as agent ID (for an MCP host): tools http_request, ssh_exec,
+    /// fetch_result and get_invocation, each going through the running daemon as the agent's
+    /// own requests do. Token: POSTERN_AGENT_TOKEN, else the config's [[agents]].
+    Mcp {
+        /// The agent the tools act as.
+        #[arg(long, value_name = "ID")]
+        agent: Option<String>,
+    },
     /// The jail's inner process (started by `postern jail`).
     #[command(name = "__jail-inside", hide = true)]
     JailInside {
@@ -342,6 +351,7 @@ fn talks_to_daemon(command: &Command) -> bool {
         | Command::SshConnect(_)
         | Command::SshConfig
         | Command::Jail(_)
+        | Command::Mcp { .. }
         | Command::JailInside { .. }
         | Command::JailInit { .. } => false,
         #[cfg(feature = "failpoints")]
@@ -364,6 +374,7 @@ fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
         Command::SshConnect(args) => ssh::connect(config, &args, env),
         Command::SshConfig => ssh::config(config, home, env),
         Command::Jail(args) => Ok(jail::run(config, home, args, env)),
+        Command::Mcp { agent } => Ok(mcp::run(config, home, agent.as_deref(), env)),
         Command::JailInside { command } => Ok(crate::jail::inside(&command)),
         Command::JailInit { uid, gid, command } => {
             Ok(crate::jail::init(crate::jail::Ids { uid, gid }, &command))

@@ -22,6 +22,7 @@ mod idempotency;
 mod jail;
 mod limits;
 mod mcp;
+mod mcp_stdio;
 mod origins;
 mod precedence;
 mod reflection;

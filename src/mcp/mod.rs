@@ -1,0 +1,116 @@
+//! `postern mcp --agent ID` (SPEC §3.9): an MCP server on stdin/stdout, the way an MCP host
+//! starts a local server, whose tools act as the agent through the running daemon: each
+//! call is a request to postern's proxy with the agent's identity (`agent`), so routes,
+//! injection, approvals, journal and guard apply exactly as to the agent's own requests.
+//! The tools and what their results say are `tools`.
+//!
+//! When the MCP pipe closes, the server stops at once and drops its connections: the daemon
+//! sees its caller gone (`CALLER_CANCELLED`), the exchange runs on, and its result is kept
+//! (`RESULT_DELIVERY_FAILED`/`fetch_result`) for a later session's `fetch_result`.
+
+mod agent;
+mod tools;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use rmcp::ServiceExt;
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio_util::sync::CancellationToken;
+
+pub use agent::Agent;
+pub use tools::{BODY_LIMIT, Tools};
+
+/// What `postern mcp` needs to act as the agent.
+pub struct Settings {
+    pub proxy: SocketAddr,
+    /// `Basic base64(agent:token)`.
+    pub authorization: String,
+    /// postern's CA certificate.
+    pub ca: PathBuf,
+}
+
+/// Serves MCP on stdin/stdout until the client closes it.
+pub fn run(settings: &Settings) -> ExitCode {
+    let agent = match Agent::new(settings.proxy, &settings.authorization, &settings.ca) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("postern mcp: {e}\n").as_bytes(),
+            );
+            return ExitCode::from(1);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("postern mcp: {e}\n").as_bytes(),
+            );
+            return ExitCode::from(1);
+        }
+    };
+    let served = runtime.block_on(async move {
+        let closed = CancellationToken::new();
+        let stdin = PipeIn {
+            inner: tokio::io::stdin(),
+            closed: closed.clone(),
+        };
+        let service = Tools::new(agent, closed)
+            .serve((stdin, tokio::io::stdout()))
+            .await
+            .map_err(|e| e.to_string())?;
+        service.waiting().await.map_err(|e| e.to_string())?;
+        Ok::<(), String>(())
+    });
+    // In-flight calls are not waited for: their connections close with the runtime.
+    runtime.shutdown_background();
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("postern mcp: {e}\n").as_bytes(),
+            );
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The MCP pipe's read end: its end (or failure) cancels every call still running, so none
+/// reads its answer to the end for a client that is gone (the daemon then records the
+/// delivery failed, and keeps the result).
+struct PipeIn {
+    inner: tokio::io::Stdin,
+    closed: CancellationToken,
+}
+
+impl AsyncRead for PipeIn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let ended = match &r {
+            Poll::Ready(Ok(())) => buf.filled().len() == before && buf.remaining() > 0,
+            Poll::Ready(Err(_)) => true,
+            Poll::Pending => false,
+        };
+        if ended {
+            self.closed.cancel();
+        }
+        r
+    }
+}

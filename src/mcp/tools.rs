@@ -1,0 +1,545 @@
+//! The tools `postern mcp` offers (SPEC §3.9), their schemas, and what the model reads in
+//! each result: the daemon's verdict (`outcome`, `phase`, `retry`, `code`) and the record's
+//! evidence, beside the answer itself. postern's own refusals are `isError` results carrying
+//! the envelope; a complete origin answer of any status is a normal result.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use rmcp::handler::server::tool::schema_for_output;
+use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
+use rmcp::model::{
+    CallToolResult, Implementation, ProgressNotificationParam, RequestMetaObject,
+    ServerCapabilities, ServerConfig,
+};
+use rmcp::{Peer, RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::agent::{Agent, Answer, Ask};
+use crate::contract::{Code, Envelope, unjournaled_refusal};
+
+/// The most body text (or base64) one tool result carries: more would flood the model's
+/// context. The rest is paged with `fetch_result`'s `offset`.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// How often a call that waits (for an approval, or a slow origin) says it is still waiting.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+const INTERNAL: &str = "http://postern.internal/v1/invocations";
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct HttpRequestArgs {
+    /// The HTTP method: GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS.
+    pub method: String,
+    /// The absolute `https://` or `http://` URL, without a `user:password@` part.
+    pub url: String,
+    /// Request headers, name to value. Send no credentials: postern injects them.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The request body as text (UTF-8).
+    pub body: Option<String>,
+    /// The request body as base64, for bytes that are not text (instead of `body`).
+    pub body_base64: Option<String>,
+    /// An idempotency key, sent as the `Idempotency-Key` header.
+    pub idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct InvocationArgs {
+    /// The invocation id (`act_…`) a result named.
+    pub invocation_id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct FetchArgs {
+    /// The invocation id (`act_…`) whose stored result to read.
+    pub invocation_id: String,
+    /// Where in the body to start (a result too large for one answer says `next_offset`).
+    #[serde(default)]
+    pub offset: u64,
+}
+
+/// What every tool result says (fields that do not apply are left out).
+#[derive(Debug, Default, Serialize, JsonSchema)]
+pub struct ToolOutcome {
+    /// The invocation postern journaled (null for a refusal it did not journal).
+    pub invocation_id: Option<String>,
+    /// not_attempted, rejected, committed or unknown: what is known about remote execution.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    /// Where postern stopped: validation, credential_injection, connection_setup,
+    /// remote_execution or result_delivery.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// What may be done now: never, after_correction, backoff, same_idempotency_key,
+    /// reconcile (it may have happened: never repeat it) or fetch_result (call fetch_result).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry: Option<String>,
+    /// postern's error code, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The argument to correct, for validation errors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// The origin's HTTP status.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headers: Option<BTreeMap<String, String>>,
+    /// The body as text, when it is UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// The body as base64, when it is not text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_base64: Option<String>,
+    /// The body's whole length in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// Only part of the body is here: call fetch_result with `next_offset` for the rest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u64>,
+    /// The answer is an earlier identical request's stored result: nothing was sent again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replayed: Option<bool>,
+    /// How postern knows: the journal's evidence for this invocation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<Value>,
+}
+
+/// `postern mcp`'s server: the agent's tools.
+#[derive(Clone)]
+pub struct Tools {
+    agent: Arc<Agent>,
+    /// The MCP pipe closed: every call still running stops.
+    pipe_closed: CancellationToken,
+    tool_router: ToolRouter<Self>,
+}
+
+#[tool_router]
+impl Tools {
+    pub fn new(agent: Agent, pipe_closed: CancellationToken) -> Self {
+        Self {
+            agent: Arc::new(agent),
+            pipe_closed,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    #[tool(
+        description = "Sends one HTTP(S) request through postern, which adds the credentials and journals it. Read `outcome` and `retry` in the result before anything else: `reconcile` means it may have happened, so never send it again; `fetch_result` means call fetch_result with the invocation_id instead of repeating it; `backoff` may be sent again later; `never` and `after_correction` must not be repeated as they are. Bodies over 64 KiB come in parts (`next_offset`).",
+        output_schema = schema_for_output::<ToolOutcome>()
+    )]
+    async fn http_request(
+        &self,
+        Parameters(args): Parameters<HttpRequestArgs>,
+        meta: RequestMetaObject,
+        peer: Peer<RoleServer>,
+        cancelled: CancellationToken,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        let ask = match ask_of(args) {
+            Ok(ask) => ask,
+            Err((code, field)) => {
+                return Ok(envelope_result(&unjournaled_refusal(code, &field)));
+            }
+        };
+        let waiting = progress(peer, meta);
+        let sent = tokio::select! {
+            sent = self.agent.send(ask) => sent,
+            // Dropping the exchange closes its connection: the daemon records the caller gone.
+            () = cancelled.cancelled() => Err("the client cancelled the call".to_owned()),
+            () = self.pipe_closed.cancelled() => Err("the MCP pipe closed".to_owned()),
+        };
+        drop(waiting);
+        match sent {
+            Ok(answer) => Ok(self.answered(answer).await),
+            Err(why) => Ok(lost(&why)),
+        }
+    }
+
+    #[tool(
+        description = "Returns the stored result of one of your earlier invocations without sending anything again; use it whenever a result says retry `fetch_result`, and with `offset` to read a large body in parts.",
+        output_schema = schema_for_output::<ToolOutcome>()
+    )]
+    async fn fetch_result(
+        &self,
+        Parameters(args): Parameters<FetchArgs>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        let url = format!("{INTERNAL}/{}/result", encode(&args.invocation_id));
+        let (ok, value) = match self.internal(&url).await {
+            Ok(got) => got,
+            Err(why) => return Ok(lost(&why)),
+        };
+        if !ok {
+            return Ok(not_found(&args.invocation_id, &value));
+        }
+        let mut out = ToolOutcome {
+            invocation_id: Some(args.invocation_id),
+            outcome: text(&value, "outcome"),
+            status: value["status"].as_u64().and_then(|s| u16::try_from(s).ok()),
+            ..ToolOutcome::default()
+        };
+        if let Some(b64) = value["body_base64"].as_str() {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap_or_default();
+            put_body(&mut out, &bytes, args.offset);
+        }
+        for stream in ["stdout_base64", "stderr_base64"] {
+            if value.get(stream).is_some() {
+                let mut extra = Map::new();
+                extra.insert(stream.into(), value[stream].clone());
+                extra.insert("exit_status".into(), value["exit_status"].clone());
+                out.evidence = Some(Value::Object(extra));
+            }
+        }
+        out.headers = value["headers"].as_array().map(|pairs| {
+            pairs
+                .iter()
+                .filter_map(|p| Some((p[0].as_str()?.to_owned(), p[1].as_str()?.to_owned())))
+                .collect()
+        });
+        Ok(structured(&out, false))
+    }
+
+    #[tool(
+        description = "Returns postern's record of one of your invocations (outcome, retry, code, evidence, events summary), to learn what happened before deciding to repeat anything; it never sends anything."
+    )]
+    async fn get_invocation(
+        &self,
+        Parameters(args): Parameters<InvocationArgs>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        let url = format!("{INTERNAL}/{}", encode(&args.invocation_id));
+        match self.internal(&url).await {
+            Ok((true, record)) => Ok(CallToolResult::structured(record)),
+            Ok((false, value)) => Ok(not_found(&args.invocation_id, &value)),
+            Err(why) => Ok(lost(&why)),
+        }
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Tools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("postern", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Every action goes through postern, which holds the credentials and journals it. \
+                 Each result says outcome and retry: never repeat an action whose retry is \
+                 reconcile, and call fetch_result when it says fetch_result.",
+            )
+    }
+}
+
+impl Tools {
+    /// A GET of the agent's own view at postern.internal: (found, JSON).
+    async fn internal(&self, url: &str) -> Result<(bool, Value), String> {
+        let ask = Ask {
+            method: Method::GET,
+            url: url.parse().map_err(|_| "not an invocation id".to_owned())?,
+            headers: HeaderMap::new(),
+            body: Bytes::new(),
+        };
+        let answer = self.agent.send(ask).await?;
+        let value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
+        Ok((answer.status.is_success(), value))
+    }
+
+    /// An answer through the proxy: postern's own refusal, or the origin's answer with the
+    /// daemon's verdict and the record's evidence.
+    async fn answered(&self, answer: Answer) -> CallToolResult {
+        if let Some(envelope) = own_error(&answer) {
+            return envelope_result(&envelope);
+        }
+        let id = header(&answer.headers, "postern-invocation");
+        let record = match &id {
+            Some(id) => self
+                .internal(&format!("{INTERNAL}/{}", encode(id)))
+                .await
+                .ok()
+                .filter(|(found, _)| *found)
+                .map(|(_, r)| r),
+            None => None,
+        };
+        let verdict = answer
+            .trailers
+            .as_ref()
+            .and_then(|t| header(t, "postern-outcome"))
+            .or_else(|| header(&answer.headers, "postern-outcome"));
+        let mut out = ToolOutcome {
+            invocation_id: id,
+            status: Some(answer.status.as_u16()),
+            headers: Some(headers_of(&answer.headers)),
+            replayed: header(&answer.headers, "postern-replayed").map(|v| v == "true"),
+            ..ToolOutcome::default()
+        };
+        put_body(&mut out, &answer.body, 0);
+        out.bytes = Some(answer.bytes);
+        match (verdict, &record) {
+            (Some(v), _) if answer.complete => read_verdict(&mut out, &v),
+            (_, Some(r)) => {
+                for (field, key) in [
+                    (&mut out.outcome, "outcome"),
+                    (&mut out.phase, "phase"),
+                    (&mut out.retry, "retry"),
+                    (&mut out.code, "code"),
+                ] {
+                    *field = text(r, key);
+                }
+            }
+            _ => {}
+        }
+        out.evidence = record.map(|r| r["evidence"].clone());
+        // A stream that broke is postern's error, not an origin answer.
+        let failed = !answer.complete || out.code.is_some();
+        structured(&out, failed)
+    }
+}
+
+/// The tool call's arguments as a request, or the refusal postern would give, code and
+/// field (not journaled: nothing reached the daemon).
+fn ask_of(args: HttpRequestArgs) -> Result<Ask, (Code, String)> {
+    let refuse = |code: Code, field: &str| (code, field.to_owned());
+    let method = Method::from_bytes(args.method.trim().to_ascii_uppercase().as_bytes())
+        .map_err(|_| refuse(Code::MalformedRequest, "method"))?;
+    if method == Method::CONNECT || method == Method::TRACE {
+        return Err(refuse(Code::UnsupportedAction, "method"));
+    }
+    let url: Uri = args
+        .url
+        .trim()
+        .parse()
+        .map_err(|_| refuse(Code::InvalidTarget, "url"))?;
+    let plausible = matches!(url.scheme_str(), Some("http" | "https"))
+        && url.host().is_some_and(|h| !h.is_empty())
+        && !url.authority().is_some_and(|a| a.as_str().contains('@'));
+    if !plausible {
+        return Err(refuse(Code::InvalidTarget, "url"));
+    }
+    let mut headers = HeaderMap::new();
+    for (name, value) in &args.headers {
+        let field = format!("headers.{}", name.to_ascii_lowercase());
+        let name = HeaderName::from_bytes(name.trim().as_bytes())
+            .map_err(|_| refuse(Code::MalformedRequest, &field))?;
+        let value =
+            HeaderValue::from_str(value).map_err(|_| refuse(Code::MalformedRequest, &field))?;
+        // postern's proxy identity is the agent's, set here; framing is hyper's.
+        let reserved = matches!(
+            name.as_str(),
+            "proxy-authorization"
+                | "host"
+                | "content-length"
+                | "transfer-encoding"
+                | "connection"
+                | "te"
+                | "upgrade"
+        );
+        if reserved {
+            return Err(refuse(Code::ForbiddenHeader, &field));
+        }
+        headers.append(name, value);
+    }
+    if let Some(key) = &args.idempotency_key {
+        let value = HeaderValue::from_str(key)
+            .map_err(|_| refuse(Code::MalformedRequest, "idempotency_key"))?;
+        headers.insert("idempotency-key", value);
+    }
+    let body = match (args.body, args.body_base64) {
+        (Some(_), Some(_)) => return Err(refuse(Code::MalformedRequest, "body_base64")),
+        (Some(text), None) => Bytes::from(text),
+        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map(Bytes::from)
+            .map_err(|_| refuse(Code::MalformedRequest, "body_base64"))?,
+        (None, None) => Bytes::new(),
+    };
+    Ok(Ask {
+        method,
+        url,
+        headers,
+        body,
+    })
+}
+
+/// postern's own error (its `Proxy-Status` names an error; RFC 9209), as its envelope.
+fn own_error(answer: &Answer) -> Option<Envelope> {
+    let named = answer
+        .headers
+        .get_all("proxy-status")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.starts_with("postern") && v.contains("error="));
+    let challenged = answer.status == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED;
+    if !named && !challenged {
+        return None;
+    }
+    serde_json::from_slice(&answer.body).ok()
+}
+
+fn envelope_result(env: &Envelope) -> CallToolResult {
+    let e = &env.error;
+    let out = ToolOutcome {
+        invocation_id: env.invocation_id.clone(),
+        outcome: Some(e.outcome.as_str().to_owned()),
+        phase: Some(e.phase.as_str().to_owned()),
+        retry: Some(e.retry.as_str().to_owned()),
+        code: Some(e.code.as_str().to_owned()),
+        message: Some(e.message.clone()),
+        field: e.field.clone(),
+        evidence: serde_json::to_value(&env.evidence).ok(),
+        ..ToolOutcome::default()
+    };
+    structured(&out, true)
+}
+
+/// The daemon did not answer: nothing can be said of what it did with the request, so it
+/// may have happened (never `not_attempted` on a guess).
+fn lost(why: &str) -> CallToolResult {
+    let out = ToolOutcome {
+        outcome: Some("unknown".into()),
+        phase: Some("remote_execution".into()),
+        retry: Some("reconcile".into()),
+        code: Some(Code::RemoteOutcomeUnknown.as_str().to_owned()),
+        message: Some(format!(
+            "postern gave no answer ({why}); `postern actions list` shows whether it ran"
+        )),
+        evidence: Some(json!({"hop": "postern", "daemon_answered": false})),
+        ..ToolOutcome::default()
+    };
+    structured(&out, true)
+}
+
+fn not_found(id: &str, value: &Value) -> CallToolResult {
+    let out = ToolOutcome {
+        invocation_id: Some(id.to_owned()),
+        code: text(&value["error"], "code"),
+        message: text(&value["error"], "message"),
+        ..ToolOutcome::default()
+    };
+    structured(&out, true)
+}
+
+fn structured(out: &ToolOutcome, error: bool) -> CallToolResult {
+    let value = serde_json::to_value(out).unwrap_or(Value::Null);
+    match error {
+        true => CallToolResult::structured_error(value),
+        false => CallToolResult::structured(value),
+    }
+}
+
+/// `Postern-Outcome: outcome=…, phase=…, retry=…[, code=…]` (an RFC 8941 dictionary).
+fn read_verdict(out: &mut ToolOutcome, value: &str) {
+    for member in value.split(',') {
+        let Some((key, v)) = member.trim().split_once('=') else {
+            continue;
+        };
+        let v = Some(v.trim().trim_matches('"').to_owned());
+        match key.trim() {
+            "outcome" => out.outcome = v,
+            "phase" => out.phase = v,
+            "retry" => out.retry = v,
+            "code" => out.code = v,
+            _ => {}
+        }
+    }
+}
+
+/// The body from `offset`: text when it is UTF-8, else base64, at most `BODY_LIMIT`.
+fn put_body(out: &mut ToolOutcome, bytes: &[u8], offset: u64) {
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    let rest = bytes.get(start..).unwrap_or_default();
+    out.bytes = Some(bytes.len() as u64);
+    match std::str::from_utf8(rest) {
+        Ok(text) => {
+            let mut end = text.len().min(BODY_LIMIT);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            out.body = Some(text.get(..end).unwrap_or_default().to_owned());
+            if end < text.len() {
+                out.next_offset = Some((start + end) as u64);
+            }
+        }
+        Err(_) => {
+            let part = rest
+                .get(..rest.len().min(BODY_LIMIT * 3 / 4))
+                .unwrap_or_default();
+            out.body_base64 = Some(base64::engine::general_purpose::STANDARD.encode(part));
+            if part.len() < rest.len() {
+                out.next_offset = Some((start + part.len()) as u64);
+            }
+        }
+    }
+}
+
+fn headers_of(map: &HeaderMap) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in map {
+        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        out.entry(name.as_str().to_owned())
+            .and_modify(|v| {
+                v.push_str(", ");
+                v.push_str(&value);
+            })
+            .or_insert(value);
+    }
+    out
+}
+
+fn header(map: &HeaderMap, name: &str) -> Option<String> {
+    map.get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+fn text(value: &Value, key: &str) -> Option<String> {
+    value.get(key).and_then(Value::as_str).map(str::to_owned)
+}
+
+/// An id as one path segment: anything but `[A-Za-z0-9_-]` is escaped.
+fn encode(id: &str) -> String {
+    crate::cli::percent_encode(id)
+}
+
+/// Says "still waiting" every `PROGRESS_EVERY` while the returned guard lives, when the
+/// client asked for progress.
+fn progress(peer: Peer<RoleServer>, meta: RequestMetaObject) -> Waiting {
+    let Some(token) = meta.get_progress_token() else {
+        return Waiting(None);
+    };
+    let task = tokio::spawn(async move {
+        let mut n = 0u32;
+        loop {
+            tokio::time::sleep(PROGRESS_EVERY).await;
+            n += 1;
+            let note = ProgressNotificationParam::new(token.clone(), f64::from(n)).with_message(
+                "waiting: postern holds the request (an approval, or the origin's answer)",
+            );
+            if peer.notify_progress(note).await.is_err() {
+                return;
+            }
+        }
+    });
+    Waiting(Some(task))
+}
+
+/// Stops the progress notes when the call ends.
+struct Waiting(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
+}

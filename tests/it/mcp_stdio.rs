@@ -1,0 +1,389 @@
+//! `postern mcp --agent ID` (SPEC §3.9) driven by the official Python SDK's stdio client as
+//! an MCP host starts it (`tests/mcp/host.py`): its tools, schemas and results, against the
+//! real daemon and a loopback HTTPS origin that counts what it received.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use crate::support::{Daemon, Home, daemon_bin, free_port, get_json, secret_set};
+use crate::tls_origin::{Counting, counting};
+
+const VAULT_KEY: &str = "vault-passphrase-for-mcp-stdio";
+const SECRET: &str = "sk-mcp-stdio-canary-91c3";
+const TOKEN_VAR: &str = "MCP_AGENT_TOKEN";
+const TOKEN: &str = "tok-mcp-agent-0123456789";
+const OTHER_TOKEN: &str = "tok-mcp-other-0123456789";
+
+struct Setup {
+    home: Home,
+    config: std::path::PathBuf,
+    daemon: Daemon,
+    origin: Counting,
+    slow: Counting,
+}
+
+fn setup() -> Setup {
+    // The origin echoes the secret it received: the guard must keep it from every result.
+    let echo = Bytes::from(format!("{{\"saw\":\"Bearer {SECRET}\",\"ok\":true}}"));
+    let origin = counting(false, Duration::ZERO, 200, echo.clone());
+    let slow = counting(false, Duration::from_secs(3), 200, echo);
+    let home = Home::new();
+    assert!(
+        secret_set(&home, "api-key", SECRET, Some(VAULT_KEY))
+            .status
+            .success()
+    );
+    let (proxy, ssh, admin) = (free_port(), free_port(), free_port());
+    let route = |id: &str, port: u16, prefix: &str, ca: &Path, extra: &str| {
+        format!(
+            "[[routes]]\nid = \"{id}\"\nagents = [\"agent\"]\ncredential = \"api\"\nmatch = {{ host = \"origin.test\", port = {port}, path_prefix = \"{prefix}\" }}\nresolve = \"127.0.0.1:{port}\"\nupstream_ca = \"{}\"\n{extra}\n",
+            ca.display()
+        )
+    };
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:{proxy}\"\nmax_request_bytes = \"1KiB\"\n[ssh]\nlisten = \"127.0.0.1:{ssh}\"\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n[journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
+         [[agents]]\nid = \"agent\"\ntoken = \"env:{TOKEN_VAR}\"\n[[agents]]\nid = \"other\"\ntoken = \"{OTHER_TOKEN}\"\n\
+         [[credentials]]\nid = \"api\"\nsecret = \"api-key\"\ninject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\n{}{}{}",
+        route(
+            "api",
+            origin.tls.addr.port(),
+            "/api",
+            &origin.tls.ca_file,
+            ""
+        ),
+        route(
+            "held",
+            origin.tls.addr.port(),
+            "/held",
+            &origin.tls.ca_file,
+            "approval = \"required\"\napproval_timeout = \"30s\""
+        ),
+        route("slow", slow.tls.addr.port(), "/", &slow.tls.ca_file, ""),
+    );
+    let config = home.config(&text);
+    let daemon = Daemon::start_with(
+        &home,
+        Some(&text),
+        &[("POSTERN_VAULT_KEY", VAULT_KEY), (TOKEN_VAR, TOKEN)],
+    );
+    Setup {
+        home,
+        config,
+        daemon,
+        origin,
+        slow,
+    }
+}
+
+impl Setup {
+    fn host(&self, agent: &str, plan: &Value) -> Command {
+        let mut cmd = Command::new("python3");
+        cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/host.py"))
+            .arg(daemon_bin())
+            .arg(agent)
+            .arg(plan.to_string())
+            .env("POSTERN_HOME", self.home.root())
+            .env("POSTERN_CONFIG", &self.config)
+            .env(TOKEN_VAR, TOKEN)
+            .env("HOST_PASS", TOKEN_VAR)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    /// One session of `plan` as `agent`; a JSON line per step.
+    fn session(&self, agent: &str, plan: Value) -> Vec<Value> {
+        let out = self.host(agent, &plan).output().expect("python3");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let lines: Vec<Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        assert_eq!(
+            lines.len(),
+            plan.as_array().map_or(0, Vec::len),
+            "host printed {text}\n{}\npostern: {}",
+            String::from_utf8_lossy(&out.stderr),
+            self.daemon.stderr()
+        );
+        lines
+    }
+
+    fn record(&self, id: &str) -> Value {
+        get_json(&self.daemon.url(&format!("/v1/invocations/{id}")), &[]).1
+    }
+}
+
+fn call(tool: &str, args: Value) -> Value {
+    json!({"tool": tool, "args": args})
+}
+
+fn structured(line: &Value) -> &Value {
+    &line["structured"]
+}
+
+#[test]
+fn postern_mcp_lists_its_tools_with_schemas_and_runs_http_request_through_the_daemon() {
+    let s = setup();
+    let port = s.origin.tls.addr.port();
+    let url = format!("https://origin.test:{port}/api/items?x=1");
+    let lines = s.session(
+        "agent",
+        json!([{"list": true}, call("http_request", json!({"method": "POST", "url": url, "headers": {"content-type": "application/json"}, "body": "{\"n\":1}"}))]),
+    );
+    let tools = lines[0]["tools"].as_array().unwrap();
+    let named = |n: &str| tools.iter().find(|t| t["name"] == n);
+    for name in ["http_request", "fetch_result", "get_invocation"] {
+        let tool = named(name).unwrap_or_else(|| panic!("no tool {name}: {tools:?}"));
+        assert!(tool["description"].as_str().unwrap().len() > 40, "{tool}");
+        assert_eq!(tool["inputSchema"]["type"], "object", "{tool}");
+    }
+    let http = named("http_request").unwrap();
+    assert!(
+        http["description"].as_str().unwrap().contains("reconcile"),
+        "{http}"
+    );
+    assert_eq!(http["outputSchema"]["type"], "object", "{http}");
+    assert!(
+        http["outputSchema"]["properties"]["retry"].is_object(),
+        "{http}"
+    );
+    let answer = &lines[1];
+    assert_eq!(answer["is_error"], false, "{answer}");
+    let r = structured(answer);
+    assert_eq!(r["status"], 200, "{r}");
+    assert_eq!(
+        (
+            r["outcome"].as_str(),
+            r["phase"].as_str(),
+            r["retry"].as_str()
+        ),
+        (Some("committed"), Some("remote_execution"), Some("never")),
+        "{r}"
+    );
+    assert!(
+        r["invocation_id"].as_str().unwrap().starts_with("act_"),
+        "{r}"
+    );
+    assert_eq!(r["evidence"]["hop"], "origin", "{r}");
+    assert!(
+        r["body"].as_str().unwrap().contains("[postern:redacted]"),
+        "{r}"
+    );
+    // The origin got the credential; the model never sees it.
+    let seen = s.origin.origin.last_request();
+    assert!(
+        seen.contains(&format!("authorization: Bearer {SECRET}")),
+        "{seen}"
+    );
+    assert!(seen.contains("{\"n\":1}"), "{seen}");
+    assert!(!answer.to_string().contains(SECRET), "{answer}");
+    // The record is the agent's, like its own proxy traffic.
+    let id = r["invocation_id"].as_str().unwrap();
+    let record = s.record(id);
+    assert_eq!(record["agent"], "agent", "{record}");
+    assert_eq!(record["route"], "api", "{record}");
+    // A later session reads it back without sending anything.
+    let again = s.session(
+        "agent",
+        json!([
+            call("get_invocation", json!({"invocation_id": id})),
+            call("fetch_result", json!({"invocation_id": id}))
+        ]),
+    );
+    assert_eq!(again[0]["is_error"], false, "{}", again[0]);
+    assert_eq!(structured(&again[0])["outcome"], "committed");
+    assert_eq!(again[1]["is_error"], false, "{}", again[1]);
+    let fetched = structured(&again[1]);
+    assert_eq!(fetched["status"], 200, "{fetched}");
+    assert!(
+        fetched["body"]
+            .as_str()
+            .unwrap()
+            .contains("[postern:redacted]"),
+        "{fetched}"
+    );
+    assert!(!again[1].to_string().contains(SECRET));
+    assert_eq!(s.origin.origin.hits(), 1, "reads never dispatch");
+    // Another agent cannot see it.
+    let theirs = s.session(
+        "other",
+        json!([call("get_invocation", json!({"invocation_id": id}))]),
+    );
+    assert_eq!(theirs[0]["is_error"], true, "{}", theirs[0]);
+    assert_eq!(structured(&theirs[0])["code"], "INVOCATION_NOT_FOUND");
+}
+
+#[test]
+fn postern_mcp_refusals_are_error_results_with_the_envelope_and_nothing_is_sent() {
+    let s = setup();
+    let port = s.origin.tls.addr.port();
+    let base = format!("https://origin.test:{port}");
+    let lines = s.session(
+        "agent",
+        json!([
+            call("http_request", json!({"method": "GET", "url": format!("{base}/elsewhere")})),
+            call("http_request", json!({"method": "GET", "url": format!("{base}/api/x"), "headers": {"x-evil": "a\r\nGET /api/smuggled HTTP/1.1"}})),
+            call("http_request", json!({"method": "GET", "url": format!("https://user:pw@origin.test:{port}/api/x")})),
+            call("http_request", json!({"method": "GET", "url": format!("{base}/api/x"), "headers": {"Authorization": "Bearer mine"}})),
+            call("http_request", json!({"method": "POST", "url": format!("{base}/api/x"), "body": "x".repeat(4096)})),
+        ]),
+    );
+    let code = |i: usize| structured(&lines[i])["code"].as_str().map(str::to_owned);
+    let field = |i: usize| structured(&lines[i])["field"].as_str().map(str::to_owned);
+    assert!(lines.iter().all(|l| l["is_error"] == true), "{lines:#?}");
+    assert_eq!(code(0).as_deref(), Some("ROUTE_DENIED"), "{}", lines[0]);
+    assert_eq!(structured(&lines[0])["outcome"], "not_attempted");
+    assert!(
+        structured(&lines[0])["invocation_id"].is_string(),
+        "journaled by the daemon"
+    );
+    assert_eq!(
+        code(1).as_deref(),
+        Some("MALFORMED_REQUEST"),
+        "{}",
+        lines[1]
+    );
+    assert_eq!(field(1).as_deref(), Some("headers.x-evil"));
+    assert_eq!(code(2).as_deref(), Some("INVALID_TARGET"), "{}", lines[2]);
+    assert_eq!(field(2).as_deref(), Some("url"));
+    assert_eq!(code(3).as_deref(), Some("FORBIDDEN_HEADER"), "{}", lines[3]);
+    assert_eq!(code(4).as_deref(), Some("PAYLOAD_LIMIT"), "{}", lines[4]);
+    assert_eq!(s.origin.origin.hits(), 0, "nothing reached the origin");
+}
+
+/// Spawns a host whose plan announces its call, and waits for the announcement.
+fn announced(s: &Setup, plan: &Value) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut child = s.host("agent", plan).spawn().expect("python3");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.contains("calling"), "{line}");
+    (child, out)
+}
+
+fn wait_for(what: &str, mut check: impl FnMut() -> Option<Value>) -> Value {
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        if Instant::now() > until {
+            panic!("never: {what}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_held_call_waits_for_its_approval_with_progress_and_then_runs() {
+    let s = setup();
+    let port = s.origin.tls.addr.port();
+    let plan = json!([{"tool": "http_request", "args": {"method": "POST", "url": format!("https://origin.test:{port}/held/deploy"), "body": "go"}, "progress": true, "announce": true}]);
+    let (mut child, mut out) = announced(&s, &plan);
+    let held = wait_for("a pending approval", || {
+        let (_, list) = get_json(&s.daemon.url("/v1/approvals"), &[]);
+        list["approvals"].as_array()?.first().cloned()
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(s.origin.origin.hits(), 0, "held, not sent");
+    let id = held["invocation_id"].as_str().unwrap();
+    assert!(s.daemon.cli(&["approve", id], &[]).status.success());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let _ = child.wait();
+    let answer: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("{line}"));
+    assert_eq!(answer["is_error"], false, "{answer}");
+    assert_eq!(structured(&answer)["invocation_id"], id);
+    assert_eq!(structured(&answer)["status"], 200);
+    assert!(
+        !answer["progress"].as_array().unwrap().is_empty(),
+        "no progress while held: {answer}"
+    );
+    assert_eq!(s.origin.origin.hits(), 1);
+}
+
+#[test]
+fn a_host_killed_mid_call_leaves_a_result_a_later_session_fetches() {
+    let s = setup();
+    let port = s.slow.tls.addr.port();
+    let plan = json!([{"tool": "http_request", "args": {"method": "POST", "url": format!("https://origin.test:{port}/charge"), "body": "1"}, "announce": true}]);
+    let (mut child, _out) = announced(&s, &plan);
+    let id = wait_for("the invocation", || {
+        let (_, list) = get_json(&s.daemon.url("/v1/invocations"), &[]);
+        let r = list["invocations"].as_array()?.first()?.clone();
+        (r["route"] == "slow").then(|| r["invocation_id"].clone())
+    });
+    let id = id.as_str().unwrap().to_owned();
+    // The host dies; its stdio pipes close and postern mcp goes with them.
+    child.kill().unwrap();
+    let _ = child.wait();
+    let mut last = Value::Null;
+    let record = wait_for("the result stored, undelivered", || {
+        last = s.record(&id);
+        (last["code"] == "RESULT_DELIVERY_FAILED").then(|| last.clone())
+    });
+    assert_eq!(record["retry"], "fetch_result", "{record}");
+    assert_eq!(record["outcome"], "committed", "{record}");
+    assert_eq!(s.slow.origin.hits(), 1);
+    let later = s.session(
+        "agent",
+        json!([call("fetch_result", json!({"invocation_id": id}))]),
+    );
+    assert_eq!(later[0]["is_error"], false, "{}", later[0]);
+    assert_eq!(structured(&later[0])["status"], 200);
+    assert_eq!(s.slow.origin.hits(), 1, "fetching never runs it again");
+}
+
+#[test]
+fn a_malformed_json_rpc_frame_is_an_error_and_the_server_lives_on() {
+    let s = setup();
+    let mut child = Command::new(daemon_bin())
+        .args(["mcp", "--agent", "agent"])
+        .env("POSTERN_HOME", s.home.root())
+        .env("POSTERN_CONFIG", &s.config)
+        .env(TOKEN_VAR, TOKEN)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}});
+    writeln!(stdin, "{init}").unwrap();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.contains("\"result\""), "{line}");
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    )
+    .unwrap();
+    writeln!(stdin, "{{this is not json").unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+    )
+    .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut answered = false;
+    while Instant::now() < until && !answered {
+        line.clear();
+        if out.read_line(&mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        answered = line.contains("\"id\":2") && line.contains("http_request");
+    }
+    assert!(answered, "the server stopped after a bad frame: {line}");
+    drop(stdin);
+    let _ = child.wait();
+}
