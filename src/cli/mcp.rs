@@ -9,7 +9,7 @@ use super::{Env, Home};
 
 pub fn run(config: Option<&Path>, home: &Home, agent: Option<&str>, env: Env<'_>) -> ExitCode {
     match settings(config, home, agent, env) {
-        Ok(settings) => crate::mcp::run(&settings),
+        Ok(settings) => crate::mcp::run(settings),
         Err(message) => {
             errln!("{message}");
             ExitCode::from(1)
@@ -31,7 +31,10 @@ fn settings(
     let config = crate::config::load(config, &lookup).map_err(|e| format!("postern mcp: {e}"))?;
     let identity = acting_agent(&config, agent, env, "postern mcp")?;
     // An agent-less config runs everyone as `anonymous`, which needs no identity.
-    let authorization = identity.map(|i| i.authorization()).unwrap_or_default();
+    let authorization = identity
+        .as_ref()
+        .map(super::env::Identity::authorization)
+        .unwrap_or_default();
     let ca = home.certs_dir().join("ca.pem");
     if !ca.is_file() {
         return Err(format!(
@@ -39,9 +42,38 @@ fn settings(
             ca.display()
         ));
     }
+    // As for ssh-connect: POSTERN_SSH_PROXY names the front where the config cannot.
+    let ssh = env("POSTERN_SSH_PROXY")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(config.ssh.listen);
+    let front = crate::mcp::Front {
+        addr: crate::jail::dialable(ssh),
+        agent: identity.as_ref().map(|i| i.agent.clone()),
+        token: identity.map(|i| i.token),
+        host_key: front_key(home),
+    };
     Ok(crate::mcp::Settings {
         proxy: crate::jail::dialable(config.proxy.listen),
         authorization,
         ca,
+        front,
+    })
+}
+
+/// postern's SSH host key: from the key itself where this user may read it, else from the
+/// `known_hosts` file `postern ssh-config` writes beside it.
+fn front_key(home: &Home) -> Option<russh::keys::PublicKey> {
+    use crate::ssh::hostkey;
+    let dir = home.ssh_dir();
+    if let Ok(text) = std::fs::read_to_string(hostkey::key_path(&dir))
+        && let Ok(key) = russh::keys::PrivateKey::from_openssh(text.as_bytes())
+    {
+        return Some(key.public_key().clone());
+    }
+    let text = std::fs::read_to_string(hostkey::known_hosts_path(&dir)).ok()?;
+    text.lines().find_map(|line| {
+        let mut fields = line.split_whitespace().skip(1);
+        let key = format!("{} {}", fields.next()?, fields.next()?);
+        russh::keys::PublicKey::from_openssh(&key).ok()
     })
 }

@@ -47,9 +47,9 @@ Environment:
   POSTERN_VAULT_KEY    passphrase that unlocks the vault (serve, secret)
   POSTERN_ADMIN        the daemon's admin API URL, as --admin (default: the config's [admin] listen)
   POSTERN_ADMIN_TOKEN  bearer token for the admin API
-  POSTERN_SSH_PROXY    postern's SSH front for ssh-connect, as --proxy (default: the config's [ssh] listen)
-  POSTERN_AGENT        the agent id ssh-connect and jail send
-  POSTERN_AGENT_TOKEN  the agent's token ssh-connect and jail send";
+  POSTERN_SSH_PROXY    postern's SSH front for ssh-connect (as --proxy) and mcp (default: the config's [ssh] listen)
+  POSTERN_AGENT        the agent id ssh-connect, jail and mcp send
+  POSTERN_AGENT_TOKEN  the agent's token ssh-connect, jail and mcp send";
 
 #[derive(Parser, Debug)]
 #[command(

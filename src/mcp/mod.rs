@@ -9,6 +9,7 @@
 //! (`RESULT_DELIVERY_FAILED`/`fetch_result`) for a later session's `fetch_result`.
 
 mod agent;
+mod ssh;
 mod tools;
 
 use std::net::SocketAddr;
@@ -23,6 +24,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
 pub use agent::Agent;
+pub use ssh::Front;
 pub use tools::{BODY_LIMIT, Tools};
 
 /// What `postern mcp` needs to act as the agent.
@@ -32,10 +34,12 @@ pub struct Settings {
     pub authorization: String,
     /// postern's CA certificate.
     pub ca: PathBuf,
+    /// postern's SSH front, with the agent's identity and the front's host key.
+    pub front: Front,
 }
 
 /// Serves MCP on stdin/stdout until the client closes it.
-pub fn run(settings: &Settings) -> ExitCode {
+pub fn run(settings: Settings) -> ExitCode {
     let agent = match Agent::new(settings.proxy, &settings.authorization, &settings.ca) {
         Ok(a) => a,
         Err(e) => {
@@ -66,7 +70,7 @@ pub fn run(settings: &Settings) -> ExitCode {
             inner: tokio::io::stdin(),
             closed: closed.clone(),
         };
-        let service = Tools::new(agent, closed)
+        let service = Tools::new(agent, settings.front, closed)
             .serve((stdin, tokio::io::stdout()))
             .await
             .map_err(|e| e.to_string())?;

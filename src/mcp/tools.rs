@@ -23,6 +23,7 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::agent::{Agent, Answer, Ask};
+use super::ssh::{Front, Ran};
 use crate::contract::{Code, Envelope, unjournaled_refusal};
 
 /// The most body text (or base64) one tool result carries: more would flood the model's
@@ -49,6 +50,16 @@ pub struct HttpRequestArgs {
     pub body_base64: Option<String>,
     /// An idempotency key, sent as the `Idempotency-Key` header.
     pub idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SshExecArgs {
+    /// The SSH target as `user@host` or `user@host:port` (port 22 by default).
+    pub target: String,
+    /// The command to run (no shell is started: the remote's login shell runs it).
+    pub command: String,
+    /// Text sent to the command's standard input, then end of input.
+    pub stdin: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -101,6 +112,16 @@ pub struct ToolOutcome {
     /// The body as base64, when it is not text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body_base64: Option<String>,
+    /// The command's exit status.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<u32>,
+    /// The signal that ended the command, when one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
     /// The body's whole length in bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
@@ -119,6 +140,7 @@ pub struct ToolOutcome {
 #[derive(Clone)]
 pub struct Tools {
     agent: Arc<Agent>,
+    front: Arc<Front>,
     /// The MCP pipe closed: every call still running stops.
     pipe_closed: CancellationToken,
     tool_router: ToolRouter<Self>,
@@ -126,9 +148,10 @@ pub struct Tools {
 
 #[tool_router]
 impl Tools {
-    pub fn new(agent: Agent, pipe_closed: CancellationToken) -> Self {
+    pub fn new(agent: Agent, front: Front, pipe_closed: CancellationToken) -> Self {
         Self {
             agent: Arc::new(agent),
+            front: Arc::new(front),
             pipe_closed,
             tool_router: Self::tool_router(),
         }
@@ -161,6 +184,32 @@ impl Tools {
         drop(waiting);
         match sent {
             Ok(answer) => Ok(self.answered(answer).await),
+            Err(why) => Ok(lost(&why)),
+        }
+    }
+
+    #[tool(
+        description = "Runs one command on an SSH target through postern, which logs in with the target's key and journals it. Read `outcome` and `retry` first: `reconcile` means it may have run, so never run it again; `fetch_result` means call fetch_result with the invocation_id; a non-zero exit_status is a complete answer (committed), not a postern error.",
+        output_schema = schema_for_output::<ToolOutcome>()
+    )]
+    async fn ssh_exec(
+        &self,
+        Parameters(args): Parameters<SshExecArgs>,
+        cancelled: CancellationToken,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        let Some(target) = ssh_target(&args.target) else {
+            let refusal = unjournaled_refusal(Code::InvalidTarget, "target");
+            return Ok(envelope_result(&refusal));
+        };
+        let stdin = args.stdin.map(Bytes::from);
+        let (user, host, port) = (target.0.as_str(), target.1.as_str(), target.2);
+        let ran = tokio::select! {
+            ran = self.front.exec((user, host, port), &args.command, stdin) => ran,
+            () = cancelled.cancelled() => Err("the client cancelled the call".to_owned()),
+            () = self.pipe_closed.cancelled() => Err("the MCP pipe closed".to_owned()),
+        };
+        match ran {
+            Ok(ran) => Ok(self.ran(ran).await),
             Err(why) => Ok(lost(&why)),
         }
     }
@@ -240,6 +289,47 @@ impl ServerHandler for Tools {
 }
 
 impl Tools {
+    /// An exec's output with the record's verdict and evidence; postern's own errors (the
+    /// front's refusal, or its `postern: <envelope>` line on stderr) as the envelope.
+    async fn ran(&self, ran: Ran) -> CallToolResult {
+        let own = ran.refused.clone().or_else(|| {
+            let text = String::from_utf8_lossy(&ran.stderr);
+            text.lines()
+                .find_map(|l| l.strip_prefix("postern: "))
+                .filter(|_| ran.exit_status.is_none() && ran.exit_signal.is_none())
+                .map(str::to_owned)
+        });
+        if let Some(envelope) = own.and_then(|j| serde_json::from_str::<Envelope>(&j).ok()) {
+            return envelope_result(&envelope);
+        }
+        let record = match &ran.invocation_id {
+            Some(id) => self.record(id).await,
+            None => None,
+        };
+        let mut out = ToolOutcome {
+            invocation_id: ran.invocation_id.clone(),
+            exit_status: ran.exit_status,
+            signal: ran.exit_signal.clone(),
+            stdout: Some(capped(&ran.stdout)),
+            stderr: Some(capped(&ran.stderr)),
+            ..ToolOutcome::default()
+        };
+        if let Some(r) = &record {
+            verdict_of_record(&mut out, r);
+            out.evidence = Some(r["evidence"].clone());
+        }
+        let failed = out.code.is_some() || (ran.exit_status.is_none() && ran.exit_signal.is_none());
+        structured(&out, failed)
+    }
+
+    async fn record(&self, id: &str) -> Option<Value> {
+        let url = format!("{INTERNAL}/{}", encode(id));
+        match self.internal(&url).await {
+            Ok((true, record)) => Some(record),
+            _ => None,
+        }
+    }
+
     /// A GET of the agent's own view at postern.internal: (found, JSON).
     async fn internal(&self, url: &str) -> Result<(bool, Value), String> {
         let ask = Ask {
@@ -261,12 +351,7 @@ impl Tools {
         }
         let id = header(&answer.headers, "postern-invocation");
         let record = match &id {
-            Some(id) => self
-                .internal(&format!("{INTERNAL}/{}", encode(id)))
-                .await
-                .ok()
-                .filter(|(found, _)| *found)
-                .map(|(_, r)| r),
+            Some(id) => self.record(id).await,
             None => None,
         };
         let verdict = answer
@@ -285,16 +370,7 @@ impl Tools {
         out.bytes = Some(answer.bytes);
         match (verdict, &record) {
             (Some(v), _) if answer.complete => read_verdict(&mut out, &v),
-            (_, Some(r)) => {
-                for (field, key) in [
-                    (&mut out.outcome, "outcome"),
-                    (&mut out.phase, "phase"),
-                    (&mut out.retry, "retry"),
-                    (&mut out.code, "code"),
-                ] {
-                    *field = text(r, key);
-                }
-            }
+            (_, Some(r)) => verdict_of_record(&mut out, r),
             _ => {}
         }
         out.evidence = record.map(|r| r["evidence"].clone());
@@ -433,6 +509,31 @@ fn structured(out: &ToolOutcome, error: bool) -> CallToolResult {
         true => CallToolResult::structured_error(value),
         false => CallToolResult::structured(value),
     }
+}
+
+fn verdict_of_record(out: &mut ToolOutcome, record: &Value) {
+    out.outcome = text(record, "outcome");
+    out.phase = text(record, "phase");
+    out.retry = text(record, "retry");
+    out.code = text(record, "code");
+}
+
+/// `user@host[:port]`.
+fn ssh_target(target: &str) -> Option<(String, String, u16)> {
+    let (user, rest) = target.trim().split_once('@')?;
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((host, port)) => (host, port.parse().ok()?),
+        None => (rest, 22),
+    };
+    let fine = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic() && b != b'@');
+    (fine(user) && fine(host)).then(|| (user.to_owned(), host.to_owned(), port))
+}
+
+/// Output as text (lossy), at most `BODY_LIMIT`.
+fn capped(bytes: &[u8]) -> String {
+    let text =
+        String::from_utf8_lossy(bytes.get(..bytes.len().min(BODY_LIMIT)).unwrap_or_default());
+    text.into_owned()
 }
 
 /// `Postern-Outcome: outcome=…, phase=…, retry=…[, code=…]` (an RFC 8941 dictionary).

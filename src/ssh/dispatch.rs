@@ -26,7 +26,16 @@ pub struct ExecCall {
     pub command: String,
     /// The agent's address (its connection to the SSH front).
     pub source: IpAddr,
+    /// The agent asked to be told the invocation id (`REPORT_INVOCATION_ENV`).
+    pub report_invocation: bool,
 }
+
+/// The channel environment variable (`env` request, value `1`) by which a client asks for
+/// the exec's invocation id: it comes first, as extended data of type
+/// `INVOCATION_DATA_TYPE` (RFC 4254 §5.2; stderr is type 1). OpenSSH never asks, so its
+/// output is unchanged; `postern mcp` does.
+pub const REPORT_INVOCATION_ENV: &str = "POSTERN_REPORT_INVOCATION";
+pub const INVOCATION_DATA_TYPE: u32 = 2;
 
 /// Runs an `exec`. The implementation answers the agent's exec request exactly once
 /// (`AgentChannel::accept` or `reject`), relays output, and ends with `exit_status` /
@@ -91,6 +100,15 @@ impl AgentChannel {
     pub async fn stdout(&self, data: Bytes) -> Result<(), AgentGone> {
         self.on_channel(|h, id| async move { h.data(id, data).await })
             .await
+    }
+
+    /// The invocation id, to a client that asked for it.
+    pub async fn invocation(&self, id: &str) -> Result<(), AgentGone> {
+        let data = Bytes::from(id.to_owned());
+        self.on_channel(
+            |h, ch| async move { h.extended_data(ch, INVOCATION_DATA_TYPE, data).await },
+        )
+        .await
     }
 
     pub async fn stderr(&self, data: Bytes) -> Result<(), AgentGone> {

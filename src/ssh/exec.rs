@@ -199,6 +199,9 @@ enum End {
 
 impl Run {
     async fn go(mut self) {
+        if self.call.report_invocation {
+            let _ = self.channel.invocation(self.inv.id()).await;
+        }
         let opened = match self.set_up().await {
             Ok((up, login)) => self.open(up, &login).await,
             Err(env) => Err(env),

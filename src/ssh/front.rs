@@ -124,6 +124,7 @@ async fn connection(front: Arc<SshFront>, stream: TcpStream) {
         target,
         source,
         inputs: HashMap::new(),
+        report: std::collections::HashSet::new(),
         refusal_rate: front.refusals.clone(),
         unjournaled: front.refusals_unjournaled.clone(),
         refused: 0,

@@ -88,6 +88,7 @@ impl Resend for SshResend {
                 command,
                 // No agent connection: the operator asked through the CLI or admin API.
                 source: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                report_invocation: false,
             };
             let input = AgentInput::replay(stdin);
             exec.rerun(inv, call, AgentChannel::detached(), input).await;

@@ -12,7 +12,9 @@ use russh::server::{Auth, Msg, Session};
 use russh::{Channel, ChannelId, ChannelMsg};
 use tokio::sync::mpsc;
 
-use super::dispatch::{AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent};
+use super::dispatch::{
+    AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent, REPORT_INVOCATION_ENV,
+};
 use super::refuse::{self, Refused};
 use crate::config::{CommandRefusal, SshTarget};
 use crate::contract::{Code, unjournaled_refusal};
@@ -39,6 +41,8 @@ pub(crate) struct AgentSession {
     pub source: IpAddr,
     /// Each open session channel's stdin, until an exec takes it.
     pub inputs: HashMap<ChannelId, mpsc::Receiver<InputEvent>>,
+    /// Channels whose client asked for the invocation id.
+    pub report: std::collections::HashSet<ChannelId>,
     /// How often refusals are journaled, per agent over all its sessions.
     pub refusal_rate: Arc<RefusalRate>,
     /// Refusals past that rate: answered all the same, only counted.
@@ -247,6 +251,7 @@ impl russh::server::Handler for AgentSession {
             target: self.target.clone(),
             command,
             source: self.source,
+            report_invocation: self.report.remove(&id),
         };
         let channel = AgentChannel::new(session.handle(), id);
         tokio::spawn(self.dispatch.exec(call, channel, AgentInput::new(rx)));
@@ -310,14 +315,21 @@ impl russh::server::Handler for AgentSession {
         Ok(())
     }
 
+    /// Only postern's own variable is taken (never passed on); the remote gets no
+    /// environment from the agent.
     async fn env_request(
         &mut self,
         id: ChannelId,
-        _name: &str,
-        _value: &str,
+        name: &str,
+        value: &str,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        session.channel_failure(id)?;
+        if name == REPORT_INVOCATION_ENV && value == "1" && self.inputs.contains_key(&id) {
+            self.report.insert(id);
+            session.channel_success(id)?;
+        } else {
+            session.channel_failure(id)?;
+        }
         Ok(())
     }
 

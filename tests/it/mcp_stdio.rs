@@ -387,3 +387,94 @@ fn a_malformed_json_rpc_frame_is_an_error_and_the_server_lives_on() {
     drop(stdin);
     let _ = child.wait();
 }
+
+#[test]
+fn ssh_exec_runs_through_the_front_and_reports_exit_status_output_and_the_record() {
+    // postern mcp finds the proxy in the config (a fixed port); the SSH front's port is the
+    // daemon's banner's, passed as POSTERN_SSH_PROXY.
+    let proxy = free_port();
+    let mut config_text = String::new();
+    let front = crate::ssh::Front::start_with(
+        "",
+        |text| {
+            let fixed = format!("[proxy]\nlisten = \"127.0.0.1:{proxy}\"");
+            let text = text.replacen("[proxy]\nlisten = \"127.0.0.1:0\"", &fixed, 1);
+            config_text.clone_from(&text);
+            text
+        },
+        &[],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("postern.toml");
+    std::fs::write(&config, &config_text).unwrap();
+    let target = format!("{}@app1.internal", front.user);
+    let plan = json!([
+        call(
+            "ssh_exec",
+            json!({"target": target, "command": "echo out; echo err >&2; exit 3"})
+        ),
+        call(
+            "ssh_exec",
+            json!({"target": target, "command": "cat", "stdin": "fed through\n"})
+        ),
+        call(
+            "ssh_exec",
+            json!({"target": "nobody@elsewhere.internal", "command": "true"})
+        ),
+    ]);
+    let out = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/host.py"))
+        .arg(daemon_bin())
+        .arg("ci")
+        .arg(plan.to_string())
+        .env("POSTERN_HOME", &front.daemon.home)
+        .env("POSTERN_CONFIG", &config)
+        .env("POSTERN_AGENT_TOKEN", crate::ssh::TOKEN)
+        .env("POSTERN_SSH_PROXY", &front.ssh_addr)
+        .env("HOST_PASS", "POSTERN_AGENT_TOKEN,POSTERN_SSH_PROXY")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert_eq!(
+        lines.len(),
+        3,
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ran = structured(&lines[0]);
+    assert_eq!(lines[0]["is_error"], false, "{}", lines[0]);
+    assert_eq!(ran["exit_status"], 3, "{ran}");
+    assert_eq!(ran["stdout"], "out\n", "{ran}");
+    assert_eq!(ran["stderr"], "err\n", "{ran}");
+    assert_eq!(
+        (ran["outcome"].as_str(), ran["retry"].as_str()),
+        (Some("committed"), Some("never")),
+        "{ran}"
+    );
+    let id = ran["invocation_id"].as_str().unwrap();
+    let (_, record) = get_json(&front.daemon.url(&format!("/v1/invocations/{id}")), &[]);
+    assert_eq!(record["protocol"], "ssh", "{record}");
+    assert_eq!(
+        record["command"], "echo out; echo err >&2; exit 3",
+        "{record}"
+    );
+    assert_eq!(
+        structured(&lines[1])["stdout"],
+        "fed through\n",
+        "{}",
+        lines[1]
+    );
+    assert_eq!(lines[2]["is_error"], true, "{}", lines[2]);
+    assert_eq!(
+        structured(&lines[2])["code"],
+        "ROUTE_DENIED",
+        "{}",
+        lines[2]
+    );
+    assert!(!text.contains(&crate::ssh::canary(&front.client_private)));
+}
