@@ -233,6 +233,8 @@ fn postern_mcp_refusals_are_error_results_with_the_envelope_and_nothing_is_sent(
             call("http_request", json!({"method": "GET", "url": format!("https://user:pw@origin.test:{port}/api/x")})),
             call("http_request", json!({"method": "GET", "url": format!("{base}/api/x"), "headers": {"Authorization": "Bearer mine"}})),
             call("http_request", json!({"method": "POST", "url": format!("{base}/api/x"), "body": "x".repeat(4096)})),
+            call("http_request", json!({"method": "GET", "url": format!("{base}/api/x"), "headers": {"Host": "evil.test"}})),
+            call("http_request", json!({"method": "GET", "url": format!("https://origin.test:{port}@evil.test/api/x")})),
         ]),
     );
     let code = |i: usize| structured(&lines[i])["code"].as_str().map(str::to_owned);
@@ -255,6 +257,9 @@ fn postern_mcp_refusals_are_error_results_with_the_envelope_and_nothing_is_sent(
     assert_eq!(field(2).as_deref(), Some("url"));
     assert_eq!(code(3).as_deref(), Some("FORBIDDEN_HEADER"), "{}", lines[3]);
     assert_eq!(code(4).as_deref(), Some("PAYLOAD_LIMIT"), "{}", lines[4]);
+    assert_eq!(code(5).as_deref(), Some("FORBIDDEN_HEADER"), "{}", lines[5]);
+    assert_eq!(field(5).as_deref(), Some("headers.host"));
+    assert_eq!(code(6).as_deref(), Some("INVALID_TARGET"), "{}", lines[6]);
     assert_eq!(s.origin.origin.hits(), 0, "nothing reached the origin");
 }
 
@@ -477,4 +482,46 @@ fn ssh_exec_runs_through_the_front_and_reports_exit_status_output_and_the_record
         lines[2]
     );
     assert!(!text.contains(&crate::ssh::canary(&front.client_private)));
+}
+
+#[test]
+fn a_call_the_client_cancels_is_caller_cancelled_and_its_result_kept() {
+    let s = setup();
+    let port = s.slow.tls.addr.port();
+    let url = format!("https://origin.test:{port}/charge");
+    let plan = json!([
+        {"tool": "http_request", "args": {"method": "POST", "url": url, "body": "1"}, "timeout": 1},
+        call("get_invocation", json!({"invocation_id": "act_none"})),
+    ]);
+    let lines = s.session("agent", plan);
+    assert!(
+        lines[0]["exception"].is_string(),
+        "the client gave up: {}",
+        lines[0]
+    );
+    // The session goes on after the cancel.
+    assert_eq!(lines[1]["is_error"], true, "{}", lines[1]);
+    let (_, list) = get_json(&s.daemon.url("/v1/invocations"), &[]);
+    let id = list["invocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["route"] == "slow")
+        .unwrap()["invocation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let record = wait_for("the result stored, undelivered", || {
+        let r = s.record(&id);
+        (r["code"] == "RESULT_DELIVERY_FAILED").then_some(r)
+    });
+    let (_, events) = get_json(&s.daemon.url(&format!("/v1/invocations/{id}/events")), &[]);
+    let cancelled = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["data"]["code"] == "CALLER_CANCELLED");
+    assert!(cancelled, "{events}");
+    assert_eq!(record["retry"], "fetch_result");
+    assert_eq!(s.slow.origin.hits(), 1);
 }

@@ -7,8 +7,9 @@ Usage: host.py POSTERN AGENT PLAN_JSON
 The server's environment is POSTERN_HOME, POSTERN_CONFIG and the names listed in the
 HOST_PASS variable (comma-separated), taken from this process. PLAN_JSON is a list of
 steps: {"list": true} lists the tools; {"tool": NAME, "args": {...}, "progress": true}
-calls one. Each step prints one JSON line as it ends; a step with "announce" prints
-{"calling": NAME} first.
+calls one ("timeout": seconds after which the client gives up and sends
+notifications/cancelled). Each step prints one JSON line as it ends; a step with "announce"
+prints {"calling": NAME} first.
 """
 
 import asyncio
@@ -48,7 +49,13 @@ async def main():
                     notes.append(message)
 
                 callback = on_progress if step.get("progress") else None
-                result = await session.call_tool(step["tool"], step.get("args", {}), progress_callback=callback)
+                try:
+                    result = await session.call_tool(
+                        step["tool"], step.get("args", {}), progress_callback=callback,
+                        read_timeout_seconds=step.get("timeout"))
+                except Exception as e:  # noqa: BLE001 - the test reads what failed
+                    emit({"tool": step["tool"], "exception": f"{type(e).__name__}: {e}"})
+                    continue
                 emit({
                     "tool": step["tool"],
                     "is_error": bool(result.is_error),
