@@ -23,7 +23,7 @@ use rmcp::ServiceExt;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
-pub use agent::Agent;
+pub use agent::{Agent, Ask};
 pub use ssh::Front;
 pub use tools::{BODY_LIMIT, Tools};
 
