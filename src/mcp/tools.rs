@@ -30,6 +30,10 @@ use crate::contract::{Code, Envelope, unjournaled_refusal};
 /// context. The rest is paged with `fetch_result`'s `offset`.
 pub const BODY_LIMIT: usize = 64 * 1024;
 
+/// Calls that reach the daemon at once: a flood of tool calls waits here (each in turn, and
+/// cancellable) instead of opening a connection each, as a bounded agent would.
+pub const CALLS_AT_ONCE: usize = 16;
+
 /// How often a call that waits (for an approval, or a slow origin) says it is still waiting.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
@@ -143,6 +147,8 @@ pub struct Tools {
     front: Arc<Front>,
     /// The MCP pipe closed: every call still running stops.
     pipe_closed: CancellationToken,
+    /// `CALLS_AT_ONCE` permits.
+    calls: Arc<tokio::sync::Semaphore>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -153,6 +159,7 @@ impl Tools {
             agent: Arc::new(agent),
             front: Arc::new(front),
             pipe_closed,
+            calls: Arc::new(tokio::sync::Semaphore::new(CALLS_AT_ONCE)),
             tool_router: Self::tool_router(),
         }
     }
@@ -176,7 +183,7 @@ impl Tools {
         };
         let waiting = progress(peer, meta);
         let sent = tokio::select! {
-            sent = self.agent.send(ask) => sent,
+            sent = self.in_turn(self.agent.send(ask)) => sent,
             // Dropping the exchange closes its connection: the daemon records the caller gone.
             () = cancelled.cancelled() => Err("the client cancelled the call".to_owned()),
             () = self.pipe_closed.cancelled() => Err("the MCP pipe closed".to_owned()),
@@ -204,7 +211,7 @@ impl Tools {
         let stdin = args.stdin.map(Bytes::from);
         let (user, host, port) = (target.0.as_str(), target.1.as_str(), target.2);
         let ran = tokio::select! {
-            ran = self.front.exec((user, host, port), &args.command, stdin) => ran,
+            ran = self.in_turn(self.front.exec((user, host, port), &args.command, stdin)) => ran,
             () = cancelled.cancelled() => Err("the client cancelled the call".to_owned()),
             () = self.pipe_closed.cancelled() => Err("the MCP pipe closed".to_owned()),
         };
@@ -289,6 +296,19 @@ impl ServerHandler for Tools {
 }
 
 impl Tools {
+    /// Runs `call` once one of the `CALLS_AT_ONCE` permits is free.
+    async fn in_turn<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, String>>,
+    ) -> Result<T, String> {
+        let _permit = self
+            .calls
+            .acquire()
+            .await
+            .map_err(|_| "postern mcp is stopping".to_owned())?;
+        call.await
+    }
+
     /// An exec's output with the record's verdict and evidence; postern's own errors (the
     /// front's refusal, or its `postern: <envelope>` line on stderr) as the envelope.
     async fn ran(&self, ran: Ran) -> CallToolResult {
@@ -338,7 +358,7 @@ impl Tools {
             headers: HeaderMap::new(),
             body: Bytes::new(),
         };
-        let answer = self.agent.send(ask).await?;
+        let answer = self.in_turn(self.agent.send(ask)).await?;
         let value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
         Ok((answer.status.is_success(), value))
     }

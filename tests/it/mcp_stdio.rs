@@ -525,3 +525,47 @@ fn a_call_the_client_cancels_is_caller_cancelled_and_its_result_kept() {
     assert_eq!(record["retry"], "fetch_result");
     assert_eq!(s.slow.origin.hits(), 1);
 }
+
+#[test]
+fn a_flood_of_calls_reaches_the_daemon_a_bounded_number_at_a_time() {
+    let s = setup();
+    let port = s.slow.tls.addr.port();
+    let mut child = Command::new(daemon_bin())
+        .args(["mcp", "--agent", "agent"])
+        .env("POSTERN_HOME", s.home.root())
+        .env("POSTERN_CONFIG", &s.config)
+        .env(TOKEN_VAR, TOKEN)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "flood", "version": "0"}}});
+    writeln!(stdin, "{init}").unwrap();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    )
+    .unwrap();
+    let calls = 40;
+    for i in 0..calls {
+        let url = format!("https://origin.test:{port}/flood/{i}");
+        let call = json!({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call", "params": {"name": "http_request", "arguments": {"method": "GET", "url": url}}});
+        writeln!(stdin, "{call}").unwrap();
+    }
+    // The origin holds each request 3 s: what arrived by now is what was let through at once.
+    std::thread::sleep(Duration::from_millis(1500));
+    let at_once = s.slow.origin.hits();
+    assert!(
+        at_once > 0 && at_once <= 16,
+        "{at_once} calls reached the origin at once"
+    );
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+}
