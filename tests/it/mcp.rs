@@ -117,13 +117,31 @@ fn config(server: &McpServer) -> String {
     )
 }
 
+/// Which SDK's client runs the sessions.
+#[derive(Clone, Copy, Debug)]
+enum Sdk {
+    Python,
+    TypeScript,
+}
+
 /// Runs the SDK's client for `sessions` sessions as the agent; one JSON line each.
-fn run_client(home: &Home, daemon: &Daemon, port: u16, sessions: usize) -> Vec<Value> {
+fn run_client(sdk: Sdk, home: &Home, daemon: &Daemon, port: u16, sessions: usize) -> Vec<Value> {
     let proxy = daemon.proxy.replace("http://", &format!("http://{AGENT}@"));
-    let mut cmd = Command::new("python3");
-    cmd.arg(scripts().join("client.py"))
-        .arg(format!("https://mcp.test:{port}/mcp"))
-        .arg(sessions.to_string());
+    let url = format!("https://mcp.test:{port}/mcp");
+    let mut cmd = match sdk {
+        Sdk::Python => {
+            let mut c = Command::new("python3");
+            c.arg(scripts().join("client.py"));
+            c
+        }
+        Sdk::TypeScript => {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/node");
+            let mut c = Command::new("node");
+            c.current_dir(&dir).arg("mcp_client.mjs");
+            c
+        }
+    };
+    cmd.arg(url).arg(sessions.to_string());
     for var in [
         "NO_PROXY",
         "no_proxy",
@@ -137,9 +155,10 @@ fn run_client(home: &Home, daemon: &Daemon, port: u16, sessions: usize) -> Vec<V
         .env("HTTPS_PROXY", &proxy)
         .env("https_proxy", &proxy)
         .env("SSL_CERT_FILE", home.root().join("certs/bundle.pem"))
+        .env("NODE_EXTRA_CA_CERTS", home.root().join("certs/ca.pem"))
         .stdin(Stdio::null())
         .output()
-        .expect("python3");
+        .unwrap_or_else(|e| panic!("{sdk:?} client: {e} (.ci/run installs it)"));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let lines: Vec<Value> = text
         .lines()
@@ -148,7 +167,7 @@ fn run_client(home: &Home, daemon: &Daemon, port: u16, sessions: usize) -> Vec<V
     assert_eq!(
         lines.len(),
         sessions,
-        "client printed {text}\n{}\npostern: {}",
+        "{sdk:?} client printed {text}\n{}\npostern: {}",
         String::from_utf8_lossy(&out.stderr),
         daemon.stderr()
     );
@@ -157,6 +176,15 @@ fn run_client(home: &Home, daemon: &Daemon, port: u16, sessions: usize) -> Vec<V
 
 #[test]
 fn three_mcp_sessions_in_a_row_each_run_their_tool_call() {
+    three_sessions(Sdk::Python);
+}
+
+#[test]
+fn three_typescript_sdk_sessions_in_a_row_each_run_their_tool_call() {
+    three_sessions(Sdk::TypeScript);
+}
+
+fn three_sessions(sdk: Sdk) {
     let server = McpServer::start();
     let home = Home::new();
     assert!(
@@ -169,13 +197,13 @@ fn three_mcp_sessions_in_a_row_each_run_their_tool_call() {
         Some(&config(&server)),
         &[("POSTERN_VAULT_KEY", VAULT_KEY)],
     );
-    let lines = run_client(&home, &daemon, server.addr.port(), 3);
+    let lines = run_client(sdk, &home, &daemon, server.addr.port(), 3);
     let seen = server.seen();
     let texts: Vec<&Value> = lines.iter().map(|l| &l["text"][0]).collect();
     assert_eq!(
         texts,
         ["exec-1-1", "exec-2-1", "exec-3-1"],
-        "every session's call must run: {lines:?}\nserver saw {seen:#?}"
+        "{sdk:?}: every session's call must run: {lines:?}\nserver saw {seen:#?}"
     );
     assert!(lines.iter().all(|l| l["is_error"] == false), "{lines:?}");
     eprintln!("SEEN {}", serde_json::to_string_pretty(&seen).unwrap());
