@@ -107,15 +107,7 @@ impl TlsClients {
             let _ = roots.add(cert);
         }
         if let Some(path) = &route.upstream_ca {
-            use rustls::pki_types::pem::PemObject;
-            let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("upstream_ca {}: {e}", path.display()))?;
-            for cert in certs {
-                let cert = cert.map_err(|e| format!("upstream_ca {}: {e}", path.display()))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("upstream_ca {}: {e}", path.display()))?;
-            }
+            add_pem_roots(&mut roots, path).map_err(|e| format!("upstream_ca {e}"))?;
         }
         let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
@@ -535,6 +527,21 @@ pub fn is_prohibited(ip: IpAddr) -> bool {
                 || (s[0] == 0x64 && s[1] == 0xff9b)
         }
     }
+}
+
+/// Adds every certificate of the PEM file at `path` to `roots`.
+pub fn add_pem_roots(
+    roots: &mut rustls::RootCertStore,
+    path: &std::path::Path,
+) -> Result<(), String> {
+    use rustls::pki_types::pem::PemObject;
+    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    for cert in CertificateDer::pem_file_iter(path).map_err(|e| fail(&e))? {
+        roots
+            .add(cert.map_err(|e| fail(&e))?)
+            .map_err(|e| fail(&e))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, h
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
 /// What a tool result keeps of a body; the rest is read (so the daemon sees it delivered)
@@ -50,16 +50,9 @@ pub struct Answer {
 impl Agent {
     /// `ca`: postern's CA certificate (`certs/ca.pem` in its state directory).
     pub fn new(proxy: SocketAddr, authorization: &str, ca: &Path) -> Result<Self, String> {
-        use rustls::pki_types::pem::PemObject;
         let mut roots = rustls::RootCertStore::empty();
-        let certs = CertificateDer::pem_file_iter(ca)
-            .map_err(|e| format!("postern's CA {}: {e}", ca.display()))?;
-        for cert in certs {
-            let cert = cert.map_err(|e| format!("postern's CA {}: {e}", ca.display()))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("postern's CA {}: {e}", ca.display()))?;
-        }
+        crate::http::upstream::add_pem_roots(&mut roots, ca)
+            .map_err(|e| format!("postern's CA {e}"))?;
         let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))

@@ -346,9 +346,14 @@ fn a_host_killed_mid_call_leaves_a_result_a_later_session_fetches() {
     assert_eq!(s.slow.origin.hits(), 1, "fetching never runs it again");
 }
 
-#[test]
-fn a_malformed_json_rpc_frame_is_an_error_and_the_server_lives_on() {
-    let s = setup();
+/// `postern mcp` spoken to directly (no SDK), initialized: the child, its stdin, its stdout.
+fn raw_session(
+    s: &Setup,
+) -> (
+    Child,
+    std::process::ChildStdin,
+    BufReader<std::process::ChildStdout>,
+) {
     let mut child = Command::new(daemon_bin())
         .args(["mcp", "--agent", "agent"])
         .env("POSTERN_HOME", s.home.root())
@@ -356,22 +361,26 @@ fn a_malformed_json_rpc_frame_is_an_error_and_the_server_lives_on() {
         .env(TOKEN_VAR, TOKEN)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}});
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}});
     writeln!(stdin, "{init}").unwrap();
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert!(line.contains("\"result\""), "{line}");
-    writeln!(
-        stdin,
-        "{}",
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
-    )
-    .unwrap();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    writeln!(stdin, "{initialized}").unwrap();
+    (child, stdin, out)
+}
+
+#[test]
+fn a_malformed_json_rpc_frame_is_an_error_and_the_server_lives_on() {
+    let s = setup();
+    let (mut child, mut stdin, mut out) = raw_session(&s);
+    let mut line = String::new();
     writeln!(stdin, "{{this is not json").unwrap();
     writeln!(
         stdin,
@@ -530,28 +539,7 @@ fn a_call_the_client_cancels_is_caller_cancelled_and_its_result_kept() {
 fn a_flood_of_calls_reaches_the_daemon_a_bounded_number_at_a_time() {
     let s = setup();
     let port = s.slow.tls.addr.port();
-    let mut child = Command::new(daemon_bin())
-        .args(["mcp", "--agent", "agent"])
-        .env("POSTERN_HOME", s.home.root())
-        .env("POSTERN_CONFIG", &s.config)
-        .env(TOKEN_VAR, TOKEN)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "flood", "version": "0"}}});
-    writeln!(stdin, "{init}").unwrap();
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    writeln!(
-        stdin,
-        "{}",
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
-    )
-    .unwrap();
+    let (mut child, mut stdin, _out) = raw_session(&s);
     let calls = 40;
     for i in 0..calls {
         let url = format!("https://origin.test:{port}/flood/{i}");
