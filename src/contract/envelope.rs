@@ -258,6 +258,34 @@ pub fn unjournaled_refusal(code: Code, field: &str) -> Envelope {
     )
 }
 
+/// A client of postern (`postern mcp`) that sent a request and got no answer from the
+/// daemon: the daemon may have dispatched it, and nothing says whether, so it is `unknown`
+/// and, with nothing known of the operation, `reconcile` (§1.6). The record, if any, is the
+/// daemon's to show.
+pub fn unanswered() -> Envelope {
+    let ctx = FailureContext {
+        phase_reached: Phase::RemoteExecution,
+        current_outcome: Outcome::Unknown,
+        dispatched: true,
+        result_stored: false,
+        operation: OperationFacts::default(),
+        now_ms: 0,
+        hop_status: None,
+    };
+    let mut evidence = Evidence {
+        hop: "postern".into(),
+        ..Evidence::default()
+    };
+    evidence
+        .extra
+        .insert("daemon_answered".into(), false.into());
+    Envelope::unjournaled(
+        resolve_failure(Code::RemoteOutcomeUnknown, &ctx),
+        None,
+        evidence,
+    )
+}
+
 /// `JOURNAL_UNAVAILABLE` without a record: the journal refuses new work (low disk), and
 /// recording the refusal could be the very write that fails.
 pub fn journal_unavailable() -> Envelope {
@@ -327,6 +355,26 @@ mod tests {
             ..Evidence::default()
         };
         Envelope::new("act_01J", resolution, None, evidence)
+    }
+
+    #[test]
+    fn an_unanswered_request_may_have_run_and_is_never_called_safe_to_repeat() {
+        let env = unanswered();
+        let e = &env.error;
+        assert_eq!(
+            (e.code, e.phase, e.outcome, e.retry),
+            (
+                Code::RemoteOutcomeUnknown,
+                Phase::RemoteExecution,
+                Outcome::Unknown,
+                Retry::Reconcile
+            )
+        );
+        assert_eq!(env.invocation_id, None);
+        assert_eq!(
+            env.evidence.extra.get("daemon_answered"),
+            Some(&false.into())
+        );
     }
 
     #[test]

@@ -19,12 +19,12 @@ use rmcp::model::{
 use rmcp::{Peer, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::agent::{Agent, Answer, Ask};
 use super::ssh::{Front, Ran};
-use crate::contract::{Code, Envelope, unjournaled_refusal};
+use crate::contract::{Code, Envelope, unanswered, unjournaled_refusal};
 
 /// The most body text (or base64) one tool result carries: more would flood the model's
 /// context. The rest is paged with `fetch_result`'s `offset`.
@@ -496,21 +496,13 @@ fn envelope_result(env: &Envelope) -> CallToolResult {
     structured(&out, true)
 }
 
-/// The daemon did not answer: nothing can be said of what it did with the request, so it
-/// may have happened (never `not_attempted` on a guess).
+/// The daemon did not answer: it may have dispatched (never `not_attempted` on a guess);
+/// `contract` says what that means.
 fn lost(why: &str) -> CallToolResult {
-    let out = ToolOutcome {
-        outcome: Some("unknown".into()),
-        phase: Some("remote_execution".into()),
-        retry: Some("reconcile".into()),
-        code: Some(Code::RemoteOutcomeUnknown.as_str().to_owned()),
-        message: Some(format!(
-            "postern gave no answer ({why}); `postern actions list` shows whether it ran"
-        )),
-        evidence: Some(json!({"hop": "postern", "daemon_answered": false})),
-        ..ToolOutcome::default()
-    };
-    structured(&out, true)
+    let mut envelope = unanswered();
+    envelope.error.message =
+        format!("postern gave no answer ({why}); `postern actions list` shows whether it ran");
+    envelope_result(&envelope)
 }
 
 fn not_found(id: &str, value: &Value) -> CallToolResult {
