@@ -294,6 +294,29 @@ pub fn journal_unavailable() -> Envelope {
     env
 }
 
+/// The four facts of a `Postern-Outcome` value (what `postern_outcome` writes); `None`
+/// unless outcome, phase and retry are all there and known.
+pub fn read_postern_outcome(value: &str) -> Option<(Outcome, Phase, Retry, Option<Code>)> {
+    fn token<T: serde::de::DeserializeOwned>(v: &str) -> Option<T> {
+        serde_json::from_value(serde_json::Value::String(v.to_owned())).ok()
+    }
+    let (mut outcome, mut phase, mut retry, mut code) = (None, None, None, None);
+    for member in value.split(',') {
+        let Some((key, v)) = member.trim().split_once('=') else {
+            continue;
+        };
+        let v = v.trim().trim_matches('"');
+        match key.trim() {
+            "outcome" => outcome = token(v),
+            "phase" => phase = token(v),
+            "retry" => retry = token(v),
+            "code" => code = token(v),
+            _ => {}
+        }
+    }
+    Some((outcome?, phase?, retry?, code))
+}
+
 /// `Postern-Outcome`: an RFC 8941 dictionary of tokens.
 pub fn postern_outcome(outcome: Outcome, phase: Phase, retry: Retry, code: Option<Code>) -> String {
     let mut s = format!("outcome={outcome}, phase={phase}, retry={retry}");
@@ -355,6 +378,41 @@ mod tests {
             ..Evidence::default()
         };
         Envelope::new("act_01J", resolution, None, evidence)
+    }
+
+    #[test]
+    fn postern_outcome_reads_back_what_it_wrote() {
+        let written = postern_outcome(
+            Outcome::Unknown,
+            Phase::RemoteExecution,
+            Retry::Reconcile,
+            Some(Code::RemoteResultIncomplete),
+        );
+        assert_eq!(
+            read_postern_outcome(&written),
+            Some((
+                Outcome::Unknown,
+                Phase::RemoteExecution,
+                Retry::Reconcile,
+                Some(Code::RemoteResultIncomplete)
+            ))
+        );
+        let plain = postern_outcome(
+            Outcome::Committed,
+            Phase::RemoteExecution,
+            Retry::Never,
+            None,
+        );
+        assert_eq!(
+            read_postern_outcome(&plain).map(|r| r.3),
+            Some(None),
+            "{plain}"
+        );
+        assert_eq!(read_postern_outcome("outcome=committed, retry=never"), None);
+        assert_eq!(
+            read_postern_outcome("outcome=maybe, phase=x, retry=y"),
+            None
+        );
     }
 
     #[test]

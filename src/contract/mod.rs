@@ -17,7 +17,7 @@ pub use decide::{OperationView, RecordFacts, Verdict, decide};
 pub use envelope::{
     AttemptEvidence, Completion, CredentialEvidence, Envelope, ErrorBody, Evidence,
     IdempotencyEvidence, POSTERN_RESOURCE, Stage, journal_unavailable, postern_outcome,
-    proxy_status, unanswered, unjournaled_refusal,
+    proxy_status, read_postern_outcome, unanswered, unjournaled_refusal,
 };
 pub use hints::{should_retry, should_retry_value};
 pub use resolve::{

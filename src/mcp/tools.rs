@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::agent::{Agent, Answer, Ask};
 use super::ssh::{Front, Ran};
-use crate::contract::{Code, Envelope, unanswered, unjournaled_refusal};
+use crate::contract::{Code, Envelope, read_postern_outcome, unanswered, unjournaled_refusal};
 
 /// The most body text (or base64) one tool result carries: more would flood the model's
 /// context. The rest is paged with `fetch_result`'s `offset`.
@@ -388,10 +388,9 @@ impl Tools {
         };
         put_body(&mut out, &answer.body, 0);
         out.bytes = Some(answer.bytes);
-        match (verdict, &record) {
-            (Some(v), _) if answer.complete => read_verdict(&mut out, &v),
-            (_, Some(r)) => verdict_of_record(&mut out, r),
-            _ => {}
+        let told = answer.complete && verdict.is_some_and(|v| read_verdict(&mut out, &v));
+        if let (false, Some(r)) = (told, &record) {
+            verdict_of_record(&mut out, r);
         }
         out.evidence = record.map(|r| r["evidence"].clone());
         // A stream that broke is postern's error, not an origin answer.
@@ -548,21 +547,16 @@ fn capped(bytes: &[u8]) -> String {
     text.into_owned()
 }
 
-/// `Postern-Outcome: outcome=…, phase=…, retry=…[, code=…]` (an RFC 8941 dictionary).
-fn read_verdict(out: &mut ToolOutcome, value: &str) {
-    for member in value.split(',') {
-        let Some((key, v)) = member.trim().split_once('=') else {
-            continue;
-        };
-        let v = Some(v.trim().trim_matches('"').to_owned());
-        match key.trim() {
-            "outcome" => out.outcome = v,
-            "phase" => out.phase = v,
-            "retry" => out.retry = v,
-            "code" => out.code = v,
-            _ => {}
-        }
-    }
+/// The daemon's verdict from `Postern-Outcome`; false when it says none.
+fn read_verdict(out: &mut ToolOutcome, value: &str) -> bool {
+    let Some((outcome, phase, retry, code)) = read_postern_outcome(value) else {
+        return false;
+    };
+    out.outcome = Some(outcome.as_str().to_owned());
+    out.phase = Some(phase.as_str().to_owned());
+    out.retry = Some(retry.as_str().to_owned());
+    out.code = code.map(|c| c.as_str().to_owned());
+    true
 }
 
 /// The body from `offset`: text when it is UTF-8, else base64, at most `BODY_LIMIT`.
