@@ -615,7 +615,12 @@ fn text(value: &Value, key: &str) -> Option<String> {
 
 /// An id as one path segment: anything but `[A-Za-z0-9_-]` is escaped.
 fn encode(id: &str) -> String {
-    crate::cli::percent_encode(id)
+    id.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' => char::from(b).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// Says "still waiting" every `PROGRESS_EVERY` while the returned guard lives, when the
