@@ -30,6 +30,14 @@ fn settings(
     };
     let config = crate::config::load(config, &lookup).map_err(|e| format!("postern mcp: {e}"))?;
     let identity = acting_agent(&config, agent, env, "postern mcp")?;
+    if identity.is_none()
+        && let Some(first) = config.agents.first()
+    {
+        return Err(format!(
+            "postern mcp: this config has [[agents]]: pass --agent ID (e.g. --agent {}) or set POSTERN_AGENT",
+            first.id
+        ));
+    }
     // An agent-less config runs everyone as `anonymous`, which needs no identity.
     let authorization = identity
         .as_ref()

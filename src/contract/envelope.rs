@@ -286,6 +286,32 @@ pub fn unanswered() -> Envelope {
     )
 }
 
+/// A client of postern (`postern mcp`) whose request never left it (postern unreachable, or
+/// the tunnel to it failed): nothing can have run, so `not_attempted`.
+pub fn never_sent() -> Envelope {
+    let ctx = FailureContext {
+        phase_reached: Phase::ConnectionSetup,
+        current_outcome: Outcome::NotAttempted,
+        dispatched: false,
+        result_stored: false,
+        operation: OperationFacts::default(),
+        now_ms: 0,
+        hop_status: None,
+    };
+    let mut evidence = Evidence {
+        hop: "postern".into(),
+        ..Evidence::default()
+    };
+    evidence
+        .extra
+        .insert("request_left_client".into(), false.into());
+    Envelope::unjournaled(
+        resolve_failure(Code::ConnectionRefused, &ctx),
+        None,
+        evidence,
+    )
+}
+
 /// `JOURNAL_UNAVAILABLE` without a record: the journal refuses new work (low disk), and
 /// recording the refusal could be the very write that fails.
 pub fn journal_unavailable() -> Envelope {
@@ -412,6 +438,20 @@ mod tests {
         assert_eq!(
             read_postern_outcome("outcome=maybe, phase=x, retry=y"),
             None
+        );
+    }
+
+    #[test]
+    fn a_request_that_never_left_the_client_was_not_attempted() {
+        let e = never_sent().error;
+        assert_eq!(
+            (e.code, e.phase, e.outcome, e.retry),
+            (
+                Code::ConnectionRefused,
+                Phase::ConnectionSetup,
+                Outcome::NotAttempted,
+                Retry::Backoff
+            )
         );
     }
 

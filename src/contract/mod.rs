@@ -16,7 +16,7 @@ pub use codes::{Code, CodeRow, Outcome, OutcomeRule, Phase, PhaseRule, Retry, Re
 pub use decide::{OperationView, RecordFacts, Verdict, decide};
 pub use envelope::{
     AttemptEvidence, Completion, CredentialEvidence, Envelope, ErrorBody, Evidence,
-    IdempotencyEvidence, POSTERN_RESOURCE, Stage, journal_unavailable, postern_outcome,
+    IdempotencyEvidence, POSTERN_RESOURCE, Stage, journal_unavailable, never_sent, postern_outcome,
     proxy_status, read_postern_outcome, unanswered, unjournaled_refusal,
 };
 pub use hints::{should_retry, should_retry_value};

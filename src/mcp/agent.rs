@@ -34,6 +34,16 @@ pub struct Ask {
     pub body: Bytes,
 }
 
+/// Why no answer came back.
+#[derive(Debug)]
+pub enum Unsent {
+    /// Nothing of the request left `postern mcp` (the proxy unreachable, the tunnel or
+    /// TLS with postern failed): it cannot have run.
+    NotSent(String),
+    /// The request may have gone out and no answer came: it may have run.
+    Unanswered(String),
+}
+
 /// What came back: the daemon's (or, through it, the origin's) answer.
 pub struct Answer {
     pub status: StatusCode,
@@ -45,6 +55,8 @@ pub struct Answer {
     pub trailers: Option<HeaderMap>,
     /// The body ended at its framing end (else it broke, or was cut off).
     pub complete: bool,
+    /// The proxy's own answer to `CONNECT` (a refusal): postern's, never the origin's.
+    pub from_proxy: bool,
 }
 
 impl Agent {
@@ -70,31 +82,38 @@ impl Agent {
         })
     }
 
-    /// Sends `ask` through the proxy. `Err`: postern's proxy could not be reached or spoke
-    /// no HTTP (nothing was journaled by it, or nothing can be said).
-    pub async fn send(&self, ask: Ask) -> Result<Answer, String> {
+    /// Sends `ask` through the proxy; `Err` says whether any of it can have gone out.
+    pub async fn send(&self, ask: Ask) -> Result<Answer, Unsent> {
         let https = ask.url.scheme_str() == Some("https");
         let host = ask.url.host().unwrap_or_default().to_owned();
         let port = ask.url.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let tcp = TcpStream::connect(self.proxy)
-            .await
-            .map_err(|e| format!("cannot reach postern's proxy at {}: {e}", self.proxy))?;
+        let not_sent = Unsent::NotSent;
+        let tcp = TcpStream::connect(self.proxy).await.map_err(|e| {
+            not_sent(format!(
+                "cannot reach postern's proxy at {}: {e}",
+                self.proxy
+            ))
+        })?;
         let _ = tcp.set_nodelay(true);
         if !https {
-            let req = self.request(&ask, true)?;
+            let req = self.request(&ask, true).map_err(not_sent)?;
             return exchange(tcp, req).await;
         }
-        let opened = match self.connect(tcp, &host, port).await? {
+        let opened = match self.connect(tcp, &host, port).await.map_err(not_sent)? {
             Ok(tunnel) => tunnel,
             Err(refusal) => return Ok(refusal),
         };
         let name = ServerName::try_from(host.clone())
-            .map_err(|_| format!("`{host}` is not a name TLS can check"))?;
+            .map_err(|_| not_sent(format!("`{host}` is not a name TLS can check")))?;
         let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
             .connect(name, TokioIo::new(opened))
             .await
-            .map_err(|e| format!("TLS with postern for {host}: {e}"))?;
-        let req = self.request(&ask, false)?;
+            .map_err(|e| {
+                not_sent(format!(
+                    "postern answered CONNECT {host}:{port} but not with TLS ({e}): is the route for http://?"
+                ))
+            })?;
+        let req = self.request(&ask, false).map_err(not_sent)?;
         exchange(tls, req).await
     }
 
@@ -122,7 +141,9 @@ impl Agent {
             .await
             .map_err(|e| format!("postern's proxy refused CONNECT {authority}: {e}"))?;
         if resp.status() != StatusCode::OK {
-            return Ok(Err(read(resp).await));
+            let mut refusal = read(resp).await;
+            refusal.from_proxy = true;
+            return Ok(Err(refusal));
         }
         let upgraded = hyper::upgrade::on(resp)
             .await
@@ -163,18 +184,19 @@ impl Agent {
     }
 }
 
-async fn exchange<T>(io: T, req: Request<Full<Bytes>>) -> Result<Answer, String>
+async fn exchange<T>(io: T, req: Request<Full<Bytes>>) -> Result<Answer, Unsent>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
-        .map_err(|e| format!("postern's proxy: {e}"))?;
+        .map_err(|e| Unsent::NotSent(format!("postern's proxy: {e}")))?;
     tokio::spawn(conn);
-    let resp = sender
-        .send_request(req)
-        .await
-        .map_err(|e| format!("postern's proxy closed the connection without an answer: {e}"))?;
+    let resp = sender.send_request(req).await.map_err(|e| {
+        Unsent::Unanswered(format!(
+            "postern's proxy closed the connection without an answer: {e}"
+        ))
+    })?;
     Ok(read(resp).await)
 }
 
@@ -206,5 +228,6 @@ async fn read(resp: Response<Incoming>) -> Answer {
         bytes,
         trailers,
         complete,
+        from_proxy: false,
     }
 }

@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use crate::ssh::dispatch::{INVOCATION_DATA_TYPE, REPORT_INVOCATION_ENV};
 use crate::ssh::preamble::{MAX_LINE, Preamble};
 
-use super::agent::KEPT_BYTES;
+use super::agent::{KEPT_BYTES, Unsent};
 
 /// postern's SSH front, as the agent reaches it.
 pub struct Front {
@@ -55,20 +55,25 @@ impl client::Handler for FrontKey {
 }
 
 impl Front {
-    /// Runs `command` as `user@host:port`; `Err`: the front could not be reached or the
-    /// SSH session broke (what happened is the record's to say).
+    /// Runs `command` as `user@host:port`; `Err` says whether the exec can have gone out.
     pub async fn exec(
         &self,
         (user, host, port): (&str, &str, u16),
         command: &str,
         stdin: Option<Bytes>,
-    ) -> Result<Ran, String> {
+    ) -> Result<Ran, Unsent> {
+        let not_sent = Unsent::NotSent;
         let Some(key) = self.host_key.clone() else {
-            return Err("postern's SSH host key could not be read (POSTERN_HOME/ssh)".into());
+            return Err(not_sent(
+                "postern's SSH host key could not be read (POSTERN_HOME/ssh)".into(),
+            ));
         };
-        let tcp = TcpStream::connect(self.addr)
-            .await
-            .map_err(|e| format!("cannot reach postern's SSH front at {}: {e}", self.addr))?;
+        let tcp = TcpStream::connect(self.addr).await.map_err(|e| {
+            not_sent(format!(
+                "cannot reach postern's SSH front at {}: {e}",
+                self.addr
+            ))
+        })?;
         let _ = tcp.set_nodelay(true);
         let mut stream = BufReader::new(tcp);
         let preamble = Preamble {
@@ -78,7 +83,7 @@ impl Front {
             host: host.to_owned(),
             port,
         };
-        let lost = |e: std::io::Error| format!("postern's SSH front: {e}");
+        let lost = |e: std::io::Error| not_sent(format!("postern's SSH front: {e}"));
         stream
             .write_all(preamble.encode().as_bytes())
             .await
@@ -96,25 +101,27 @@ impl Front {
                 ..Ran::default()
             });
         }
-        let ssh = |e: russh::Error| format!("SSH with postern's front: {e}");
+        let ssh = |e: russh::Error| not_sent(format!("SSH with postern's front: {e}"));
         let config = Arc::new(client::Config::default());
         let mut handle = client::connect_stream(config, stream, FrontKey(key))
             .await
             .map_err(ssh)?;
         let auth = handle.authenticate_none(user).await.map_err(ssh)?;
         if !auth.success() {
-            return Err("postern's SSH front refused the session".into());
+            return Err(not_sent("postern's SSH front refused the session".into()));
         }
         let mut channel = handle.channel_open_session().await.map_err(ssh)?;
         channel
             .set_env(true, REPORT_INVOCATION_ENV, "1")
             .await
             .map_err(ssh)?;
-        channel.exec(true, command).await.map_err(ssh)?;
+        // From the exec request on, the command may run whatever breaks.
+        let gone = |e: russh::Error| Unsent::Unanswered(format!("SSH with postern's front: {e}"));
+        channel.exec(true, command).await.map_err(gone)?;
         if let Some(input) = stdin {
-            channel.data(&input[..]).await.map_err(ssh)?;
+            channel.data(&input[..]).await.map_err(gone)?;
         }
-        channel.eof().await.map_err(ssh)?;
+        channel.eof().await.map_err(gone)?;
         let mut ran = Ran::default();
         let (mut out, mut err) = (BytesMut::new(), BytesMut::new());
         let keep = |buf: &mut BytesMut, data: &[u8]| {

@@ -19,12 +19,14 @@ use rmcp::model::{
 use rmcp::{Peer, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::agent::{Agent, Answer, Ask};
+use super::agent::{Agent, Answer, Ask, Unsent};
 use super::ssh::{Front, Ran};
-use crate::contract::{Code, Envelope, read_postern_outcome, unanswered, unjournaled_refusal};
+use crate::contract::{
+    Code, Envelope, never_sent, read_postern_outcome, unanswered, unjournaled_refusal,
+};
 
 /// The most body text (or base64) one tool result carries: more would flood the model's
 /// context. The rest is paged with `fetch_result`'s `offset`.
@@ -33,6 +35,9 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 /// Calls that reach the daemon at once: a flood of tool calls waits here (each in turn, and
 /// cancellable) instead of opening a connection each, as a bounded agent would.
 pub const CALLS_AT_ONCE: usize = 16;
+
+/// More request headers than any API needs (the proxy's own limit answers a bare 431).
+const MAX_HEADERS: usize = 64;
 
 /// How often a call that waits (for an approval, or a slow origin) says it is still waiting.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
@@ -147,8 +152,10 @@ pub struct Tools {
     front: Arc<Front>,
     /// The MCP pipe closed: every call still running stops.
     pipe_closed: CancellationToken,
-    /// `CALLS_AT_ONCE` permits.
+    /// `CALLS_AT_ONCE` permits for actions; reads of postern.internal have their own, so a
+    /// call's record is never queued behind calls still waiting.
     calls: Arc<tokio::sync::Semaphore>,
+    reads: Arc<tokio::sync::Semaphore>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -160,6 +167,7 @@ impl Tools {
             front: Arc::new(front),
             pipe_closed,
             calls: Arc::new(tokio::sync::Semaphore::new(CALLS_AT_ONCE)),
+            reads: Arc::new(tokio::sync::Semaphore::new(CALLS_AT_ONCE)),
             tool_router: Self::tool_router(),
         }
     }
@@ -183,15 +191,15 @@ impl Tools {
         };
         let waiting = progress(peer, meta);
         let sent = tokio::select! {
-            sent = self.in_turn(self.agent.send(ask)) => sent,
+            sent = in_turn(&self.calls, self.agent.send(ask)) => sent,
             // Dropping the exchange closes its connection: the daemon records the caller gone.
-            () = cancelled.cancelled() => Err("the client cancelled the call".to_owned()),
-            () = self.pipe_closed.cancelled() => Err("the MCP pipe closed".to_owned()),
+            () = cancelled.cancelled() => Err(Unsent::Unanswered("the client cancelled the call".into())),
+            () = self.pipe_closed.cancelled() => Err(Unsent::Unanswered("the MCP pipe closed".into())),
         };
         drop(waiting);
         match sent {
             Ok(answer) => Ok(self.answered(answer).await),
-            Err(why) => Ok(lost(&why)),
+            Err(unsent) => Ok(unsent_result(unsent)),
         }
     }
 
@@ -210,14 +218,15 @@ impl Tools {
         };
         let stdin = args.stdin.map(Bytes::from);
         let (user, host, port) = (target.0.as_str(), target.1.as_str(), target.2);
+        let exec = self.front.exec((user, host, port), &args.command, stdin);
         let ran = tokio::select! {
-            ran = self.in_turn(self.front.exec((user, host, port), &args.command, stdin)) => ran,
-            () = cancelled.cancelled() => Err("the client cancelled the call".to_owned()),
-            () = self.pipe_closed.cancelled() => Err("the MCP pipe closed".to_owned()),
+            ran = in_turn(&self.calls, exec) => ran,
+            () = cancelled.cancelled() => Err(Unsent::Unanswered("the client cancelled the call".into())),
+            () = self.pipe_closed.cancelled() => Err(Unsent::Unanswered("the MCP pipe closed".into())),
         };
         match ran {
             Ok(ran) => Ok(self.ran(ran).await),
-            Err(why) => Ok(lost(&why)),
+            Err(unsent) => Ok(unsent_result(unsent)),
         }
     }
 
@@ -232,7 +241,7 @@ impl Tools {
         let url = format!("{INTERNAL}/{}/result", encode(&args.invocation_id));
         let (ok, value) = match self.internal(&url).await {
             Ok(got) => got,
-            Err(why) => return Ok(lost(&why)),
+            Err(unsent) => return Ok(read_failed(unsent)),
         };
         if !ok {
             return Ok(not_found(&args.invocation_id, &value));
@@ -241,21 +250,29 @@ impl Tools {
             invocation_id: Some(args.invocation_id),
             outcome: text(&value, "outcome"),
             status: value["status"].as_u64().and_then(|s| u16::try_from(s).ok()),
+            exit_status: value["exit_status"]
+                .as_u64()
+                .and_then(|s| u32::try_from(s).ok()),
+            signal: text(&value, "exit_signal"),
             ..ToolOutcome::default()
         };
-        if let Some(b64) = value["body_base64"].as_str() {
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .unwrap_or_default();
-            put_body(&mut out, &bytes, args.offset);
-        }
-        for stream in ["stdout_base64", "stderr_base64"] {
-            if value.get(stream).is_some() {
-                let mut extra = Map::new();
-                extra.insert(stream.into(), value[stream].clone());
-                extra.insert("exit_status".into(), value["exit_status"].clone());
-                out.evidence = Some(Value::Object(extra));
+        let decoded = |key: &str| {
+            let b64 = value[key].as_str()?;
+            base64::engine::general_purpose::STANDARD.decode(b64).ok()
+        };
+        match decoded("body_base64") {
+            Some(bytes) => put_body(&mut out, &bytes, args.offset),
+            None if value.get("body_base64").is_some() => {
+                out.message = Some(NOT_KEPT.into());
             }
+            None => {}
+        }
+        if let Some(stdout) = decoded("stdout_base64") {
+            put_output(&mut out, &stdout, args.offset);
+        }
+        out.stderr = decoded("stderr_base64").map(|e| capped(&e));
+        if value.get("stdout_base64").is_some() && value["stdout_base64"].is_null() {
+            out.message = Some(NOT_KEPT.into());
         }
         out.headers = value["headers"].as_array().map(|pairs| {
             pairs
@@ -277,7 +294,7 @@ impl Tools {
         match self.internal(&url).await {
             Ok((true, record)) => Ok(CallToolResult::structured(record)),
             Ok((false, value)) => Ok(not_found(&args.invocation_id, &value)),
-            Err(why) => Ok(lost(&why)),
+            Err(unsent) => Ok(read_failed(unsent)),
         }
     }
 }
@@ -296,31 +313,21 @@ impl ServerHandler for Tools {
 }
 
 impl Tools {
-    /// Runs `call` once one of the `CALLS_AT_ONCE` permits is free.
-    async fn in_turn<T>(
-        &self,
-        call: impl std::future::Future<Output = Result<T, String>>,
-    ) -> Result<T, String> {
-        let _permit = self
-            .calls
-            .acquire()
-            .await
-            .map_err(|_| "postern mcp is stopping".to_owned())?;
-        call.await
-    }
-
-    /// An exec's output with the record's verdict and evidence; postern's own errors (the
-    /// front's refusal, or its `postern: <envelope>` line on stderr) as the envelope.
+    /// An exec's output with the record's verdict and evidence. Without an invocation the
+    /// front refused before any command ran, and its envelope (the preamble's answer, or its
+    /// `postern: ` line) is the result; with one, only the record speaks: a command can print
+    /// anything on its stderr.
     async fn ran(&self, ran: Ran) -> CallToolResult {
-        let own = ran.refused.clone().or_else(|| {
-            let text = String::from_utf8_lossy(&ran.stderr);
-            text.lines()
-                .find_map(|l| l.strip_prefix("postern: "))
-                .filter(|_| ran.exit_status.is_none() && ran.exit_signal.is_none())
-                .map(str::to_owned)
-        });
-        if let Some(envelope) = own.and_then(|j| serde_json::from_str::<Envelope>(&j).ok()) {
-            return envelope_result(&envelope);
+        if ran.invocation_id.is_none() {
+            let text = String::from_utf8_lossy(&ran.stderr).into_owned();
+            let own = ran.refused.clone().or_else(|| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix("postern: "))
+                    .map(str::to_owned)
+            });
+            if let Some(envelope) = own.and_then(|j| serde_json::from_str::<Envelope>(&j).ok()) {
+                return envelope_result(&envelope);
+            }
         }
         let record = match &ran.invocation_id {
             Some(id) => self.record(id).await,
@@ -330,10 +337,10 @@ impl Tools {
             invocation_id: ran.invocation_id.clone(),
             exit_status: ran.exit_status,
             signal: ran.exit_signal.clone(),
-            stdout: Some(capped(&ran.stdout)),
             stderr: Some(capped(&ran.stderr)),
             ..ToolOutcome::default()
         };
+        put_output(&mut out, &ran.stdout, 0);
         if let Some(r) = &record {
             verdict_of_record(&mut out, r);
             out.evidence = Some(r["evidence"].clone());
@@ -351,14 +358,16 @@ impl Tools {
     }
 
     /// A GET of the agent's own view at postern.internal: (found, JSON).
-    async fn internal(&self, url: &str) -> Result<(bool, Value), String> {
+    async fn internal(&self, url: &str) -> Result<(bool, Value), Unsent> {
         let ask = Ask {
             method: Method::GET,
-            url: url.parse().map_err(|_| "not an invocation id".to_owned())?,
+            url: url
+                .parse()
+                .map_err(|_| Unsent::NotSent("not an invocation id".into()))?,
             headers: HeaderMap::new(),
             body: Bytes::new(),
         };
-        let answer = self.in_turn(self.agent.send(ask)).await?;
+        let answer = in_turn(&self.reads, self.agent.send(ask)).await?;
         let value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
         Ok((answer.status.is_success(), value))
     }
@@ -392,7 +401,13 @@ impl Tools {
         if let (false, Some(r)) = (told, &record) {
             verdict_of_record(&mut out, r);
         }
-        out.evidence = record.map(|r| r["evidence"].clone());
+        let evidence = record.map(|r| r["evidence"].clone());
+        if evidence.as_ref().is_some_and(|e| e["body_stored"] == false) && out.next_offset.is_some()
+        {
+            out.next_offset = None;
+            out.message = Some(NOT_KEPT.into());
+        }
+        out.evidence = evidence;
         // A stream that broke is postern's error, not an origin answer.
         let failed = !answer.complete || out.code.is_some();
         structured(&out, failed)
@@ -419,6 +434,9 @@ fn ask_of(args: HttpRequestArgs) -> Result<Ask, (Code, String)> {
     if !plausible {
         return Err(refuse(Code::InvalidTarget, "url"));
     }
+    if args.headers.len() > MAX_HEADERS {
+        return Err(refuse(Code::MalformedRequest, "headers"));
+    }
     let mut headers = HeaderMap::new();
     for (name, value) in &args.headers {
         let field = format!("headers.{}", name.to_ascii_lowercase());
@@ -438,7 +456,8 @@ fn ask_of(args: HttpRequestArgs) -> Result<Ask, (Code, String)> {
                 | "upgrade"
         );
         if reserved {
-            return Err(refuse(Code::ForbiddenHeader, &field));
+            // Framing and identity are postern's to set, not a credential it injects.
+            return Err(refuse(Code::MalformedRequest, &field));
         }
         headers.append(name, value);
     }
@@ -464,19 +483,23 @@ fn ask_of(args: HttpRequestArgs) -> Result<Ask, (Code, String)> {
     })
 }
 
-/// postern's own error (its `Proxy-Status` names an error; RFC 9209), as its envelope.
+/// postern's own error, as its envelope: the proxy's refusal of the `CONNECT`, or an answer
+/// whose `Proxy-Status` carries an error (RFC 9209; an origin's never does: postern turns it
+/// into `UPSTREAM_HOP_ERROR`) and whose envelope names the invocation the answer does. An
+/// origin's body that looks like an envelope is the origin's answer.
 fn own_error(answer: &Answer) -> Option<Envelope> {
     let named = answer
         .headers
         .get_all("proxy-status")
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .any(|v| v.starts_with("postern") && v.contains("error="));
-    let challenged = answer.status == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED;
-    if !named && !challenged {
+        .any(|v| v.contains("error="));
+    if !answer.from_proxy && !named {
         return None;
     }
-    serde_json::from_slice(&answer.body).ok()
+    let envelope: Envelope = serde_json::from_slice(&answer.body).ok()?;
+    let invocation = header(&answer.headers, "postern-invocation");
+    (answer.from_proxy || envelope.invocation_id == invocation).then_some(envelope)
 }
 
 fn envelope_result(env: &Envelope) -> CallToolResult {
@@ -495,14 +518,41 @@ fn envelope_result(env: &Envelope) -> CallToolResult {
     structured(&out, true)
 }
 
-/// The daemon did not answer: it may have dispatched (never `not_attempted` on a guess);
-/// `contract` says what that means.
-fn lost(why: &str) -> CallToolResult {
-    let mut envelope = unanswered();
-    envelope.error.message =
-        format!("postern gave no answer ({why}); `postern actions list` shows whether it ran");
+/// No answer: `contract` says what that means, by whether the request can have left.
+fn unsent_result(unsent: Unsent) -> CallToolResult {
+    let mut envelope = match &unsent {
+        Unsent::NotSent(_) => never_sent(),
+        Unsent::Unanswered(_) => unanswered(),
+    };
+    envelope.error.message = match unsent {
+        Unsent::NotSent(why) => format!("Nothing was sent: {why}."),
+        Unsent::Unanswered(why) => format!(
+            "postern gave no answer ({why}); it may have run: do not repeat it, ask the operator to reconcile it"
+        ),
+    };
     envelope_result(&envelope)
 }
+
+/// A read of postern.internal that failed: nothing ran either way.
+fn read_failed(unsent: Unsent) -> CallToolResult {
+    let (Unsent::NotSent(why) | Unsent::Unanswered(why)) = unsent;
+    unsent_result(Unsent::NotSent(why))
+}
+
+/// Runs `call` once one of `permits` is free.
+async fn in_turn<T>(
+    permits: &tokio::sync::Semaphore,
+    call: impl std::future::Future<Output = Result<T, Unsent>>,
+) -> Result<T, Unsent> {
+    let _permit = permits
+        .acquire()
+        .await
+        .map_err(|_| Unsent::NotSent("postern mcp is stopping".into()))?;
+    call.await
+}
+
+/// Said where a stored result kept no body (over `max_result_bytes`: only its digest).
+const NOT_KEPT: &str = "postern kept only the digest of this result (it was larger than journal.max_result_bytes): the rest cannot be fetched";
 
 fn not_found(id: &str, value: &Value) -> CallToolResult {
     let out = ToolOutcome {
@@ -538,6 +588,21 @@ fn ssh_target(target: &str) -> Option<(String, String, u16)> {
     };
     let fine = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic() && b != b'@');
     (fine(user) && fine(host)).then(|| (user.to_owned(), host.to_owned(), port))
+}
+
+/// stdout from `offset` as text (lossy), at most `BODY_LIMIT`, with `next_offset` and
+/// `bytes` when there is more.
+fn put_output(out: &mut ToolOutcome, bytes: &[u8], offset: u64) {
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    let rest = bytes.get(start..).unwrap_or_default();
+    let part = rest.get(..rest.len().min(BODY_LIMIT)).unwrap_or_default();
+    out.stdout = Some(String::from_utf8_lossy(part).into_owned());
+    out.bytes = Some(bytes.len() as u64);
+    if part.len() < rest.len() {
+        out.next_offset = Some((start + part.len()) as u64);
+    }
 }
 
 /// Output as text (lossy), at most `BODY_LIMIT`.
