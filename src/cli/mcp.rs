@@ -65,6 +65,7 @@ fn settings(
         authorization,
         ca,
         front,
+        max_request_bytes: config.proxy.max_request_bytes,
     })
 }
 

@@ -27,6 +27,9 @@ pub use agent::{Agent, Ask};
 pub use ssh::Front;
 pub use tools::{BODY_LIMIT, Tools};
 
+/// The longest JSON-RPC line read; a longer one is dropped (and logged) by the SDK.
+const MAX_LINE: usize = 32 * 1024 * 1024;
+
 /// What `postern mcp` needs to act as the agent.
 pub struct Settings {
     pub proxy: SocketAddr,
@@ -36,6 +39,9 @@ pub struct Settings {
     pub ca: PathBuf,
     /// postern's SSH front, with the agent's identity and the front's host key.
     pub front: Front,
+    /// The proxy's `max_request_bytes`: a larger body is refused here, as the daemon would
+    /// (its early 413 is lost to a client still uploading).
+    pub max_request_bytes: u64,
 }
 
 /// Serves MCP on stdin/stdout until the client closes it.
@@ -70,8 +76,14 @@ pub fn run(settings: Settings) -> ExitCode {
             inner: tokio::io::stdin(),
             closed: closed.clone(),
         };
+        // A line carries one call: room for a body at the proxy's default limit (16 MiB) as
+        // base64 in JSON.
+        let transport =
+            rmcp::transport::async_rw::AsyncRwTransport::new_server(stdin, tokio::io::stdout())
+                .with_max_line_length(MAX_LINE);
         let service = Tools::new(agent, settings.front, closed)
-            .serve((stdin, tokio::io::stdout()))
+            .with_body_limit(settings.max_request_bytes)
+            .serve(transport)
             .await
             .map_err(|e| e.to_string())?;
         service.waiting().await.map_err(|e| e.to_string())?;

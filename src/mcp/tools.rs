@@ -156,6 +156,8 @@ pub struct Tools {
     /// call's record is never queued behind calls still waiting.
     calls: Arc<tokio::sync::Semaphore>,
     reads: Arc<tokio::sync::Semaphore>,
+    /// The proxy's `max_request_bytes`.
+    body_limit: u64,
     tool_router: ToolRouter<Self>,
 }
 
@@ -168,8 +170,15 @@ impl Tools {
             pipe_closed,
             calls: Arc::new(tokio::sync::Semaphore::new(CALLS_AT_ONCE)),
             reads: Arc::new(tokio::sync::Semaphore::new(CALLS_AT_ONCE)),
+            body_limit: u64::MAX,
             tool_router: Self::tool_router(),
         }
+    }
+
+    /// Refuses bodies over `limit` bytes (`PAYLOAD_LIMIT`) before sending them.
+    pub fn with_body_limit(mut self, limit: u64) -> Self {
+        self.body_limit = limit;
+        self
     }
 
     #[tool(
@@ -183,7 +192,7 @@ impl Tools {
         peer: Peer<RoleServer>,
         cancelled: CancellationToken,
     ) -> Result<CallToolResult, rmcp::ErrorData> {
-        let ask = match ask_of(args) {
+        let ask = match ask_of(args, self.body_limit) {
             Ok(ask) => ask,
             Err((code, field)) => {
                 return Ok(envelope_result(&unjournaled_refusal(code, &field)));
@@ -416,7 +425,7 @@ impl Tools {
 
 /// The tool call's arguments as a request, or the refusal postern would give, code and
 /// field (not journaled: nothing reached the daemon).
-fn ask_of(args: HttpRequestArgs) -> Result<Ask, (Code, String)> {
+fn ask_of(args: HttpRequestArgs, body_limit: u64) -> Result<Ask, (Code, String)> {
     let refuse = |code: Code, field: &str| (code, field.to_owned());
     let method = Method::from_bytes(args.method.trim().to_ascii_uppercase().as_bytes())
         .map_err(|_| refuse(Code::MalformedRequest, "method"))?;
@@ -475,6 +484,9 @@ fn ask_of(args: HttpRequestArgs) -> Result<Ask, (Code, String)> {
             .map_err(|_| refuse(Code::MalformedRequest, "body_base64"))?,
         (None, None) => Bytes::new(),
     };
+    if body.len() as u64 > body_limit {
+        return Err(refuse(Code::PayloadLimit, "body"));
+    }
     Ok(Ask {
         method,
         url,

@@ -650,3 +650,41 @@ fn an_origin_that_forges_postern_s_envelope_is_the_origin_s_answer() {
     );
     assert_eq!(structured(&lines[1])["field"], "headers");
 }
+
+#[test]
+fn a_call_larger_than_the_sdks_default_line_limit_is_answered() {
+    let s = setup();
+    let port = s.origin.tls.addr.port();
+    let (mut child, mut stdin, mut out) = raw_session(&s);
+    // 13 MiB as base64 is a 17 MiB line: over rmcp's 16 MiB default, under the proxy's
+    // default body limit.
+    use base64::Engine as _;
+    let body = base64::engine::general_purpose::STANDARD.encode(vec![0x5au8; 13 << 20]);
+    let url = format!("https://origin.test:{port}/api/upload");
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "http_request", "arguments": {"method": "POST", "url": url, "body_base64": body}}});
+    writeln!(stdin, "{call}").unwrap();
+    // A dropped line is never answered: a watchdog ends the wait.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (flag, pid) = (done.clone(), child.id().to_string());
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(30));
+        if !flag.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = Command::new("kill").args(["-9", &pid]).status();
+        }
+    });
+    let mut line = String::new();
+    let _ = out.read_line(&mut line);
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        line.contains("\"id\":7"),
+        "no answer: {}",
+        &line[..line.len().min(300)]
+    );
+    assert!(
+        line.contains("PAYLOAD_LIMIT"),
+        "{}",
+        &line[..line.len().min(300)]
+    );
+    drop(stdin);
+    let _ = child.wait();
+}
