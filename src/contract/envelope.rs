@@ -236,12 +236,13 @@ fn stage_message(evidence: &Evidence) -> Option<&'static str> {
 /// Evidence key: postern's own limit (file descriptors, memory) stopped the step.
 pub const POSTERN_RESOURCE: &str = "postern_resource";
 
-/// A validation refusal answered without a record: `invocation_id` is null.
-pub fn unjournaled_refusal(code: Code, field: &str) -> Envelope {
+/// An envelope without a record (`invocation_id` null) for a failure at `phase` of an
+/// operation whose outcome is `outcome`; its hop is postern.
+fn unrecorded(code: Code, phase: Phase, outcome: Outcome, field: Option<String>) -> Envelope {
     let ctx = FailureContext {
-        phase_reached: Phase::Validation,
-        current_outcome: Outcome::NotAttempted,
-        dispatched: false,
+        phase_reached: phase,
+        current_outcome: outcome,
+        dispatched: outcome != Outcome::NotAttempted,
         result_stored: false,
         operation: OperationFacts::default(),
         now_ms: 0,
@@ -251,11 +252,23 @@ pub fn unjournaled_refusal(code: Code, field: &str) -> Envelope {
         hop: "postern".into(),
         ..Evidence::default()
     };
-    Envelope::unjournaled(
-        resolve_failure(code, &ctx),
-        Some(field.to_owned()),
-        evidence,
-    )
+    Envelope::unjournaled(resolve_failure(code, &ctx), field, evidence)
+}
+
+/// A validation refusal answered without a record: `invocation_id` is null.
+pub fn unjournaled_refusal(code: Code, field: &str) -> Envelope {
+    let field = Some(field.to_owned());
+    unrecorded(code, Phase::Validation, Outcome::NotAttempted, field)
+}
+
+/// A client of postern (`postern mcp`) whose request never left it (postern unreachable, or
+/// the tunnel to it failed): nothing can have run, so `not_attempted`.
+pub fn never_sent() -> Envelope {
+    let (code, phase) = (Code::ConnectionRefused, Phase::ConnectionSetup);
+    let mut env = unrecorded(code, phase, Outcome::NotAttempted, None);
+    let extra = &mut env.evidence.extra;
+    extra.insert("request_left_client".into(), false.into());
+    env
 }
 
 /// A client of postern (`postern mcp`) that sent a request and got no answer from the
@@ -263,53 +276,12 @@ pub fn unjournaled_refusal(code: Code, field: &str) -> Envelope {
 /// and, with nothing known of the operation, `reconcile` (§1.6). The record, if any, is the
 /// daemon's to show.
 pub fn unanswered() -> Envelope {
-    let ctx = FailureContext {
-        phase_reached: Phase::RemoteExecution,
-        current_outcome: Outcome::Unknown,
-        dispatched: true,
-        result_stored: false,
-        operation: OperationFacts::default(),
-        now_ms: 0,
-        hop_status: None,
-    };
-    let mut evidence = Evidence {
-        hop: "postern".into(),
-        ..Evidence::default()
-    };
-    evidence
+    let (code, phase) = (Code::RemoteOutcomeUnknown, Phase::RemoteExecution);
+    let mut env = unrecorded(code, phase, Outcome::Unknown, None);
+    env.evidence
         .extra
         .insert("daemon_answered".into(), false.into());
-    Envelope::unjournaled(
-        resolve_failure(Code::RemoteOutcomeUnknown, &ctx),
-        None,
-        evidence,
-    )
-}
-
-/// A client of postern (`postern mcp`) whose request never left it (postern unreachable, or
-/// the tunnel to it failed): nothing can have run, so `not_attempted`.
-pub fn never_sent() -> Envelope {
-    let ctx = FailureContext {
-        phase_reached: Phase::ConnectionSetup,
-        current_outcome: Outcome::NotAttempted,
-        dispatched: false,
-        result_stored: false,
-        operation: OperationFacts::default(),
-        now_ms: 0,
-        hop_status: None,
-    };
-    let mut evidence = Evidence {
-        hop: "postern".into(),
-        ..Evidence::default()
-    };
-    evidence
-        .extra
-        .insert("request_left_client".into(), false.into());
-    Envelope::unjournaled(
-        resolve_failure(Code::ConnectionRefused, &ctx),
-        None,
-        evidence,
-    )
+    env
 }
 
 /// `JOURNAL_UNAVAILABLE` without a record: the journal refuses new work (low disk), and
