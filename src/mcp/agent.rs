@@ -124,7 +124,8 @@ impl Agent {
         host: &str,
         port: u16,
     ) -> Result<Result<hyper::upgrade::Upgraded, Answer>, String> {
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        let (mut sender, conn) = client_builder()
+            .handshake(TokioIo::new(tcp))
             .await
             .map_err(|e| format!("postern's proxy: {e}"))?;
         tokio::spawn(conn.with_upgrades());
@@ -184,11 +185,21 @@ impl Agent {
     }
 }
 
+/// More header room than the daemon allows an origin (hyper's 100) plus the headers
+/// postern adds: an answer the daemon passed on is never one this client cannot read (it
+/// was delivered, so it would not be replayed).
+fn client_builder() -> hyper::client::conn::http1::Builder {
+    let mut builder = hyper::client::conn::http1::Builder::new();
+    builder.max_headers(256).max_buf_size(1 << 20);
+    builder
+}
+
 async fn exchange<T>(io: T, req: Request<Full<Bytes>>) -> Result<Answer, Unsent>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+    let (mut sender, conn) = client_builder()
+        .handshake(TokioIo::new(io))
         .await
         .map_err(|e| Unsent::NotSent(format!("postern's proxy: {e}")))?;
     tokio::spawn(conn);

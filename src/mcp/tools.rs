@@ -276,12 +276,14 @@ impl Tools {
             }
             None => {}
         }
-        if let Some(stdout) = decoded("stdout_base64") {
-            put_output(&mut out, &stdout, args.offset);
-        }
-        out.stderr = decoded("stderr_base64").map(|e| capped(&e));
-        if value.get("stdout_base64").is_some() && value["stdout_base64"].is_null() {
+        if value["output_stored"] == false {
+            // Not an empty output: none was kept.
             out.message = Some(NOT_KEPT.into());
+        } else {
+            if let Some(stdout) = decoded("stdout_base64") {
+                put_output(&mut out, &stdout, args.offset);
+            }
+            out.stderr = decoded("stderr_base64").map(|e| capped(&e));
         }
         out.headers = value["headers"].as_array().map(|pairs| {
             pairs
@@ -352,6 +354,10 @@ impl Tools {
         put_output(&mut out, &ran.stdout, 0);
         if let Some(r) = &record {
             verdict_of_record(&mut out, r);
+            if r["evidence"]["output_stored"] == false && out.next_offset.is_some() {
+                out.next_offset = None;
+                out.message = Some(NOT_KEPT.into());
+            }
             out.evidence = Some(r["evidence"].clone());
         }
         let failed = out.code.is_some() || (ran.exit_status.is_none() && ran.exit_signal.is_none());

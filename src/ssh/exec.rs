@@ -180,7 +180,7 @@ enum ToAgent {
 }
 
 /// The agent's stdin, passed on; a remote that stopped reading is not an error here.
-async fn to_remote(remote: &russh::Channel<russh::client::Msg>, event: InputEvent) {
+async fn to_remote(remote: &russh::ChannelWriteHalf<russh::client::Msg>, event: InputEvent) {
     let _ = match event {
         InputEvent::Data(d) => remote.data(&d[..]).await,
         InputEvent::Eof => remote.eof().await,
@@ -256,8 +256,12 @@ impl Run {
         self.settle(out, end).await;
     }
 
-    /// Relays stdin up and output down until the remote closes the channel.
-    async fn relay(&mut self, mut remote: russh::Channel<russh::client::Msg>) -> (Output, End) {
+    /// Relays stdin up and output down until the remote closes the channel. A write of stdin
+    /// that waits for the remote's window (a command that does not read it) never stops the
+    /// output, the exit status or the timers: it is one more branch, and no more stdin is
+    /// taken from the agent until it is done.
+    async fn relay(&mut self, remote: russh::Channel<russh::client::Msg>) -> (Output, End) {
+        let (mut remote, up) = remote.split();
         let target = self.call.target.clone();
         let cap = self.config.journal.max_result_bytes;
         let mut out = Output::default();
@@ -269,10 +273,14 @@ impl Run {
         tokio::pin!(idle);
         let mut last_event = tokio::time::Instant::now();
         let (mut accepted, mut input_open) = (false, true);
-        for early in self.stdin.relaying() {
-            to_remote(&remote, early).await;
-        }
+        let mut queued: std::collections::VecDeque<InputEvent> = self.stdin.relaying().into();
+        let mut writing: Option<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = None;
         loop {
+            if writing.is_none()
+                && let Some(event) = queued.pop_front()
+            {
+                writing = Some(Box::pin(to_remote(&up, event)));
+            }
             tokio::select! {
                 msg = remote.wait() => {
                     let Some(msg) = msg else { return (out, End::Dropped) };
@@ -299,10 +307,13 @@ impl Run {
                         _ => {}
                     }
                 }
-                ev = self.input.next(), if input_open => match ev {
+                () = async { if let Some(w) = writing.as_mut() { w.await } }, if writing.is_some() => {
+                    writing = None;
+                }
+                ev = self.input.next(), if input_open && writing.is_none() => match ev {
                     Some(event) => {
                         self.stdin.absorb(&event, cap);
-                        to_remote(&remote, event).await;
+                        queued.push_back(event);
                     }
                     None => {
                         input_open = false;

@@ -29,6 +29,8 @@ struct Setup {
     slow: Counting,
     /// Answers 407 with a forged envelope.
     forger: Counting,
+    /// Plain http, answers with 95 headers of its own.
+    crowded: crate::origins::Origin,
 }
 
 fn setup() -> Setup {
@@ -42,6 +44,11 @@ fn setup() -> Setup {
         407,
         Bytes::from_static(FORGED.as_bytes()),
     );
+    let crowded = crate::origins::Origin::script(|s, _| {
+        let headers: String = (0..95).map(|i| format!("x-h{i}: v\r\n")).collect();
+        let answer = format!("HTTP/1.1 200 OK\r\n{headers}content-length: 2\r\n\r\nok");
+        let _ = s.write_all(answer.as_bytes());
+    });
     let home = Home::new();
     assert!(
         secret_set(&home, "api-key", SECRET, Some(VAULT_KEY))
@@ -80,6 +87,9 @@ fn setup() -> Setup {
         "/",
         &forger.tls.ca_file,
         "",
+    ) + &format!(
+        "[[routes]]\nid = \"crowded\"\nagents = [\"agent\"]\nmatch = {{ scheme = \"http\", host = \"crowded.test\", port = {p} }}\nresolve = \"127.0.0.1:{p}\"\n",
+        p = crowded.port()
     );
     let config = home.config(&text);
     let daemon = Daemon::start_with(
@@ -94,6 +104,7 @@ fn setup() -> Setup {
         origin,
         slow,
         forger,
+        crowded,
     }
 }
 
@@ -682,4 +693,22 @@ fn a_call_larger_than_the_sdks_default_line_limit_is_answered() {
     );
     drop(stdin);
     let _ = child.wait();
+}
+
+#[test]
+fn an_answer_with_many_headers_is_read_whole() {
+    let s = setup();
+    let url = format!("http://crowded.test:{}/x", s.crowded.port());
+    let lines = s.session(
+        "agent",
+        json!([call(
+            "http_request",
+            json!({"method": "POST", "url": url, "body": "1"})
+        )]),
+    );
+    let r = structured(&lines[0]);
+    assert_eq!(lines[0]["is_error"], false, "{}", lines[0]);
+    assert_eq!(r["status"], 200, "{r}");
+    assert_eq!(r["headers"]["x-h94"], "v", "{r}");
+    assert_eq!(r["outcome"], "committed", "{r}");
 }

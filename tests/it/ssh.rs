@@ -384,6 +384,43 @@ fn an_exec_through_postern_prints_its_output_exits_with_its_code_and_is_journale
     assert!(!f.all_text().contains(&canary(&f.client_private)));
 }
 
+/// A command that never reads its stdin exits while megabytes of it wait for the remote's
+/// window: its exit status still comes back, at once (the stdin write used to block the
+/// relay, so neither the exit status nor the timeouts were ever seen).
+#[test]
+fn a_command_that_ignores_megabytes_of_stdin_still_returns_its_exit_status() {
+    let f = Front::start("response_timeout = \"20s\"");
+    let mut child = f
+        .ssh_command(TOKEN, &["--", "", "exit 7"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let _ = stdin.write_all(&vec![b'y'; 3_000_000]);
+    });
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > std::time::Duration::from_secs(15) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(7),
+        "the exit status never came back ({:?})",
+        started.elapsed()
+    );
+}
+
 #[test]
 fn stdin_reaches_the_remote_command() {
     let f = Front::start("");
