@@ -352,13 +352,17 @@ impl Tools {
             ..ToolOutcome::default()
         };
         put_output(&mut out, &ran.stdout, 0);
-        if let Some(r) = &record {
-            verdict_of_record(&mut out, r);
-            if r["evidence"]["output_stored"] == false && out.next_offset.is_some() {
-                out.next_offset = None;
-                out.message = Some(NOT_KEPT.into());
+        match &record {
+            Some(r) => {
+                verdict_of_record(&mut out, r);
+                if r["evidence"]["output_stored"] == false && out.next_offset.is_some() {
+                    out.next_offset = None;
+                    out.message = Some(NOT_KEPT.into());
+                }
+                out.evidence = Some(r["evidence"].clone());
             }
-            out.evidence = Some(r["evidence"].clone());
+            // The exec was asked for and nothing says what became of it: it may have run.
+            None => without_verdict(&mut out, unanswered()),
         }
         let failed = out.code.is_some() || (ran.exit_status.is_none() && ran.exit_signal.is_none());
         structured(&out, failed)
@@ -394,6 +398,16 @@ impl Tools {
             return envelope_result(&envelope);
         }
         let id = header(&answer.headers, "postern-invocation");
+        if id.is_none() {
+            // Every answer on a route names its invocation: this is the proxy's HTTP layer
+            // refusing the request before any route saw it (a head too large: 431).
+            let mut refusal = unjournaled_refusal(Code::MalformedRequest, "headers");
+            refusal.error.message = format!(
+                "postern's proxy refused the request before reading it (HTTP {}): nothing was sent",
+                answer.status.as_u16()
+            );
+            return envelope_result(&refusal);
+        }
         let record = match &id {
             Some(id) => self.record(id).await,
             None => None,
@@ -588,6 +602,17 @@ fn structured(out: &ToolOutcome, error: bool) -> CallToolResult {
         true => CallToolResult::structured_error(value),
         false => CallToolResult::structured(value),
     }
+}
+
+/// The facts of `envelope` where no record gives them.
+fn without_verdict(out: &mut ToolOutcome, envelope: Envelope) {
+    let e = envelope.error;
+    out.outcome = Some(e.outcome.as_str().to_owned());
+    out.phase = Some(e.phase.as_str().to_owned());
+    out.retry = Some(e.retry.as_str().to_owned());
+    out.code = Some(e.code.as_str().to_owned());
+    out.message = Some(e.message);
+    out.evidence = serde_json::to_value(&envelope.evidence).ok();
 }
 
 fn verdict_of_record(out: &mut ToolOutcome, record: &Value) {

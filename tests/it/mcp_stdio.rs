@@ -110,11 +110,16 @@ fn setup() -> Setup {
 
 impl Setup {
     fn host(&self, agent: &str, plan: &Value) -> Command {
+        // In a file: a plan can be larger than one argument may be.
+        static PLANS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = PLANS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let file = self.home.dir.path().join(format!("plan-{n}.json"));
+        std::fs::write(&file, plan.to_string()).unwrap();
         let mut cmd = Command::new("python3");
         cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/host.py"))
             .arg(daemon_bin())
             .arg(agent)
-            .arg(plan.to_string())
+            .arg(format!("@{}", file.display()))
             .env("POSTERN_HOME", self.home.root())
             .env("POSTERN_CONFIG", &self.config)
             .env(TOKEN_VAR, TOKEN)

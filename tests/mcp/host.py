@@ -2,7 +2,7 @@
 `postern mcp --agent AGENT` as a host such as Claude Desktop would (command, args, env) and
 runs a plan of steps in one session.
 
-Usage: host.py POSTERN AGENT PLAN_JSON
+Usage: host.py POSTERN AGENT PLAN_JSON (or @FILE holding it)
 
 The server's environment is POSTERN_HOME, POSTERN_CONFIG and the names listed in the
 HOST_PASS variable (comma-separated), taken from this process. PLAN_JSON is a list of
@@ -31,7 +31,11 @@ def emit(line):
 
 
 async def main():
-    postern, agent, plan = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    postern, agent, plan = sys.argv[1], sys.argv[2], sys.argv[3]
+    if plan.startswith("@"):
+        with open(plan[1:]) as f:
+            plan = f.read()
+    plan = json.loads(plan)
     params = StdioServerParameters(command=postern, args=["mcp", "--agent", agent], env=server_env())
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
