@@ -20,6 +20,10 @@ pub struct JailArgs {
     /// The agent CMD acts as (token: POSTERN_AGENT_TOKEN, else the config's [[agents]]).
     #[arg(long, value_name = "ID")]
     pub agent: Option<String>,
+    /// A variable CMD gets besides the jail's own and a few harmless ones (PATH, HOME, LANG,
+    /// TERM, TZ, …): NAME passes the caller's value, NAME=VALUE sets one. Repeatable.
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    pub pass: Vec<String>,
     /// The command to run and its arguments (after `--`).
     #[arg(
         value_name = "CMD",
@@ -85,7 +89,7 @@ fn prepare(
     let mut withheld: Vec<String> = WITHHELD.iter().map(|s| (*s).to_owned()).collect();
     withheld.extend(referenced.into_inner());
     let vars = jail_vars(dir.path(), &config, identity.as_ref(), strict);
-    let env = environment(std::env::vars_os(), &withheld, vars);
+    let env = environment(std::env::vars_os(), &withheld, vars, &args.pass)?;
     let mut hide_dirs = Vec::new();
     if home.root.is_dir() {
         hide_dirs.push(std::fs::canonicalize(&home.root).unwrap_or_else(|_| home.root.clone()));
@@ -315,20 +319,67 @@ fn shell_quote(s: &str) -> String {
 }
 
 /// The caller's environment without `withheld`, with `vars` set over it.
+/// What CMD may inherit from the caller without being asked: nothing a secret lives in.
+const HARMLESS: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "TERM",
+    "COLORTERM",
+    "TZ",
+    "TMPDIR",
+];
+
+/// CMD's environment is an allowlist (the operator's shell holds tokens: `GITHUB_TOKEN`,
+/// cloud keys): the harmless variables, the ones `--env` names, then the jail's own. A
+/// variable the daemon reads (`withheld`) is never passed, not even when named.
 fn environment(
     caller: impl Iterator<Item = (OsString, OsString)>,
     withheld: &[String],
     vars: Vec<(String, String)>,
-) -> Vec<(OsString, OsString)> {
+    pass: &[String],
+) -> Result<Vec<(OsString, OsString)>, Refusal> {
+    let caller: Vec<(OsString, OsString)> = caller.collect();
+    let mut named: Vec<(OsString, OsString)> = Vec::new();
+    for spec in pass {
+        let (name, value) = match spec.split_once('=') {
+            Some((n, v)) => (n, Some(OsString::from(v))),
+            None => (spec.as_str(), None),
+        };
+        if name.is_empty() || withheld.iter().any(|w| w == name) {
+            return Err(Refusal(format!(
+                "postern jail: --env {name}: CMD never gets a variable the daemon reads (its secrets and state)"
+            )));
+        }
+        let value = value.or_else(|| {
+            caller
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        });
+        if let Some(value) = value {
+            named.push((name.into(), value));
+        }
+    }
+    let harmless = |k: &str| HARMLESS.contains(&k) || k.starts_with("LC_");
     let set: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+    let kept = |k: &OsString| {
+        let k = k.to_string_lossy();
+        !withheld.iter().any(|w| *w == k) && !set.contains(&k.as_ref())
+    };
+    let named_names: Vec<OsString> = named.iter().map(|(n, _)| n.clone()).collect();
     let mut out: Vec<(OsString, OsString)> = caller
-        .filter(|(k, _)| {
-            let k = k.to_string_lossy();
-            !withheld.iter().any(|w| *w == k) && !set.contains(&k.as_ref())
-        })
+        .into_iter()
+        .filter(|(k, _)| harmless(&k.to_string_lossy()) && !named_names.contains(k))
+        .chain(named)
+        .filter(|(k, _)| kept(k))
         .collect();
     out.extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -339,6 +390,8 @@ mod tests {
     fn the_environment_withholds_the_daemons_secrets_and_sets_the_jail_addresses() {
         let caller = [
             ("PATH", "/bin"),
+            ("GITHUB_TOKEN", "ghp_operator"),
+            ("AWS_SECRET_ACCESS_KEY", "aws"),
             ("POSTERN_VAULT_KEY", "vk"),
             ("POSTERN_ADMIN_TOKEN", "at"),
             ("OTHER_AGENT_TOKEN", "other"),
@@ -349,13 +402,23 @@ mod tests {
         let mut withheld: Vec<String> = WITHHELD.iter().map(|s| (*s).to_owned()).collect();
         withheld.push("OTHER_AGENT_TOKEN".into());
         let vars = vec![("HTTPS_PROXY".to_owned(), "http://127.0.0.1:3128".to_owned())];
-        let env = environment(caller, &withheld, vars);
+        let env = environment(caller.clone(), &withheld, vars.clone(), &[]).unwrap_or_default();
         let names: Vec<String> = env
             .iter()
             .map(|(k, _)| k.to_string_lossy().into())
             .collect();
         assert_eq!(names, ["PATH", "HTTPS_PROXY"]);
         assert_eq!(env[1].1, "http://127.0.0.1:3128");
+        // Named ones pass; the daemon's never do.
+        let pass = ["GITHUB_TOKEN".to_owned(), "MODE=ci".to_owned()];
+        let env = environment(caller.clone(), &withheld, vars.clone(), &pass).unwrap_or_default();
+        let names: Vec<String> = env
+            .iter()
+            .map(|(k, _)| k.to_string_lossy().into())
+            .collect();
+        assert_eq!(names, ["PATH", "GITHUB_TOKEN", "MODE", "HTTPS_PROXY"]);
+        let refused = ["POSTERN_VAULT_KEY".to_owned()];
+        assert!(environment(caller, &withheld, vars, &refused).is_err());
     }
 
     #[test]

@@ -145,6 +145,66 @@ fn json_lines(text: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The operator's shell holds tokens of its own: CMD gets none of them unless named with
+/// `--env` (issue 40: `echo $GITHUB_TOKEN` in the jail printed the operator's token).
+#[test]
+fn the_jail_passes_no_variable_of_the_callers_but_the_harmless_and_the_named() {
+    if !userns_allowed() {
+        return;
+    }
+    let jail = Jail::start("");
+    let script =
+        "echo \"gh=$GITHUB_TOKEN aws=$AWS_SECRET_ACCESS_KEY mode=$MODE path=${PATH:+set}\"";
+    let mut cmd = jail.command(script);
+    cmd.env("GITHUB_TOKEN", "ghp_operator_canary")
+        .env("AWS_SECRET_ACCESS_KEY", "aws_operator_canary");
+    let out = run_within(cmd, Duration::from_secs(60));
+    assert_eq!(ok(&out).trim(), "gh= aws= mode= path=set");
+    // Named: passed on (the caller's value, or the one given).
+    let mut cmd = Command::new(BIN);
+    cmd.arg("jail")
+        .arg("--config")
+        .arg(&jail.config)
+        .args(["--agent", "ci", "--env", "GITHUB_TOKEN", "--env", "MODE=ci"])
+        .args(["--", "sh", "-c", script])
+        .env("POSTERN_HOME", jail.home.root())
+        .env("GITHUB_TOKEN", "ghp_operator_canary")
+        .env_remove("POSTERN_AGENT_TOKEN")
+        .env_remove("POSTERN_CONFIG");
+    let out = run_within(cmd, Duration::from_secs(60));
+    assert_eq!(
+        ok(&out).trim(),
+        "gh=ghp_operator_canary aws= mode=ci path=set"
+    );
+    // The daemon's own secrets are refused by name, before CMD runs.
+    let mut cmd = Command::new(BIN);
+    cmd.arg("jail")
+        .arg("--config")
+        .arg(&jail.config)
+        .args([
+            "--agent",
+            "ci",
+            "--env",
+            "POSTERN_VAULT_KEY",
+            "--",
+            "sh",
+            "-c",
+            "echo ran",
+        ])
+        .env("POSTERN_HOME", jail.home.root())
+        .env("POSTERN_VAULT_KEY", VAULT_KEY)
+        .env_remove("POSTERN_AGENT_TOKEN")
+        .env_remove("POSTERN_CONFIG");
+    let out = run_within(cmd, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("ran"));
+    assert!(
+        stderr(&out).contains("--env POSTERN_VAULT_KEY"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn curl_in_the_jail_reaches_a_route_through_the_proxy_with_the_credential_injected() {
     if !userns_allowed() {
