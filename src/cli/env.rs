@@ -223,16 +223,15 @@ fn identity(config: &Config, id: &str) -> Result<Identity, CliError> {
             }
         ))
     })?;
-    let token = match agent.token.expose().strip_prefix(UNSET) {
-        Some(var) => {
-            errln!(
-                "postern env: agent {id}'s token comes from {var}, which is not set in this shell; \
-                 the proxy URLs carry the placeholder {var}-is-not-set (set {var} and run again)"
-            );
-            format!("{var}-is-not-set")
-        }
-        None => agent.token.expose().to_owned(),
-    };
+    // No exports at all rather than proxy URLs that cannot authenticate: an `eval` of them
+    // would leave an agent whose every request is a 407 for a reason it cannot see.
+    if let Some(var) = agent.token.expose().strip_prefix(UNSET) {
+        return Err(CliError::Failed(format!(
+            "postern env: agent {id}'s token comes from {var}, which is not set in this shell \
+             (set {var} and run again)"
+        )));
+    }
+    let token = agent.token.expose().to_owned();
     Ok(Identity {
         agent: id.to_owned(),
         token,
