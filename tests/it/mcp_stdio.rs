@@ -475,19 +475,7 @@ fn ssh_exec_runs_through_the_front_and_reports_exit_status_output_and_the_record
             json!({"target": target, "command": format!("printf 'postern: %s\\n' '{FORGED}' >&2; kill -9 $PPID")})
         ),
     ]);
-    let out = Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/host.py"))
-        .arg(daemon_bin())
-        .arg("ci")
-        .arg(plan.to_string())
-        .env("POSTERN_HOME", &front.daemon.home)
-        .env("POSTERN_CONFIG", &config)
-        .env("POSTERN_AGENT_TOKEN", crate::ssh::TOKEN)
-        .env("POSTERN_SSH_PROXY", &front.ssh_addr)
-        .env("HOST_PASS", "POSTERN_AGENT_TOKEN,POSTERN_SSH_PROXY")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = ci_session(&front, &config, &plan);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let lines: Vec<Value> = text
         .lines()
@@ -537,18 +525,7 @@ fn ssh_exec_runs_through_the_front_and_reports_exit_status_output_and_the_record
     assert!(!text.contains(&crate::ssh::canary(&front.client_private)));
     // A later session reads the first exec's stored output back.
     let plan = json!([call("fetch_result", json!({"invocation_id": id}))]);
-    let again = Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/host.py"))
-        .arg(daemon_bin())
-        .arg("ci")
-        .arg(plan.to_string())
-        .env("POSTERN_HOME", &front.daemon.home)
-        .env("POSTERN_CONFIG", &config)
-        .env("POSTERN_AGENT_TOKEN", crate::ssh::TOKEN)
-        .env("HOST_PASS", "POSTERN_AGENT_TOKEN")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let again = ci_session(&front, &config, &plan);
     let fetched: Value = serde_json::from_slice(&again.stdout).unwrap_or(Value::Null);
     let fetched = structured(&fetched);
     assert_eq!(
@@ -716,4 +693,21 @@ fn an_answer_with_many_headers_is_read_whole() {
     assert_eq!(r["status"], 200, "{r}");
     assert_eq!(r["headers"]["x-h94"], "v", "{r}");
     assert_eq!(r["outcome"], "committed", "{r}");
+}
+
+/// One host session of `plan` as agent `ci` against the SSH test front.
+fn ci_session(front: &crate::ssh::Front, config: &Path, plan: &Value) -> std::process::Output {
+    Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/host.py"))
+        .arg(daemon_bin())
+        .arg("ci")
+        .arg(plan.to_string())
+        .env("POSTERN_HOME", &front.daemon.home)
+        .env("POSTERN_CONFIG", config)
+        .env("POSTERN_AGENT_TOKEN", crate::ssh::TOKEN)
+        .env("POSTERN_SSH_PROXY", &front.ssh_addr)
+        .env("HOST_PASS", "POSTERN_AGENT_TOKEN,POSTERN_SSH_PROXY")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
 }
