@@ -291,6 +291,13 @@ impl Tools {
                 .filter_map(|p| Some((p[0].as_str()?.to_owned(), p[1].as_str()?.to_owned())))
                 .collect()
         });
+        // How postern knows: the record's evidence (its verdict stays the stored result's:
+        // the record may still say `fetch_result`, which this is).
+        if let Some(id) = &out.invocation_id
+            && let Some(record) = self.record(id).await
+        {
+            out.evidence = Some(record["evidence"].clone());
+        }
         Ok(structured(&out, false))
     }
 

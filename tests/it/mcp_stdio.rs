@@ -235,6 +235,7 @@ fn postern_mcp_lists_its_tools_with_schemas_and_runs_http_request_through_the_da
     assert_eq!(again[1]["is_error"], false, "{}", again[1]);
     let fetched = structured(&again[1]);
     assert_eq!(fetched["status"], 200, "{fetched}");
+    assert_eq!(fetched["evidence"]["hop"], "origin", "{fetched}");
     assert!(
         fetched["body"]
             .as_str()
