@@ -51,9 +51,14 @@ pub(super) fn acting_agent(
     let token = match configured {
         Some(a) if flag.is_some() => a.token.expose().to_owned(),
         _ => {
+            let known: Vec<&str> = config.agents.iter().map(|a| a.id.as_str()).collect();
+            let known = match known.is_empty() {
+                true => "none".to_owned(),
+                false => known.join(", "),
+            };
             return Err(format!(
                 "{who}: no token for agent `{agent}`: set POSTERN_AGENT_TOKEN, or pass \
-                 --agent with a config whose [[agents]] holds it"
+                 --agent with a config whose [[agents]] holds it (this config's agents: {known})"
             ));
         }
     };

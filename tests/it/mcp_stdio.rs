@@ -712,3 +712,22 @@ fn ci_session(front: &crate::ssh::Front, config: &Path, plan: &Value) -> std::pr
         .output()
         .unwrap()
 }
+
+#[test]
+fn postern_mcp_for_an_unknown_agent_names_the_known_ones() {
+    let s = setup();
+    let out = Command::new(daemon_bin())
+        .args(["mcp", "--agent", "nosuch"])
+        .env("POSTERN_HOME", s.home.root())
+        .env("POSTERN_CONFIG", &s.config)
+        .env_remove("POSTERN_AGENT_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("agent `nosuch`") && err.contains("agents: agent, other"),
+        "{err}"
+    );
+}
