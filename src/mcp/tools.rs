@@ -728,14 +728,9 @@ fn text(value: &Value, key: &str) -> Option<String> {
     value.get(key).and_then(Value::as_str).map(str::to_owned)
 }
 
-/// An id as one path segment: anything but `[A-Za-z0-9_-]` is escaped.
+/// An id as one path segment (RFC 3986 unreserved bytes kept, the rest escaped).
 fn encode(id: &str) -> String {
-    id.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' => char::from(b).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    crate::ssh::preamble::pct(id)
 }
 
 /// Says "still waiting" every `PROGRESS_EVERY` while the returned guard lives, when the

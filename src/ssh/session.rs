@@ -207,6 +207,7 @@ impl russh::server::Handler for AgentSession {
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
         self.inputs.remove(&id);
+        self.report.remove(&id);
         Ok(())
     }
 
