@@ -159,6 +159,12 @@ fn run_client(sdk: Sdk, home: &Home, daemon: &Daemon, port: u16, sessions: usize
         .stdin(Stdio::null())
         .output()
         .unwrap_or_else(|e| panic!("{sdk:?} client: {e} (.ci/run installs it)"));
+    json_lines(&out, sessions, &daemon.stderr())
+}
+
+/// The JSON lines a test client printed, exactly `count` of them (else its output and
+/// postern's log, `log`, in the failure).
+pub fn json_lines(out: &std::process::Output, count: usize, log: &str) -> Vec<Value> {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let lines: Vec<Value> = text
         .lines()
@@ -166,10 +172,9 @@ fn run_client(sdk: Sdk, home: &Home, daemon: &Daemon, port: u16, sessions: usize
         .collect();
     assert_eq!(
         lines.len(),
-        sessions,
-        "{sdk:?} client printed {text}\n{}\npostern: {}",
-        String::from_utf8_lossy(&out.stderr),
-        daemon.stderr()
+        count,
+        "client printed {text}\n{}\npostern: {log}",
+        String::from_utf8_lossy(&out.stderr)
     );
     lines
 }

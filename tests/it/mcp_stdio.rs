@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::{Value, json};
 
+use crate::mcp::json_lines;
 use crate::support::{Daemon, Home, daemon_bin, free_port, get_json, secret_set};
 use crate::tls_origin::{Counting, counting};
 
@@ -133,19 +134,8 @@ impl Setup {
     /// One session of `plan` as `agent`; a JSON line per step.
     fn session(&self, agent: &str, plan: Value) -> Vec<Value> {
         let out = self.host(agent, &plan).output().expect("python3");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let lines: Vec<Value> = text
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
-        assert_eq!(
-            lines.len(),
-            plan.as_array().map_or(0, Vec::len),
-            "host printed {text}\n{}\npostern: {}",
-            String::from_utf8_lossy(&out.stderr),
-            self.daemon.stderr()
-        );
-        lines
+        let count = plan.as_array().map_or(0, Vec::len);
+        json_lines(&out, count, &self.daemon.stderr())
     }
 
     fn record(&self, id: &str) -> Value {
@@ -478,16 +468,7 @@ fn ssh_exec_runs_through_the_front_and_reports_exit_status_output_and_the_record
     ]);
     let out = ci_session(&front, &config, &plan);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let lines: Vec<Value> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    assert_eq!(
-        lines.len(),
-        4,
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let lines = json_lines(&out, 4, &front.daemon.stderr());
     let ran = structured(&lines[0]);
     assert_eq!(lines[0]["is_error"], false, "{}", lines[0]);
     assert_eq!(ran["exit_status"], 3, "{ran}");
