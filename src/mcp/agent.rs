@@ -15,9 +15,10 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
-/// What a tool result keeps of a body; the rest is read (so the daemon sees it delivered)
-/// and counted, and `fetch_result` serves it from the store.
-pub const KEPT_BYTES: usize = 16 * 1024 * 1024;
+/// What a call keeps of a body or output: a result shows 64 KiB of it, and the rest is read
+/// (so the daemon sees it delivered), counted, and paged by `fetch_result` from the store.
+/// Bounded so that 32 calls at once hold at most 32 MiB.
+pub const KEPT_BYTES: usize = 1024 * 1024;
 
 /// The agent, as the daemon's proxy knows it.
 pub struct Agent {

@@ -31,7 +31,10 @@ pub struct Front {
 #[derive(Default)]
 pub struct Ran {
     pub invocation_id: Option<String>,
+    /// Up to `KEPT_BYTES` of it.
     pub stdout: Bytes,
+    /// All of it.
+    pub stdout_bytes: u64,
     pub stderr: Bytes,
     pub exit_status: Option<u32>,
     pub exit_signal: Option<String>,
@@ -130,7 +133,10 @@ impl Front {
         };
         while let Some(msg) = channel.wait().await {
             match msg {
-                ChannelMsg::Data { data } => keep(&mut out, &data),
+                ChannelMsg::Data { data } => {
+                    ran.stdout_bytes += data.len() as u64;
+                    keep(&mut out, &data);
+                }
                 ChannelMsg::ExtendedData { data, ext: 1 } => keep(&mut err, &data),
                 ChannelMsg::ExtendedData { data, ext } if ext == INVOCATION_DATA_TYPE => {
                     ran.invocation_id = Some(String::from_utf8_lossy(&data).into_owned());

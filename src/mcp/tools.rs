@@ -359,6 +359,7 @@ impl Tools {
             ..ToolOutcome::default()
         };
         put_output(&mut out, &ran.stdout, 0);
+        out.bytes = Some(ran.stdout_bytes);
         match &record {
             Some(r) => {
                 verdict_of_record(&mut out, r);
@@ -681,18 +682,26 @@ fn put_body(out: &mut ToolOutcome, bytes: &[u8], offset: u64) {
         .min(bytes.len());
     let rest = bytes.get(start..).unwrap_or_default();
     out.bytes = Some(bytes.len() as u64);
-    match std::str::from_utf8(rest) {
-        Ok(text) => {
+    // Kept bytes may end inside a character: that is still text.
+    let text = match std::str::from_utf8(rest) {
+        Ok(text) => Some(text),
+        Err(e) if e.error_len().is_none() && e.valid_up_to() > 0 => rest
+            .get(..e.valid_up_to())
+            .and_then(|r| std::str::from_utf8(r).ok()),
+        Err(_) => None,
+    };
+    match text {
+        Some(text) => {
             let mut end = text.len().min(BODY_LIMIT);
             while !text.is_char_boundary(end) {
                 end -= 1;
             }
             out.body = Some(text.get(..end).unwrap_or_default().to_owned());
-            if end < text.len() {
+            if end < rest.len() {
                 out.next_offset = Some((start + end) as u64);
             }
         }
-        Err(_) => {
+        None => {
             let part = rest
                 .get(..rest.len().min(BODY_LIMIT * 3 / 4))
                 .unwrap_or_default();
@@ -763,5 +772,29 @@ impl Drop for Waiting {
         if let Some(task) = &self.0 {
             task.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_cut_inside_a_character_is_text_and_pages_on() {
+        // "é" is two bytes: keep only its first after 70 KiB of text.
+        let mut body = "a".repeat(70 * 1024).into_bytes();
+        body.push(0xC3);
+        let mut out = ToolOutcome::default();
+        put_body(&mut out, &body, 0);
+        assert_eq!(out.body.as_ref().map(String::len), Some(BODY_LIMIT));
+        assert_eq!(out.next_offset, Some(BODY_LIMIT as u64));
+        // The last page: the text, then the lone byte as base64 (never an endless page).
+        let mut out = ToolOutcome::default();
+        put_body(&mut out, &body, BODY_LIMIT as u64);
+        assert_eq!(out.next_offset, Some(70 * 1024));
+        let mut out = ToolOutcome::default();
+        put_body(&mut out, &body, 70 * 1024);
+        assert_eq!(out.body_base64.as_deref(), Some("ww=="));
+        assert_eq!(out.next_offset, None);
     }
 }
