@@ -4,7 +4,6 @@
 //! routes. Upstream TLS settings and idle pooled connections are dropped, so a changed
 //! `upstream_ca` or `resolve` applies to the next connection.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use prometheus_client::metrics::counter::Counter;
@@ -26,7 +25,7 @@ pub type ReloadCounter = Family<ReloadLabels, Counter>;
 /// What a reload swaps, and where the config comes from.
 pub struct Reloader {
     /// The file `serve` started with; `None`: the embedded default.
-    pub path: Option<PathBuf>,
+    pub anchor: Option<config::Anchor>,
     pub live: Arc<Live>,
     /// Called after a swap: drops caches built from the old config.
     pub on_swap: Box<dyn Fn() + Send + Sync>,
@@ -45,7 +44,7 @@ impl Reloader {
         let _one = self.running.lock().await;
         let id = format!("rld_{}", ulid::Ulid::generate());
         let env = |name: &str| std::env::var(name).ok();
-        let next = match load(self.path.as_deref(), &env) {
+        let next = match load(self.anchor.as_ref(), &env) {
             Ok(c) => c,
             Err(problems) => {
                 self.count("refused");
@@ -114,10 +113,10 @@ impl Reloader {
 }
 
 fn load(
-    path: Option<&std::path::Path>,
+    anchor: Option<&config::Anchor>,
     env: config::EnvLookup<'_>,
 ) -> Result<Config, Vec<config::Problem>> {
-    let config = config::load(path, env).map_err(|e| e.0)?;
+    let config = config::load_anchored(anchor, env).map_err(|e| e.0)?;
     let problems = crate::policy::route_problems(&config);
     if !problems.is_empty() {
         return Err(problems);

@@ -96,10 +96,14 @@ fn prepare(
     }
     let mut hide_files = Vec::new();
     if let Some(path) = config_path.filter(|p| p.is_file()) {
+        refuse_movable_links(path)?;
         hide_files.push(std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()));
     }
+    let pin_dirs = pinned_ancestors(hide_dirs.iter().chain(&hide_files));
     let plan = Plan {
         dir: dir.path().to_path_buf(),
+        dir_id: dir.id(),
+        pin_dirs,
         hide_dirs,
         hide_files,
         authorization: identity.as_ref().map(Identity::authorization),
@@ -111,6 +115,52 @@ fn prepare(
         env,
         plan,
     })
+}
+
+/// Every ancestor of `targets` (already canonical) that this user could rename, outermost
+/// first: bound onto itself in the jail, where a mount point cannot be renamed (EBUSY), so
+/// CMD cannot move the config's or the state's directory away and make its own in its place
+/// for the daemon's next reload (issue 40). Their contents stay as writable as they were.
+fn pinned_ancestors<'a>(targets: impl Iterator<Item = &'a PathBuf>) -> Vec<PathBuf> {
+    use nix::unistd::{AccessFlags, access};
+    let mut pins: Vec<PathBuf> = Vec::new();
+    for target in targets {
+        for dir in target.ancestors().filter(|d| d.parent().is_some()) {
+            let parent = dir.parent().unwrap_or(Path::new("/"));
+            let is_dir = std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir());
+            if is_dir && access(parent, AccessFlags::W_OK).is_ok() && !pins.iter().any(|p| p == dir)
+            {
+                pins.push(dir.to_path_buf());
+            }
+        }
+    }
+    // Outermost first: an inner pin goes on top of the outer one's copy.
+    pins.sort_by_key(|p| p.components().count());
+    pins
+}
+
+/// A symlink on the config's path in a directory this user can write: CMD could point it at
+/// a config of its own, and no mount can hold a symlink in place. Refused, with the fix.
+fn refuse_movable_links(path: &Path) -> Result<(), Refusal> {
+    use nix::unistd::{AccessFlags, access};
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    for at in absolute.ancestors() {
+        let Some(parent) = at.parent() else { break };
+        let link = std::fs::symlink_metadata(at).is_ok_and(|m| m.file_type().is_symlink());
+        if link && access(parent, AccessFlags::W_OK).is_ok() {
+            return Err(Refusal(format!(
+                "postern jail: the config path {} goes through the symlink {} in a directory \
+                 this user can write, which CMD could point at a config of its own; start \
+                 postern serve and postern jail with the config's real path ({}); CMD did not run",
+                absolute.display(),
+                at.display(),
+                std::fs::canonicalize(path)
+                    .unwrap_or_else(|_| absolute.clone())
+                    .display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The state directory hidden from CMD must be the running daemon's: one that no daemon

@@ -19,7 +19,10 @@ use crate::vault::{KeyState, Vault};
 const EXIT_STORAGE_FAULT: u8 = 70;
 
 fn load(config_path: Option<&Path>, env: Env<'_>) -> Result<Config, CliError> {
-    let config = config::load(config_path, env)?;
+    checked(config::load(config_path, env)?)
+}
+
+fn checked(config: Config) -> Result<Config, CliError> {
     let problems = crate::policy::route_problems(&config);
     if !problems.is_empty() {
         return Err(config::ConfigErrors(problems).into());
@@ -133,7 +136,12 @@ fn init_tracing(json: bool) {
 pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
     super::home::not_dumpable().map_err(CliError::Failed)?;
     init_tracing(env("POSTERN_LOG_FORMAT").as_deref() == Some("json"));
-    let config = load(config_path, env)?;
+    // A reload reads only this file, through the directory held here (config::Anchor).
+    let anchor = config_path
+        .map(config::Anchor::take)
+        .transpose()
+        .map_err(|p| config::ConfigErrors(vec![p]))?;
+    let config = checked(config::load_anchored(anchor.as_ref(), env)?)?;
     warn_unbuilt(&config);
     warn_shell_syntax(&config);
     create_home(home)?;
@@ -155,7 +163,7 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
         host_key,
         Banner {
             home: home.clone(),
-            config_path: config_path.map(|p| std::path::absolute(p).unwrap_or(p.to_path_buf())),
+            anchor,
             hint,
         },
     ))
@@ -191,8 +199,8 @@ fn check_vault(config: &Config, vault: &Vault) -> Result<(), CliError> {
 /// What the start banner shows besides the listeners.
 struct Banner {
     home: Home,
-    /// The config file, read again on a reload (absolute: the daemon may change directory).
-    config_path: Option<std::path::PathBuf>,
+    /// The config file a reload reads again.
+    anchor: Option<config::Anchor>,
     /// `eval "$(postern env --agent ID …)"` for the agent's shell.
     hint: String,
 }
@@ -260,7 +268,7 @@ async fn serve_until_stopped(
     authority: Arc<Authority>,
     vault: Arc<Vault>,
     host_key: russh::keys::PrivateKey,
-    banner: Banner,
+    mut banner: Banner,
 ) -> Result<ExitCode, CliError> {
     let proxy_listener = bind(config.proxy.listen, "[proxy] listen").await?;
     let ssh_listener = bind(config.ssh.listen, "[ssh] listen").await?;
@@ -312,7 +320,7 @@ async fn serve_until_stopped(
     });
     let reload_counter = admin::reload::ReloadCounter::default();
     let reloader = Arc::new(admin::reload::Reloader {
-        path: banner.config_path.clone(),
+        anchor: banner.anchor.take(),
         live: live.clone(),
         on_swap: {
             let proxy = proxy.clone();

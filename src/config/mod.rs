@@ -1,6 +1,7 @@
 //! Configuration in two steps: `raw` (as written, unknown keys refused) →
 //! `model` (validated; every problem reported with its key path in one run).
 
+mod anchor;
 mod decode;
 mod diff;
 mod live;
@@ -13,6 +14,7 @@ mod validate;
 
 use std::path::Path;
 
+pub use anchor::Anchor;
 pub use diff::{ConfigDiff, diff};
 pub use live::Live;
 pub use model::*;
@@ -35,6 +37,18 @@ pub fn load(path: Option<&Path>, env: EnvLookup<'_>) -> Result<Config, ConfigErr
                 }])
             })?;
             parse(&text, Some(p), env)
+        }
+    }
+}
+
+/// Loads the config through `anchor` (the file `serve` started with, checked not to have
+/// been moved or replaced), or the embedded default.
+pub fn load_anchored(anchor: Option<&Anchor>, env: EnvLookup<'_>) -> Result<Config, ConfigErrors> {
+    match anchor {
+        None => parse(DEFAULT_CONFIG, None, env),
+        Some(a) => {
+            let text = a.read().map_err(|p| ConfigErrors(vec![p]))?;
+            parse(&text, Some(a.path()), env)
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::ffi::OsString;
 use std::io::ErrorKind;
 use std::net::{TcpListener as StdTcpListener, UdpSocket as StdUdpSocket};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
@@ -162,8 +163,18 @@ fn init_status(cmd: &[OsString]) -> u8 {
     }
 }
 
-/// The state directory and the config under empty mounts; the stub's resolv.conf.
+/// The pinned ancestors, the jails' directory covered but for this jail's own, the state
+/// directory and the config under empty mounts; the stub's resolv.conf.
 fn hide(plan: &Plan) -> Result<(), String> {
+    let own = open_own_dir(plan)?;
+    for dir in &plan.pin_dirs {
+        namespace::pin_dir(dir).map_err(|e| e.to_string())?;
+    }
+    if let (Some(root), Some(name)) = (plan.dir.parent(), plan.dir.file_name()) {
+        let handle = PathBuf::from(format!("/proc/self/fd/{}", own.as_raw_fd()));
+        namespace::cover_keeping(root, &handle, name).map_err(|e| e.to_string())?;
+    }
+    drop(own);
     for dir in &plan.hide_dirs {
         namespace::hide_dir(dir).map_err(|e| e.to_string())?;
     }
@@ -178,6 +189,22 @@ fn hide(plan: &Plan) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The private directory the outer process made, opened before anything is mounted over
+/// its path and checked to be that very directory (not one put in its place).
+fn open_own_dir(plan: &Plan) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::MetadataExt;
+    let fail = |e: std::io::Error| format!("cannot open {}: {e}", plan.dir.display());
+    let dir = std::fs::File::open(&plan.dir).map_err(fail)?;
+    let meta = dir.metadata().map_err(fail)?;
+    if !meta.is_dir() || (meta.dev(), meta.ino()) != plan.dir_id {
+        return Err(format!(
+            "{} was replaced before the jail started; CMD did not run",
+            plan.dir.display()
+        ));
+    }
+    Ok(dir)
 }
 
 /// A working directory inside a hidden directory would still reach what is under the

@@ -126,6 +126,46 @@ pub fn hide_dir(dir: &Path) -> Result<(), EnterError> {
     .map_err(setup(format!("hiding {}", dir.display())))
 }
 
+/// Binds `dir` onto itself with what is mounted under it: inside the jail a mount point
+/// cannot be renamed or removed (EBUSY), while what is in it stays as writable as it was.
+pub fn pin_dir(dir: &Path) -> Result<(), EnterError> {
+    mount(
+        Some(dir),
+        dir,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(setup(format!("pinning {}", dir.display())))
+}
+
+/// Covers `root` (where every jail of this uid keeps its private directory) with a
+/// read-only tmpfs that holds only `own` (this jail's directory, through an open handle)
+/// under `name`: the other jails' directories are out of reach.
+pub fn cover_keeping(root: &Path, own: &Path, name: &std::ffi::OsStr) -> Result<(), EnterError> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let what = || format!("covering {}", root.display());
+    mount(
+        Some("postern-jail"),
+        root,
+        Some("tmpfs"),
+        flags,
+        Some("size=4k,mode=0755"),
+    )
+    .map_err(setup(what()))?;
+    let at = root.join(name);
+    std::fs::create_dir(&at).map_err(|e| EnterError::Io(format!("{}: {e}", what())))?;
+    mount(Some(own), &at, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(setup(what()))?;
+    mount(
+        None::<&str>,
+        root,
+        None::<&str>,
+        flags | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .map_err(setup(what()))
+}
+
 /// Binds `source` over `target` (a file over a file).
 pub fn bind_file(source: &Path, target: &Path) -> Result<(), EnterError> {
     mount(

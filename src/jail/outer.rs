@@ -12,24 +12,68 @@ use tokio::net::{TcpStream, UnixListener, UnixStream};
 use super::relay::{Service, dialable};
 use super::{EXIT_SETUP, PLAN_VAR, Plan, exit_code, signals};
 
-/// The jail's private directory (mode 0700, outside the state directory); removed on drop,
-/// with the relay socket in it.
+/// The jail's private directory (mode 0700) under `ROOTS`' directory for this uid; removed
+/// on drop, with the relay socket in it. Every jail covers that directory with an empty one
+/// and shows only its own private directory there: no other jail of the same user can
+/// rename, replace or read another's relay socket or CA files (issue 40).
 pub struct PrivateDir {
     path: PathBuf,
+    id: (u64, u64),
 }
 
 impl PrivateDir {
     pub fn create() -> std::io::Result<Self> {
-        use std::os::unix::fs::DirBuilderExt;
-        let base = std::path::absolute(std::env::temp_dir())?;
-        let path = base.join(format!("postern-jail-{}", ulid::Ulid::generate()));
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        let root = jails_root();
+        own_private_dir(&root)?;
+        let path = root.join(ulid::Ulid::generate().to_string());
         std::fs::DirBuilder::new().mode(0o700).create(&path)?;
-        Ok(Self { path })
+        let meta = std::fs::symlink_metadata(&path)?;
+        Ok(Self {
+            path,
+            id: (meta.dev(), meta.ino()),
+        })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// (device, inode): the inner process checks it opened this very directory.
+    pub fn id(&self) -> (u64, u64) {
+        self.id
+    }
+}
+
+/// Where this uid's jails keep their private directories: one fixed place (not `TMPDIR`,
+/// which differs between callers), so every jail covers every other's.
+pub fn jails_root() -> PathBuf {
+    PathBuf::from(format!(
+        "/tmp/postern-jail-{}",
+        nix::unistd::getuid().as_raw()
+    ))
+}
+
+/// Makes `dir` (0700) or checks that it is this uid's own, private, and no symlink: another
+/// user could have made it first to watch the jails.
+fn own_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    let me = nix::unistd::getuid().as_raw();
+    if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a directory of this user's with mode 0700 (owner uid {}, mode {:o});              remove it, postern jail makes it",
+            dir.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(())
 }
 
 impl Drop for PrivateDir {

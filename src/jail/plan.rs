@@ -6,8 +6,14 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Plan {
-    /// The jail's private directory (relay socket, CA files, resolv.conf).
+    /// The jail's private directory (relay socket, CA files, resolv.conf), inside the
+    /// directory every jail of this uid covers.
     pub dir: PathBuf,
+    /// `dir`'s (device, inode) as the outer process made it.
+    pub dir_id: (u64, u64),
+    /// Directories bound onto themselves, outermost first: the config's and the state
+    /// directory's ancestors CMD could otherwise rename (and then put its own in their place).
+    pub pin_dirs: Vec<PathBuf>,
     /// Directories covered by an empty read-only tmpfs (the state directory).
     pub hide_dirs: Vec<PathBuf>,
     /// Files covered by an empty file (the config file).

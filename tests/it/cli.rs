@@ -64,7 +64,7 @@ fn cli_env_with_an_agent_lets_python_and_git_work_after_eval() {
         .status();
     assert!(
         python.is_ok_and(|s| s.success()),
-        "python3 with requests must be installed (.ci/run installs python3-requests)"
+        "python3 with requests must be installed (tests/run installs python3-requests)"
     );
     let work = tempfile::tempdir().unwrap();
     seed(work.path());

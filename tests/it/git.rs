@@ -1,5 +1,5 @@
 //! Real git through postern: clone and push against `git http-backend` behind a loopback
-//! HTTPS origin (a small Python CGI bridge; `.ci/run` installs python3 and git).
+//! HTTPS origin (a small Python CGI bridge; `tests/run` installs python3 and git).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -87,7 +87,7 @@ pub fn git(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
         cmd.env(k, v);
     }
     cmd.output()
-        .expect("git must be installed (.ci/run installs it)")
+        .expect("git must be installed (tests/run installs it)")
 }
 
 pub fn ok(out: &Output, what: &str) {
@@ -133,7 +133,7 @@ pub fn bridge(dir: &Path) -> Bridge {
         .arg(dir.join("leaf.key"))
         .stdout(Stdio::piped())
         .spawn()
-        .expect("python3 must be installed (.ci/run installs it)");
+        .expect("python3 must be installed (tests/run installs it)");
     let mut line = String::new();
     if let Some(out) = child.stdout.take() {
         let _ = BufReader::new(out).read_line(&mut line);

@@ -1,7 +1,7 @@
 //! gRPC through postern (SPEC §3.2): a real grpcio client that knows only `https_proxy` and
 //! postern's CA (`grpc/agent.py`), against a real grpcio server over TLS on loopback
 //! (`grpc/origin.py`), and a hyper h2 origin that ends a call without `grpc-status`.
-//! `.ci/run` installs grpcio for python3.
+//! `tests/run` installs grpcio for python3.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
@@ -71,7 +71,7 @@ fn grpcio_origin() -> GrpcOrigin {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("python3 with grpcio must be installed (.ci/run installs it)");
+        .expect("python3 with grpcio must be installed (tests/run installs it)");
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)

@@ -320,7 +320,7 @@ fn python_urllib_works_through_the_exports_of_postern_env() {
         .output()
         .is_err()
     {
-        panic!("python3 is needed for this test (.ci/run installs it)");
+        panic!("python3 is needed for this test (tests/run installs it)");
     }
     let (s, _origin) = setup(true);
     let script = format!(
@@ -377,7 +377,7 @@ fn node_works_through_the_exports_of_postern_env() {
         .output()
         .is_err()
     {
-        panic!("node is needed for this test (.ci/run installs it)");
+        panic!("node is needed for this test (tests/run installs it)");
     }
     let (s, _origin) = setup(true);
     let out = std::process::Command::new("node")

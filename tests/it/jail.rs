@@ -205,6 +205,92 @@ fn the_jail_passes_no_variable_of_the_callers_but_the_harmless_and_the_named() {
     );
 }
 
+/// Issue 40: a jailed shell of the operator's uid moved the config's directory away and made
+/// its own `postern.toml` for the next reload; and one jail renamed another's relay socket
+/// and listened in its place. In the jail the config's directory and its ancestors are mount
+/// points (no rename), the config file is one (no replace), and the directory where jails
+/// keep their sockets shows only the jail's own.
+#[test]
+fn a_jailed_agent_can_neither_replace_the_config_nor_reach_another_jails_relay() {
+    if !userns_allowed() {
+        return;
+    }
+    let jail = Jail::start("");
+    let config_before = std::fs::read_to_string(&jail.config).unwrap();
+    // Another jail, running while the attacker looks.
+    let mut other = jail.command("sleep 30");
+    let mut other = other
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let root = PathBuf::from(format!("/tmp/postern-jail-{}", nix_uid()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while entries(&root) < 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let script = format!(
+        r#"
+d={dir}
+mv "$d" "$d.gone" 2>/dev/null; echo "mv_dir=$?"
+mv "$d/postern.toml" "$d/moved.toml" 2>/dev/null; echo "mv_file=$?"
+rm -f "$d/postern.toml" 2>/dev/null; echo "rm_file=$?"
+echo 'evil = true' > "$d/planted.toml" && mv -f "$d/planted.toml" "$d/postern.toml" 2>/dev/null; echo "swap=$?"
+mv "$d/home" "$d/home.gone" 2>/dev/null; echo "mv_home=$?"
+r=/tmp/postern-jail-$(id -u)
+echo "jails=$(ls -A "$r" | wc -l)"
+mv "$r" "$r.gone" 2>/dev/null; echo "mv_root=$?"
+touch "$r/planted" 2>/dev/null; echo "touch_root=$?"
+case "$SSL_CERT_FILE" in "$r"/*) echo "own=ok";; esac
+test -S "$(dirname "$SSL_CERT_FILE")/relay.sock"; echo "own_socket=$?"
+"#,
+        dir = jail.config.parent().unwrap().display(),
+    );
+    let host_jails = entries(&root);
+    let out = jail.run(&script);
+    let _ = other.kill();
+    let _ = other.wait();
+    let text = ok(&out);
+    assert!(
+        host_jails >= 1,
+        "the other jail's directory is there: {host_jails}"
+    );
+    for refused in [
+        "mv_dir",
+        "mv_file",
+        "rm_file",
+        "swap",
+        "mv_home",
+        "mv_root",
+        "touch_root",
+    ] {
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{refused}=")))
+            .unwrap_or_else(|| panic!("no {refused}= line: {text}"));
+        assert_ne!(line, "0", "{refused} must fail in the jail: {text}");
+    }
+    assert!(text.contains("jails=1\n"), "only its own: {text}");
+    assert!(text.contains("own=ok\nown_socket=0\n"), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(&jail.config).unwrap(),
+        config_before
+    );
+    let out = jail.daemon.cli(&["reload", "--json"], &[]);
+    assert!(out.status.success(), "{}", stdout(&out));
+}
+
+fn nix_uid() -> u32 {
+    std::fs::metadata("/proc/self").map_or(0, |m| {
+        use std::os::unix::fs::MetadataExt;
+        m.uid()
+    })
+}
+
+fn entries(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |d| d.count())
+}
+
 #[test]
 fn curl_in_the_jail_reaches_a_route_through_the_proxy_with_the_credential_injected() {
     if !userns_allowed() {
@@ -384,11 +470,14 @@ fn exit_status_and_signals_pass_through_a_wrong_token_stops_before_cmd_and_nothi
         return;
     }
     let jail = Jail::start("");
-    let mut cmd = jail.command("exit 7");
+    let mut cmd = jail.command("dirname \"$SSL_CERT_FILE\"; exit 7");
     let tmp = own_tmpdir(&mut cmd);
-    assert_eq!(
-        run_within(cmd, Duration::from_secs(60)).status.code(),
-        Some(7)
+    let out = run_within(cmd, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(7));
+    let private = PathBuf::from(stdout(&out).trim());
+    assert!(
+        private.starts_with(format!("/tmp/postern-jail-{}", nix_uid())),
+        "{private:?}"
     );
     let mut cmd = jail.command("kill -TERM $$");
     cmd.env("TMPDIR", tmp.path());
@@ -509,15 +598,7 @@ fn exit_status_and_signals_pass_through_a_wrong_token_stops_before_cmd_and_nothi
     assert!(!ran.exists());
 
     // Nothing the jail made is left: no private directory, no socket.
-    let left: Vec<PathBuf> = std::fs::read_dir(tmp.path())
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("postern-jail-"))
-        })
-        .collect();
-    assert!(left.is_empty(), "left behind: {left:?}");
+    assert!(!private.exists(), "left behind: {private:?}");
 }
 
 #[test]

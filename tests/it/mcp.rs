@@ -60,7 +60,7 @@ impl McpServer {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("python3 with the mcp SDK (installed by .ci/run)");
+            .expect("python3 with the mcp SDK (installed by tests/run)");
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut server = Self {
             child,
@@ -135,7 +135,7 @@ fn run_client(sdk: Sdk, home: &Home, daemon: &Daemon, port: u16, sessions: usize
             c
         }
         Sdk::TypeScript => {
-            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/node");
+            let dir = crate::support::node_sdk_dir("@modelcontextprotocol/sdk");
             let mut c = Command::new("node");
             c.current_dir(&dir).arg("mcp_client.mjs");
             c
@@ -158,7 +158,7 @@ fn run_client(sdk: Sdk, home: &Home, daemon: &Daemon, port: u16, sessions: usize
         .env("NODE_EXTRA_CA_CERTS", home.root().join("certs/ca.pem"))
         .stdin(Stdio::null())
         .output()
-        .unwrap_or_else(|e| panic!("{sdk:?} client: {e} (.ci/run installs it)"));
+        .unwrap_or_else(|e| panic!("{sdk:?} client: {e} (tests/run installs it)"));
     json_lines(&out, sessions, &daemon.stderr())
 }
 

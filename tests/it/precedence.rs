@@ -134,7 +134,7 @@ fn a_refused_connect_says_why_in_its_status_line() {
         .env("https_proxy", &proxy)
         .env("HTTPS_PROXY", &proxy)
         .output()
-        .expect("python3 must be installed (.ci/run installs it)");
+        .expect("python3 must be installed (tests/run installs it)");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("403 ROUTE_DENIED act_"),

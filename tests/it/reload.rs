@@ -480,3 +480,52 @@ fn reloads_under_load_lose_no_request_in_flight() {
     let out = s.daemon.cli(&["audit", "verify"], &[]);
     assert!(out.status.success(), "{}", stdout(&out));
 }
+
+/// Issue 40: an agent of the operator's uid moved the config's directory away and made a new
+/// one holding its own `postern.toml` (a route of its own); the operator's next reload read
+/// it. A reload reads only the config postern started with: this one is refused, the old
+/// config stays, and a config edited in place is still reloaded.
+#[test]
+fn a_config_whose_directory_was_replaced_is_refused_and_the_old_one_stays() {
+    let (a, evil) = (
+        origins::responds("200 OK", &[], "a"),
+        origins::responds("200 OK", &[], "evil"),
+    );
+    let good = format!("{TEST_CONFIG}{}", route("a", "a.test", a.port(), ""));
+    let with_evil = format!("{good}{}", route("evil", "evil.test", evil.port(), ""));
+    let home = Home::new();
+    let dir = home.dir.path().join("project");
+    std::fs::create_dir(&dir).unwrap();
+    let config = dir.join("postern.toml");
+    std::fs::write(&config, &good).unwrap();
+    let s = Setup {
+        daemon: Daemon::start_file(&home, &config),
+        home,
+    };
+    let moved = dir.with_extension("moved");
+    std::fs::rename(&dir, &moved).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(&config, &with_evil).unwrap();
+    let out = s.daemon.cli(&["reload", "--json"], &[]);
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap_or_default();
+    assert!(!out.status.success(), "{report}");
+    assert_eq!(report["reloaded"], false, "{report}");
+    assert!(
+        report["problems"][0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("was moved or replaced")),
+        "{report}"
+    );
+    assert_eq!(
+        Setup::code(&s.get("evil.test", evil.port()).1),
+        "ROUTE_DENIED"
+    );
+    assert_eq!(s.get("a.test", a.port()).1, "a", "the old config serves");
+    // The real file, edited where it is, reloads as before.
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::rename(&moved, &dir).unwrap();
+    std::fs::write(&config, &with_evil).unwrap();
+    let out = s.daemon.cli(&["reload", "--json"], &[]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert_eq!(s.get("evil.test", evil.port()).1, "evil");
+}

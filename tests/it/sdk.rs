@@ -409,7 +409,7 @@ impl Setup {
         let mut cmd = match self.sdk {
             Sdk::OpenAiNode => {
                 let mut c = Command::new("node");
-                c.current_dir(sdk_dir.join("node"))
+                c.current_dir(crate::support::node_sdk_dir("openai"))
                     .arg("agent.js")
                     .arg(self.sdk.base_url());
                 c

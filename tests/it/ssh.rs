@@ -286,7 +286,7 @@ impl Front {
     pub fn ssh(&self, token: &str, args: &[&str]) -> Output {
         self.ssh_command(token, args)
             .output()
-            .expect("ssh must be installed (.ci/run installs openssh-client)")
+            .expect("ssh must be installed (tests/run installs openssh-client)")
     }
 
     pub fn ssh_command(&self, token: &str, args: &[&str]) -> Command {

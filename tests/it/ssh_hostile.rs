@@ -390,7 +390,7 @@ pub fn git(f: &Front, dir: &Path, args: &[&str]) -> Output {
         .env("POSTERN_AGENT_TOKEN", TOKEN)
         .env_remove("POSTERN_CONFIG")
         .output()
-        .expect("git must be installed (.ci/run installs git)")
+        .expect("git must be installed (tests/run installs git)")
 }
 
 pub fn ok(out: &Output) -> String {

@@ -1,5 +1,5 @@
 //! A real OpenSSH `sshd`, run as this test's own process on a free loopback port, with a
-//! fresh host key and one authorized client key (`.ci/run` installs openssh-server).
+//! fresh host key and one authorized client key (`tests/run` installs openssh-server).
 
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ pub fn keygen(dir: &Path, name: &str) -> KeyPair {
         .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
         .arg(&path)
         .status()
-        .expect("ssh-keygen must be installed (.ci/run installs openssh-client)");
+        .expect("ssh-keygen must be installed (tests/run installs openssh-client)");
     assert!(status.success());
     KeyPair {
         private: std::fs::read_to_string(&path).unwrap(),
@@ -58,7 +58,7 @@ impl Sshd {
     pub fn start() -> Self {
         assert!(
             Path::new(SSHD).exists(),
-            "{SSHD} is missing (.ci/run installs openssh-server)"
+            "{SSHD} is missing (tests/run installs openssh-server)"
         );
         // sshd insists on its privilege-separation directory.
         let _ = std::fs::create_dir_all("/run/sshd");

@@ -129,6 +129,16 @@ impl Daemon {
         envs: &[(&str, &str)],
         wrapper: &[&str],
     ) -> Self {
+        let path = config.map(|text| home.config(text));
+        Self::spawn(home, path.as_deref(), envs, wrapper)
+    }
+
+    /// Starts `postern serve --config PATH` (a config file the test placed).
+    pub fn start_file(home: &Home, config: &Path) -> Self {
+        Self::spawn(home, Some(config), &[], &[])
+    }
+
+    fn spawn(home: &Home, config: Option<&Path>, envs: &[(&str, &str)], wrapper: &[&str]) -> Self {
         let stderr_path = home
             .dir
             .path()
@@ -148,8 +158,8 @@ impl Daemon {
             .env_remove("POSTERN_CRASH_AFTER")
             .stdout(Stdio::piped())
             .stderr(stderr);
-        if let Some(text) = config {
-            cmd.arg("--config").arg(home.config(text));
+        if let Some(path) = config {
+            cmd.arg("--config").arg(path);
         }
         for (k, v) in envs {
             cmd.env(k, v);
@@ -292,7 +302,7 @@ pub fn curl(args: &[&str]) -> (u16, String, String) {
         .args(["-o", "-", "-w", "\n%{http_code}"])
         .args(args)
         .output()
-        .expect("curl must be installed (.ci/run installs it)");
+        .expect("curl must be installed (tests/run installs it)");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     let mut head = std::fs::read_to_string(&headers).unwrap_or_default();
@@ -549,4 +559,16 @@ pub fn free_port() -> u16 {
             return port;
         }
     }
+}
+
+/// `tests/sdk/node`, where the Node clients run; fails (never skips) when `package` is not
+/// installed there (`tests/run` installs it from the lock file).
+pub fn node_sdk_dir(package: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/node");
+    assert!(
+        dir.join("node_modules").join(package).is_dir(),
+        "the Node package {package} is not installed in {} (run tests/run, which installs it)",
+        dir.display()
+    );
+    dir
 }

@@ -226,7 +226,7 @@ impl Setup {
             .args([&url, &port, ca.to_str().unwrap()])
             .args(messages)
             .output()
-            .expect("python3 with websocket-client (.ci/run installs python3-websocket)");
+            .expect("python3 with websocket-client (tests/run installs python3-websocket)");
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         let lines = stdout
