@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::event::{Checkpoint, EventKind, GENESIS_HASH};
+use super::event::{Checkpoint, Event, EventKind, GENESIS_HASH};
 use super::store::{EventStore, StoreError};
 
 /// The first break in the chain.
@@ -26,11 +26,37 @@ pub struct AuditReport {
     pub checkpoint: Option<Checkpoint>,
     pub head_seq: u64,
     pub head_hash: String,
+    /// Events of records not settled at a cut (live, or `unknown`), kept aside and checked
+    /// against the checkpoint's digest.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub islands: u64,
     #[serde(rename = "break", skip_serializing_if = "Option::is_none")]
     pub chain_break: Option<ChainBreak>,
 }
 
 const PAGE: usize = 4096;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Why the events kept aside do not match what the checkpoint vouches for, if they do not:
+/// each must hash to its own `hash`, and all of them to the checkpoint's digest.
+fn islands_break(mut islands: Vec<Event>, checkpoint: Option<&Checkpoint>) -> Option<String> {
+    if let Some(e) = islands.iter().find(|e| e.compute_hash() != e.hash) {
+        return Some(format!(
+            "kept-aside event {} (invocation {}): hash does not match its contents",
+            e.seq, e.invocation_id
+        ));
+    }
+    let (count, digest) = super::retention::islands_digest(&mut islands);
+    let (want_count, want) = checkpoint.map_or((0, ""), |c| (c.islands, c.islands_digest.as_str()));
+    (count != want_count || digest != want).then(|| {
+        format!(
+            "{count} kept-aside events do not match the checkpoint's {want_count} (islands_digest)"
+        )
+    })
+}
 
 /// Verifies seq continuity, `prev_hash` links and every `hash`.
 pub fn verify(store: &dyn EventStore) -> Result<AuditReport, StoreError> {
@@ -61,9 +87,16 @@ pub fn verify(store: &dyn EventStore) -> Result<AuditReport, StoreError> {
         let seq = walk.expected_seq;
         return Ok(walk.broken(seq, "checkpoint not confirmed by a JOURNAL_PRUNED event"));
     }
+    let islands = store.islands()?;
+    let kept = islands.len() as u64;
+    if let Some(reason) = islands_break(islands, walk.checkpoint.as_ref()) {
+        let seq = walk.from_seq;
+        return Ok(walk.broken(seq, &reason));
+    }
     Ok(AuditReport {
         ok: true,
         events: walk.count,
+        islands: kept,
         from_seq: walk.from_seq,
         head_seq: walk.expected_seq - 1,
         head_hash: walk.prev,
@@ -118,6 +151,7 @@ impl Walk {
             from_seq: self.from_seq,
             head_seq: seq.saturating_sub(1),
             head_hash: self.prev.clone(),
+            islands: 0,
             chain_break: Some(ChainBreak {
                 seq,
                 reason: reason.to_owned(),

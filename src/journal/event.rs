@@ -405,14 +405,24 @@ pub struct ConfigReload {
 /// `JOURNAL_PRUNED` and the checkpoint row beside it: the events up to `seq` were pruned
 /// (`journal.event_retention`); `hash` is the last pruned event's, so the kept chain links
 /// to it. The event, chained after the cut, is what makes a stored checkpoint verifiable.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
     /// Events pruned in this cut.
     pub events: u64,
     pub hash: String,
+    /// Events of records not settled at a cut (live, or `unknown`), kept aside: how many
+    /// are kept now, and `sha256:` over their seqs and hashes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub islands: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub islands_digest: String,
     /// Records (settled invocations) pruned with them.
     pub records: u64,
     pub seq: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// `RETRY_LEASED`: a new generation of the invocation may dispatch (SPEC §3.4).
@@ -759,6 +769,8 @@ mod tests {
             Body::JournalPruned(Checkpoint {
                 events: 1,
                 hash: GENESIS_HASH.into(),
+                islands: 4,
+                islands_digest: GENESIS_HASH.into(),
                 records: 2,
                 seq: 3,
             }),

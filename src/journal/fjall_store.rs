@@ -37,6 +37,8 @@ pub struct FjallStore {
     twin_expiry: Keyspace,
     /// Retention checkpoints by seq: the kept chain starts after the newest.
     checkpoints: Keyspace,
+    /// Events a retention cut kept aside (records not settled): id, seq → event.
+    islands: Keyspace,
 }
 
 impl From<fjall::Error> for StoreError {
@@ -84,6 +86,13 @@ fn invocation_key(id: &str, seq: u64) -> Vec<u8> {
     key.push(0);
     key.extend_from_slice(&seq.to_be_bytes());
     key
+}
+
+/// The key prefix of one invocation's rows in a keyspace keyed by `invocation_key`.
+fn id_prefix(id: &str) -> Vec<u8> {
+    let mut prefix = id.as_bytes().to_vec();
+    prefix.push(0);
+    prefix
 }
 
 fn expiry_key(at_ms: i64, id: &str) -> Vec<u8> {
@@ -169,6 +178,7 @@ impl FjallStore {
             twins: ks_small("resend_twins")?,
             twin_expiry: ks_small("resend_twin_expiry")?,
             checkpoints: ks_small("checkpoints")?,
+            islands: ks_small("islands")?,
             db,
         })
     }
@@ -313,8 +323,7 @@ impl EventStore for FjallStore {
     }
 
     fn runs_of(&self, invocation_id: &str) -> Result<Vec<(u64, u32)>, StoreError> {
-        let mut prefix = invocation_id.as_bytes().to_vec();
-        prefix.push(0);
+        let prefix = id_prefix(invocation_id);
         let mut out = Vec::new();
         for guard in self.by_invocation.prefix(&prefix) {
             let (k, row) = guard.into_inner()?;
@@ -343,8 +352,26 @@ impl EventStore for FjallStore {
         }
     }
 
-    fn events_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError> {
+    fn islands(&self) -> Result<Vec<Event>, StoreError> {
         let mut out = Vec::new();
+        for guard in self.islands.iter() {
+            let (_, v) = guard.into_inner()?;
+            out.push(from_record("island", &v)?);
+        }
+        Ok(out)
+    }
+
+    fn islands_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError> {
+        let mut out = Vec::new();
+        for guard in self.islands.prefix(id_prefix(invocation_id)) {
+            let (_, v) = guard.into_inner()?;
+            out.push(from_record("island", &v)?);
+        }
+        Ok(out)
+    }
+
+    fn events_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError> {
+        let mut out = self.islands_of(invocation_id)?;
         for (first, count) in self.runs_of(invocation_id)? {
             let end = first.saturating_add(u64::from(count));
             // A run sits in one group stored under its first seq or an earlier one, or
@@ -364,6 +391,9 @@ impl EventStore for FjallStore {
                 out.extend(events);
             }
         }
+        // A run the cut went into: its first events are kept aside and may still be read.
+        out.sort_by_key(|e| e.seq);
+        out.dedup_by_key(|e| e.seq);
         Ok(out)
     }
 
@@ -558,6 +588,19 @@ impl FjallStore {
         for id in &cut.states {
             batch.remove(&self.states, id.as_bytes());
         }
+        for event in &cut.islands {
+            let row = to_record("island", event)?;
+            batch.insert(
+                &self.islands,
+                invocation_key(&event.invocation_id, event.seq),
+                row,
+            );
+        }
+        for id in &cut.islands_released {
+            for guard in self.islands.prefix(id_prefix(id)) {
+                batch.remove(&self.islands, guard.key()?);
+            }
+        }
         // Only the newest checkpoint is kept: the chain before it is gone anyway.
         if cut.first_seq > 1 {
             batch.remove(&self.checkpoints, seq_key(cut.first_seq - 1));
@@ -575,7 +618,10 @@ impl FjallStore {
         set: &WriteSet,
         invocation_id: &str,
     ) -> Result<(), StoreError> {
-        if set.touches(invocation_id) || !self.runs_of(invocation_id)?.is_empty() {
+        if set.touches(invocation_id)
+            || !self.runs_of(invocation_id)?.is_empty()
+            || !self.islands_of(invocation_id)?.is_empty()
+        {
             return Ok(());
         }
         if self

@@ -12,7 +12,8 @@ use std::collections::HashSet;
 
 use tokio::sync::oneshot;
 
-use super::event::{Body, Checkpoint, Draft, EventKind, Source};
+use super::event::{Body, Checkpoint, Draft, Event, EventKind, Source};
+use crate::contract::Outcome;
 use super::keys::KeySlot;
 use super::projection::State;
 use super::store::{Cut, StoreError, WriteSet};
@@ -88,9 +89,14 @@ impl Writer {
     /// Which events, index runs and records a cut removes.
     fn plan_cut(&self, before_ms: i64) -> Result<Option<Cut>, StoreError> {
         let previous = self.store.checkpoint()?;
-        let first_seq = previous.map_or(1, |c| c.seq + 1);
+        let first_seq = previous.as_ref().map_or(1, |c| c.seq + 1);
         let mut touched = Vec::new();
         let mut seen = HashSet::new();
+        // Records not settled (live, or `unknown` until reconciled): the cut passes them,
+        // their events kept aside (islands), so one long relay or one unreconciled record
+        // holds no one's retention back and loses none of its evidence.
+        let mut unsettled = HashSet::new();
+        let mut islands = Vec::new();
         // A cut of nothing but the previous cut's note would only chain another.
         let mut substantive = false;
         let mut keys = Vec::new();
@@ -106,38 +112,57 @@ impl Writer {
                 break;
             }
             if seen.insert(event.invocation_id.clone()) {
-                // An unsettled record is replayed from its events: they stay until it
-                // settles (`postern reconcile` settles one that waits for an operator).
                 if !is_note(event.kind) && !self.settled(&event.invocation_id)? {
-                    break;
+                    unsettled.insert(event.invocation_id.clone());
                 }
                 touched.push((event.invocation_id.clone(), event.seq));
             }
             substantive |= event.kind != EventKind::JournalPruned;
+            let (seq, hash) = (event.seq, event.hash.clone());
+            if unsettled.contains(&event.invocation_id) {
+                islands.push(event);
+            }
             if raw.ends_value {
                 keys.push(raw.key);
-                whole = Some((event.seq, event.hash, substantive));
+                whole = Some((seq, hash, substantive));
             }
         }
         let last = whole.and_then(|(seq, hash, substantive)| substantive.then_some((seq, hash)));
         let Some((seq, hash)) = last else {
             return Ok(None);
         };
+        islands.retain(|e| e.seq <= seq);
+        let previous_islands = (
+            previous.as_ref().map_or(0, |c| c.islands),
+            previous.map(|c| c.islands_digest).unwrap_or_default(),
+        );
         let mut cut = Cut {
             checkpoint: Checkpoint {
                 seq,
                 hash,
                 events: seq + 1 - first_seq,
                 records: 0,
+                islands: previous_islands.0,
+                islands_digest: previous_islands.1,
             },
             first_seq,
             keys,
             runs: Vec::new(),
             states: Vec::new(),
             kept: Vec::new(),
+            islands,
+            islands_released: Vec::new(),
         };
         for (id, _) in touched.iter().filter(|(_, at)| *at <= seq) {
-            self.plan_invocation(id, seq, &mut cut)?;
+            match unsettled.contains(id) {
+                true => {
+                    self.plan_runs(id, seq, &mut cut)?;
+                }
+                false => self.plan_invocation(id, seq, &mut cut)?,
+            }
+        }
+        if !cut.islands.is_empty() || !cut.islands_released.is_empty() {
+            self.vouch_for_islands(&mut cut)?;
         }
         cut.checkpoint.records = cut.states.len() as u64;
         Ok(Some(cut))
@@ -146,16 +171,14 @@ impl Writer {
     /// An invocation the cut goes through: its runs that end at or before `seq` go, and its
     /// settled record goes when nothing of it is left and no index entry names it.
     fn plan_invocation(&self, id: &str, seq: u64, cut: &mut Cut) -> Result<(), StoreError> {
-        let mut left = false;
-        for (first, count) in self.store.runs_of(id)? {
-            match first + u64::from(count) <= seq + 1 {
-                true => cut.runs.push((id.to_owned(), first)),
-                false => left = true,
-            }
-        }
+        let left = self.plan_runs(id, seq, cut)?;
         let Some(mut state) = self.store.state(id)?.filter(|s| s.progress.closed) else {
             return Ok(());
         };
+        // Settled now: what an earlier cut kept aside of it goes with its last events.
+        if !left && !self.store.islands_of(id)?.is_empty() {
+            cut.islands_released.push(id.to_owned());
+        }
         if !left && !self.held_by_index(&state)? {
             cut.states.push(id.to_owned());
         } else if !state.progress.events_pruned {
@@ -165,11 +188,45 @@ impl Writer {
         Ok(())
     }
 
+    /// The index runs of `id` that end at or before `seq` go; whether any is left.
+    fn plan_runs(&self, id: &str, seq: u64, cut: &mut Cut) -> Result<bool, StoreError> {
+        let mut left = false;
+        for (first, count) in self.store.runs_of(id)? {
+            match first + u64::from(count) <= seq + 1 {
+                true => cut.runs.push((id.to_owned(), first)),
+                false => left = true,
+            }
+        }
+        Ok(left)
+    }
+
+    /// Nothing will be appended to it, and nothing waits on it: not live, closed, and not
+    /// `unknown` (an operator must still reconcile it from its evidence).
     fn settled(&self, id: &str) -> Result<bool, StoreError> {
         if self.is_live(id) {
             return Ok(false);
         }
-        Ok(self.store.state(id)?.is_some_and(|s| s.progress.closed))
+        Ok(self
+            .store
+            .state(id)?
+            .is_some_and(|s| s.progress.closed && s.record.outcome != Outcome::Unknown))
+    }
+
+    /// The checkpoint names how many events are kept aside after this cut, and a digest of
+    /// their hashes: `audit verify` checks each against its contents and all against it.
+    fn vouch_for_islands(&self, cut: &mut Cut) -> Result<(), StoreError> {
+        let released: HashSet<&str> = cut.islands_released.iter().map(String::as_str).collect();
+        let mut all: Vec<Event> = self
+            .store
+            .islands()?
+            .into_iter()
+            .filter(|e| !released.contains(e.invocation_id.as_str()))
+            .collect();
+        all.extend(cut.islands.iter().cloned());
+        let (count, digest) = islands_digest(&mut all);
+        cut.checkpoint.islands = count;
+        cut.checkpoint.islands_digest = digest;
+        Ok(())
     }
 
     /// A live idempotency key or resend twin names this record: a request that finds the
@@ -204,6 +261,20 @@ impl Writer {
         }
         Ok(false)
     }
+}
+
+/// How many events are kept aside, and `sha256:` over their seqs and hashes in seq order
+/// (empty when none).
+pub(super) fn islands_digest(events: &mut [Event]) -> (u64, String) {
+    if events.is_empty() {
+        return (0, String::new());
+    }
+    events.sort_by_key(|e| e.seq);
+    let mut text = String::new();
+    for e in events.iter() {
+        text.push_str(&format!("{} {}\n", e.seq, e.hash));
+    }
+    (events.len() as u64, super::event::sha256_tagged(text.as_bytes()))
 }
 
 /// The daemon's own events: no record is projected from them.

@@ -63,6 +63,11 @@ pub struct Cut {
     pub states: Vec<String>,
     /// Settled records kept with some of their events cut, marked `events_pruned`.
     pub kept: Vec<std::sync::Arc<State>>,
+    /// Cut events of records that are not settled (live, or waiting for reconciliation):
+    /// kept aside, their hashes vouched for by the checkpoint's `islands_digest`.
+    pub islands: Vec<Event>,
+    /// Records whose kept-aside events go now (settled, nothing of them left in the chain).
+    pub islands_released: Vec<String>,
 }
 
 impl WriteSet {
@@ -119,7 +124,11 @@ pub trait EventStore: Send + Sync + 'static {
     fn runs_of(&self, invocation_id: &str) -> Result<Vec<(u64, u32)>, StoreError>;
     /// The newest retention checkpoint: the kept chain starts after it.
     fn checkpoint(&self) -> Result<Option<Checkpoint>, StoreError>;
-    /// The events of one invocation, in seq order.
+    /// Every event kept aside by a retention cut (`Cut::islands`), by invocation then seq.
+    fn islands(&self) -> Result<Vec<Event>, StoreError>;
+    /// The events kept aside of one invocation.
+    fn islands_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError>;
+    /// The events of one invocation, kept aside or not, in seq order.
     fn events_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError>;
     /// The projected state of one invocation.
     fn state(&self, invocation_id: &str) -> Result<Option<State>, StoreError>;

@@ -435,6 +435,12 @@ impl EventStore for FailingSync {
     fn checkpoint(&self) -> Result<Option<super::Checkpoint>, StoreError> {
         self.inner.checkpoint()
     }
+    fn islands(&self) -> Result<Vec<Event>, StoreError> {
+        self.inner.islands()
+    }
+    fn islands_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError> {
+        self.inner.islands_of(invocation_id)
+    }
     fn events_of(&self, id: &str) -> Result<Vec<Event>, StoreError> {
         self.inner.events_of(id)
     }
@@ -657,7 +663,7 @@ fn let_them_age() {
 }
 
 #[test]
-fn retention_prunes_settled_history_behind_a_checkpoint_the_audit_starts_from() {
+fn retention_passes_a_live_record_and_keeps_its_events_aside_until_it_settles() {
     let dir = temp_dir();
     let rt = rt();
     let (a, b, open_one, d) = {
@@ -674,54 +680,92 @@ fn retention_prunes_settled_history_behind_a_checkpoint_the_audit_starts_from() 
             panic!("appends: {ids:?}")
         };
         let_them_age();
-        // The cut stops at the open invocation's first event (seq 11): a and b go.
-        assert_eq!(rt.block_on(journal.prune_events()), Ok(10));
-        for gone in [&a, &b] {
+        // The cut goes past the open invocation (issue 40: one long relay held every
+        // agent's retention back); its event (seq 11) is kept aside.
+        assert_eq!(rt.block_on(journal.prune_events()), Ok(16));
+        for gone in [&a, &b, &d] {
             assert!(journal.record(gone).is_ok_and(|r| r.is_none()), "{gone}");
             assert!(journal.events(gone).is_ok_and(|e| e.is_empty()));
         }
         assert!(journal.record(&open_one).is_ok_and(|r| r.is_some()));
-        assert!(journal.events(&d).is_ok_and(|e| e.len() == 5));
+        let kept = journal.events(&open_one).unwrap_or_default();
+        assert_eq!(kept.iter().map(|e| e.seq).collect::<Vec<_>>(), [11]);
         let report = journal.verify();
         let Ok(report) = report else {
             panic!("verify: {report:?}")
         };
         assert!(report.ok, "{report:?}");
-        assert_eq!(report.from_seq, 11);
-        assert_eq!(report.events, 7, "11..=16 and the JOURNAL_PRUNED note");
-        assert!(
-            report
-                .checkpoint
-                .as_ref()
-                .is_some_and(|c| c.seq == 10 && c.events == 10 && c.records == 2)
-        );
+        assert_eq!((report.from_seq, report.events, report.islands), (17, 1, 1));
+        assert!(report.checkpoint.as_ref().is_some_and(|c| c.seq == 16
+            && c.events == 16
+            && c.records == 3
+            && c.islands == 1));
         (a, b, open_one, d)
     };
-    let _ = (a, b);
-    // After a restart (recovery settles the open one) the next cut goes through it all.
+    let _ = (a, b, d);
+    // After a restart recovery replays the open one from its kept event and settles it; the
+    // next cut takes its last events and what was kept aside.
     let journal = open_pruning(dir.path());
-    assert!(journal.verify().is_ok_and(|r| r.ok && r.from_seq == 11));
+    let recovered = journal.events(&open_one).unwrap_or_default();
+    assert_eq!(recovered.len(), 2, "{recovered:?}");
+    assert!(journal.verify().is_ok_and(|r| r.ok && r.from_seq == 17));
     let_them_age();
-    let pruned = rt.block_on(journal.prune_events());
-    assert_eq!(
-        pruned,
-        Ok(8),
-        "11..=18: the open one, d, the first note, the recovery"
-    );
-    for gone in [&open_one, &d] {
-        assert!(journal.record(gone).is_ok_and(|r| r.is_none()), "{gone}");
-    }
+    assert_eq!(rt.block_on(journal.prune_events()), Ok(2), "the note, the recovery");
+    assert!(journal.record(&open_one).is_ok_and(|r| r.is_none()));
     let report = journal.verify();
     assert!(
         report
             .as_ref()
-            .is_ok_and(|r| r.ok && r.from_seq == 19 && r.events == 1),
+            .is_ok_and(|r| r.ok && r.from_seq == 19 && r.events == 1 && r.islands == 0),
         "{report:?}"
     );
     let_them_age();
     // A cut of the last cut's note alone would only chain another: a quiet journal rests.
     assert_eq!(rt.block_on(journal.prune_events()), Ok(0));
     assert!(journal.verify().is_ok_and(|r| r.ok && r.from_seq == 19));
+}
+
+/// Issue 40: retention took the events of `unknown` records still waiting for
+/// reconciliation (`/events` said not found). They are kept aside until reconciled.
+#[test]
+fn an_unknown_record_keeps_its_evidence_until_it_is_reconciled() {
+    let dir = temp_dir();
+    let rt = rt();
+    let journal = open_pruning(dir.path());
+    let id = new_invocation_id();
+    let lost = Draft::observed(Body::Failed(Failure::of(Code::RemoteOutcomeUnknown)));
+    let written = rt.block_on(journal.append(
+        &id,
+        vec![accepted("POST"), preflight(false), dispatch(), lost],
+    ));
+    assert!(written.is_ok(), "{written:?}");
+    assert!(rt.block_on(settled(&journal)).is_ok());
+    let_them_age();
+    assert_eq!(rt.block_on(journal.prune_events()), Ok(9));
+    let record = journal.record(&id).ok().flatten();
+    assert!(record.is_some_and(|r| r.outcome == Outcome::Unknown));
+    assert_eq!(journal.events(&id).unwrap_or_default().len(), 4);
+    let report = journal.verify();
+    assert!(
+        report.as_ref().is_ok_and(|r| r.ok && r.islands == 4),
+        "{report:?}"
+    );
+    // Reconciled: settled, and its evidence goes with its next events.
+    let reconciled = Draft::observed(Body::Reconciled(Reconciliation {
+        note: "the charge exists".into(),
+        outcome: Outcome::Committed,
+        unsafe_retry: None,
+    }))
+    .source(Source::OperatorAttested);
+    assert!(rt.block_on(journal.append(&id, vec![reconciled])).is_ok());
+    let_them_age();
+    assert_eq!(rt.block_on(journal.prune_events()), Ok(2));
+    assert!(journal.record(&id).is_ok_and(|r| r.is_none()));
+    let report = journal.verify();
+    assert!(
+        report.as_ref().is_ok_and(|r| r.ok && r.islands == 0),
+        "{report:?}"
+    );
 }
 
 #[test]
@@ -809,12 +853,15 @@ fn a_checkpoint_no_journal_pruned_event_vouches_for_is_a_break() {
             hash: ninth.hash,
             events: 4,
             records: 0,
+            ..Checkpoint::default()
         },
         first_seq: 6,
         keys: vec![6, 7],
         runs: vec![],
         states: vec![],
         kept: vec![],
+        islands: vec![],
+        islands_released: vec![],
     };
     let written = store.write(WriteSet {
         cut: Some(forged),

@@ -199,3 +199,85 @@ fn events_past_their_retention_are_pruned_behind_a_checkpoint_the_audit_starts_f
         "{list}"
     );
 }
+
+/// Issue 40 (high 4, medium 2): retention took the events of an `unknown` record waiting for
+/// reconciliation, and stopped for everyone at a live one. Now the cut passes both and keeps
+/// their events aside: `/events` still shows them, and `audit verify` checks them.
+#[test]
+fn retention_passes_unknown_and_live_records_and_keeps_their_evidence() {
+    use crate::origins;
+    use std::time::{Duration, Instant};
+    let (slow, lost, fine) = (
+        origins::slow_head(Duration::from_secs(6), "slow"),
+        origins::closes_without_response(),
+        origins::responds("200 OK", &[], "fine"),
+    );
+    let route = |id: &str, port: u16| {
+        format!(
+            "[[routes]]\nid = \"{id}\"\nmatch = {{ scheme = \"http\", host = \"{id}.test\", port = {port} }}\nresolve = \"127.0.0.1:{port}\"\n"
+        )
+    };
+    let config = format!(
+        "{TEST_CONFIG}event_retention = \"1s\"\nresult_retention = \"1s\"\n{}{}{}",
+        route("slow", slow.port()),
+        route("lost", lost.port()),
+        route("fine", fine.port()),
+    );
+    let home = Home::new();
+    let daemon = Daemon::start(&home, Some(&config));
+    let (_, head, _) = crate::support::curl(&[
+        "-x",
+        &daemon.proxy,
+        "-D",
+        "-",
+        "-d",
+        "charge",
+        &format!("http://lost.test:{}/charge", lost.port()),
+    ]);
+    let id = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("postern-invocation")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no invocation id: {head}"));
+    let proxy = daemon.proxy.clone();
+    let url = format!("http://slow.test:{}/", slow.port());
+    let live = std::thread::spawn(move || crate::support::curl(&["-x", &proxy, &url]));
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let (status, _, _) = crate::support::curl(&[
+            "-x",
+            &daemon.proxy,
+            &format!("http://fine.test:{}/", fine.port()),
+        ]);
+        assert_eq!(status, 200);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, report) = get_json(&daemon.url("/v1/audit/verify"), &[]);
+    assert_eq!(status, 200);
+    assert_eq!(report["ok"], true, "{report}");
+    assert!(
+        report["from_seq"].as_u64().is_some_and(|s| s > 30),
+        "the cut went past the unknown and the live record: {report}"
+    );
+    assert!(
+        report["islands"].as_u64().is_some_and(|n| n >= 5),
+        "{report}"
+    );
+    let (status, record) = get_json(&daemon.url(&format!("/v1/invocations/{id}")), &[]);
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["outcome"], "unknown", "{record}");
+    let (status, events) = get_json(&daemon.url(&format!("/v1/invocations/{id}/events")), &[]);
+    assert_eq!(status, 200, "{events}");
+    let kinds: Vec<&str> = events["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert!(kinds.contains(&"DISPATCH_STARTED"), "{events}");
+    let (status, _, _) = live.join().unwrap();
+    assert_eq!(status, 200);
+}
