@@ -199,6 +199,8 @@ pub struct Route {
     pub connect_timeout: Duration,
     pub response_timeout: Duration,
     pub idle_timeout: Duration,
+    /// The longest a tunnel or WebSocket relay on this route may run (closed by postern).
+    pub max_relay_lifetime: Duration,
     pub intercept: bool,
     pub allow_private: bool,
     pub delivery: Delivery,

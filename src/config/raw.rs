@@ -124,6 +124,7 @@ pub struct RawRoute {
     pub connect_timeout: Option<Quantity>,
     pub response_timeout: Option<Quantity>,
     pub idle_timeout: Option<Quantity>,
+    pub max_relay_lifetime: Option<Quantity>,
     pub intercept: Option<bool>,
     pub allow_private: Option<bool>,
     pub delivery: Option<String>,

@@ -468,6 +468,7 @@ fn a_route_timeout_of_zero_is_an_error() {
         "connect_timeout",
         "response_timeout",
         "idle_timeout",
+        "max_relay_lifetime",
     ] {
         let text = route(&format!("{key} = \"0s\""));
         assert_eq!(paths(&text), [format!("routes[0].{key}")], "{key}");

@@ -773,6 +773,11 @@ fn route(
             &r.idle_timeout,
             Duration::from_secs(60),
         ),
+        max_relay_lifetime: c.timeout(
+            &format!("{p}.max_relay_lifetime"),
+            &r.max_relay_lifetime,
+            Duration::from_secs(3600),
+        ),
         intercept: r.intercept.unwrap_or(true),
         allow_private: r.allow_private.unwrap_or(false),
         delivery,

@@ -2,7 +2,6 @@
 //! or a switched connection (WebSocket) to relay.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::Response;
 use hyper::upgrade::OnUpgrade;
@@ -42,7 +41,7 @@ pub(super) struct Switch {
     pub agent: OnUpgrade,
     pub origin: OnUpgrade,
     pub guard: Arc<ReflectionGuard>,
-    pub idle: Duration,
+    pub limits: super::relay::Limits,
     /// The agent's place under its busy limit, held until the relay ends.
     _busy: Busy,
 }
@@ -53,7 +52,7 @@ impl Switch {
             agent,
             origin,
             guard: ReflectionGuard::none(),
-            idle: route.idle_timeout,
+            limits: super::relay::Limits::of(route),
             _busy: busy,
         }
     }

@@ -1,7 +1,8 @@
 //! Bytes both ways through a tunnel or an upgraded connection, without parsing them: each
 //! direction runs on its own (a slow reader on one side never stalls the other), an end of
 //! input is passed on as a half-close, and the relay ends when both directions have ended,
-//! one breaks, or `idle_timeout` passes without a byte either way. The origin's bytes pass
+//! one breaks, `idle_timeout` passes without a byte either way, or it has run for the route's
+//! `max_relay_lifetime` (a relay is no place to park forever). The origin's bytes pass
 //! a `Downstream` on their way (a plain tunnel's is `Unread`; a WebSocket's is the
 //! reflection guard). What it reports is observation only: counts, who ended it.
 
@@ -16,6 +17,22 @@ use tokio::time::Instant;
 use crate::contract::{ClosedBy, TunnelEvidence};
 
 const CHUNK: usize = 16 * 1024;
+
+/// How long a relay may go quiet, and how long it may run at all.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub idle: Duration,
+    pub lifetime: Duration,
+}
+
+impl Limits {
+    pub fn of(route: &crate::config::Route) -> Self {
+        Self {
+            idle: route.idle_timeout,
+            lifetime: route.max_relay_lifetime,
+        }
+    }
+}
 
 /// What a direction's bytes pass through before they are written on.
 pub trait Downstream: Send {
@@ -109,6 +126,14 @@ impl Activity {
         self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
     }
 
+    /// Returns once the relay went quiet for `limits.idle` or ran for `limits.lifetime`.
+    async fn quiet_or_over(&self, limits: Limits) {
+        tokio::select! {
+            () = self.idle_for(limits.idle) => {}
+            () = tokio::time::sleep_until(self.start + limits.lifetime) => {}
+        }
+    }
+
     /// Returns once `limit` has passed since the last byte.
     async fn idle_for(&self, limit: Duration) {
         loop {
@@ -194,7 +219,7 @@ where
 pub async fn relay<A, O>(
     agent: A,
     origin: O,
-    idle_timeout: Duration,
+    limits: Limits,
     down: &mut dyn Downstream,
 ) -> Relayed
 where
@@ -230,7 +255,7 @@ where
             &activity,
             down,
         );
-        until_both_end(up_pump, down_pump, activity.idle_for(idle_timeout)).await
+        until_both_end(up_pump, down_pump, activity.quiet_or_over(limits)).await
     };
     let digest = down_tally
         .hash
@@ -253,8 +278,8 @@ where
 /// a close frame), before postern closes both.
 const LINGER: Duration = Duration::from_secs(1);
 
-/// Runs both directions until both ended cleanly, one broke, or the tunnel went idle
-/// (then postern is the one that closed it). Dropping the pumps closes both connections.
+/// Runs both directions until both ended cleanly, one broke, or the tunnel went idle or ran
+/// out its lifetime (then postern is the one that closed it). Dropping the pumps closes both connections.
 async fn until_both_end(
     up: impl Future<Output = Ended>,
     down: impl Future<Output = Ended>,
@@ -297,10 +322,23 @@ mod tests {
         tokio::io::DuplexStream,
         tokio::task::JoinHandle<Relayed>,
     ) {
+        wired_for(Limits {
+            idle,
+            lifetime: Duration::from_secs(3600),
+        })
+    }
+
+    fn wired_for(
+        limits: Limits,
+    ) -> (
+        tokio::io::DuplexStream,
+        tokio::io::DuplexStream,
+        tokio::task::JoinHandle<Relayed>,
+    ) {
         let (agent, agent_near) = duplex(64);
         let (origin, origin_near) = duplex(64);
         let run =
-            tokio::spawn(async move { relay(agent_near, origin_near, idle, &mut Unread).await });
+            tokio::spawn(async move { relay(agent_near, origin_near, limits, &mut Unread).await });
         (agent, origin, run)
     }
 
@@ -373,6 +411,30 @@ mod tests {
         Ok(())
     }
 
+    /// Issue 40: a relay that never goes quiet still ends at its lifetime.
+    #[tokio::test]
+    async fn a_busy_tunnel_is_closed_by_postern_at_its_lifetime() -> std::io::Result<()> {
+        let (mut agent, mut origin, run) = wired_for(Limits {
+            idle: Duration::from_secs(30),
+            lifetime: Duration::from_millis(800),
+        });
+        let mut one = [0u8; 1];
+        for _ in 0..200 {
+            if agent.write_all(b"x").await.is_err() || origin.read_exact(&mut one).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let r = tokio::time::timeout(Duration::from_secs(5), run)
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(std::io::Error::other)?;
+        assert_eq!(r.tunnel.closed_by, ClosedBy::Postern);
+        assert!(!r.clean);
+        assert!((20..=60).contains(&r.tunnel.bytes_up), "{}", r.tunnel.bytes_up);
+        Ok(())
+    }
+
     #[tokio::test]
     async fn an_agent_that_stops_reading_is_a_failed_delivery() -> std::io::Result<()> {
         let (agent, mut origin, run) = wired(Duration::from_secs(30));
@@ -415,9 +477,12 @@ mod tests {
             said: b"close",
             done: false,
         };
-        let idle = Duration::from_secs(30);
+        let limits = Limits {
+            idle: Duration::from_secs(30),
+            lifetime: Duration::from_secs(3600),
+        };
         let run =
-            tokio::spawn(async move { relay(agent_near, origin_near, idle, &mut stops).await });
+            tokio::spawn(async move { relay(agent_near, origin_near, limits, &mut stops).await });
         origin.write_all(b"forbidden frame").await?;
         let mut got = Vec::new();
         agent.read_to_end(&mut got).await?;

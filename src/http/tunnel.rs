@@ -114,8 +114,8 @@ impl Tunnel {
         } else {
             match upgrade.await {
                 Ok(agent) => {
-                    let idle = self.opening.route.idle_timeout;
-                    relay::relay(TokioIo::new(agent), origin.stream, idle, &mut Unread).await
+                    let limits = relay::Limits::of(&self.opening.route);
+                    relay::relay(TokioIo::new(agent), origin.stream, limits, &mut Unread).await
                 }
                 Err(_) => Relayed::agent_gone(),
             }

@@ -223,7 +223,7 @@ impl Exchange {
         };
         let mut down = Frames::new(switch.guard);
         let (agent, origin) = (TokioIo::new(agent), TokioIo::new(origin));
-        let relayed = relay::relay(agent, origin, switch.idle, &mut down).await;
+        let relayed = relay::relay(agent, origin, switch.limits, &mut down).await;
         let upgrade = UpgradeEvidence {
             protocol: WEBSOCKET.into(),
             bytes_up: relayed.tunnel.bytes_up,
