@@ -245,6 +245,17 @@ impl ReflectionGuard {
         (out, hits + more)
     }
 
+    /// The whole of `bytes` with each hit masked byte for byte, so lengths inside stay
+    /// true (gRPC messages, a protobuf in gRPC binary metadata).
+    pub fn redact_same_length(&self, bytes: &[u8]) -> (Bytes, usize) {
+        let mut carry = Carry::masked(Mask::SameLength);
+        let (head, hits) = self.redact_stream(&mut carry, bytes);
+        let (tail, more) = self.finish(&mut carry);
+        let mut out = head.to_vec();
+        out.extend_from_slice(&tail);
+        (Bytes::from(out), hits + more)
+    }
+
     /// Redacts a streamed chunk. Each pass keeps back only bytes that could still start
     /// a form: the first at most the longest form − 1 bytes, the second an escape cut
     /// off by the chunk's end (under 26 bytes) and decoded text that starts a plain form

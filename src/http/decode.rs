@@ -270,7 +270,7 @@ enum Inner {
 }
 
 impl Decoder {
-    fn new(coding: &str, cap: usize) -> Result<Self, Undecodable> {
+    pub(super) fn new(coding: &str, cap: usize) -> Result<Self, Undecodable> {
         let sink = Sink {
             buf: Vec::new(),
             cap,

@@ -1,12 +1,15 @@
 //! Header rules of the HTTP exchange: hop-by-hop stripping, what a stored result keeps,
 //! framing markers and the delivery mode a response head asks for.
 
+use base64::Engine;
+use base64::alphabet::STANDARD;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 
 use super::respond::PROXY_STATUS;
 use crate::config::Delivery;
 use crate::contract::Completion;
-use crate::guard::ReflectionGuard;
+use crate::guard::{REDACTED, ReflectionGuard};
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and postern's own, never forwarded.
 pub(super) const HOP_BY_HOP: &[&str] = &[
@@ -162,15 +165,52 @@ pub(super) fn redact_headers(guard: &ReflectionGuard, headers: &mut HeaderMap) -
         hits += headers.get_all(&name).iter().count();
         headers.remove(&name);
     }
-    for value in headers.values_mut() {
-        let (clean, n) = guard.redact(value.as_bytes());
+    for (name, value) in headers.iter_mut() {
+        let binary = name.as_str().ends_with("-bin");
+        let decoded = binary
+            .then(|| BINARY.decode(value.as_bytes()).ok())
+            .flatten();
+        let (clean, n) = match decoded {
+            Some(bytes) => redact_binary(guard, &bytes),
+            None => redact_text(guard, value.as_bytes()),
+        };
         if n > 0 {
             hits += n;
-            *value = HeaderValue::from_bytes(&clean)
-                .unwrap_or(HeaderValue::from_static("[postern:redacted]"));
+            *value = clean;
         }
     }
     hits
+}
+
+/// gRPC binary metadata (a `-bin` name): base64, padded or not on the way in, unpadded
+/// on the way out (gRPC's PROTOCOL-HTTP2 asks both of implementations).
+const BINARY: GeneralPurpose = GeneralPurpose::new(
+    &STANDARD,
+    GeneralPurposeConfig::new()
+        .with_encode_padding(false)
+        .with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+fn redact_text(guard: &ReflectionGuard, value: &[u8]) -> (HeaderValue, usize) {
+    let (clean, n) = guard.redact(value);
+    let clean =
+        HeaderValue::from_bytes(&clean).unwrap_or(HeaderValue::from_static("[postern:redacted]"));
+    (clean, n)
+}
+
+/// A binary value stays base64, or the client fails the call (`INTERNAL`) though the
+/// record says it was answered: the secret is masked byte for byte in the decoded bytes
+/// (a protobuf there, as in `grpc-status-details-bin`, keeps its lengths) and encoded
+/// again. A secret in the base64 text itself replaces the value with the marker's base64.
+fn redact_binary(guard: &ReflectionGuard, decoded: &[u8]) -> (HeaderValue, usize) {
+    let (masked, n) = guard.redact_same_length(decoded);
+    let mut text = BINARY.encode(&masked);
+    let in_text = guard.redact(text.as_bytes()).1;
+    if in_text > 0 {
+        text = BINARY.encode(REDACTED);
+    }
+    let clean = HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static(""));
+    (clean, n + in_text)
 }
 
 #[cfg(test)]
@@ -254,5 +294,44 @@ mod tests {
         assert_eq!(h["x-echo"], "Bearer [postern:redacted]");
         assert_eq!(h["x-b64"], "[postern:redacted]");
         assert_eq!(h.len(), 2, "the header named by the secret is dropped");
+    }
+
+    #[test]
+    fn a_binary_value_stays_base64_with_the_secret_masked_inside() {
+        const SECRET: &str = "s3cr/t+val~Z9?q";
+        let g =
+            ReflectionGuard::new(SECRET.as_bytes(), format!("Bearer {SECRET}").as_bytes()).unwrap();
+        let message = format!("not for Bearer {SECRET}");
+        let inside = format!("\x12{}{message}", char::from(message.len() as u8));
+        let padded = base64::engine::general_purpose::STANDARD.encode(&inside);
+        assert!(padded.ends_with('='), "{padded}");
+        let literal = format!("AAAA{SECRET}"); // not base64 (`~`, `?`): redacted as text
+        let mut h = HeaderMap::new();
+        h.insert(
+            "grpc-status-details-bin",
+            HeaderValue::from_str(&padded).unwrap(),
+        );
+        h.insert("x-raw-bin", HeaderValue::from_str(&literal).unwrap());
+        h.insert("x-fine-bin", HeaderValue::from_static("AAEC"));
+        assert_eq!(redact_headers(&g, &mut h), 2);
+        let details = BINARY
+            .decode(h["grpc-status-details-bin"].as_bytes())
+            .unwrap();
+        let masked = inside.replace(SECRET, &"*".repeat(SECRET.len()));
+        assert_eq!(details, masked.as_bytes());
+        assert_eq!(h["x-raw-bin"], "AAAA[postern:redacted]");
+        assert_eq!(h["x-fine-bin"], "AAEC", "untouched without a hit");
+    }
+
+    #[test]
+    fn a_secret_in_a_binary_values_base64_text_replaces_the_value() {
+        // A hex token is base64 too: decoding it shows nothing, its text is the echo.
+        const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+        let g = ReflectionGuard::new(TOKEN.as_bytes(), TOKEN.as_bytes()).unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("x-echo-bin", HeaderValue::from_static(TOKEN));
+        assert_eq!(redact_headers(&g, &mut h), 1);
+        let value = BINARY.decode(h["x-echo-bin"].as_bytes()).unwrap();
+        assert_eq!(value, REDACTED);
     }
 }

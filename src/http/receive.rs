@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
 use super::body::DeliveryBody;
-use super::decode;
+use super::decode::{self, Undecodable};
 use super::exchange::Exchange;
 use super::grpc;
 use super::headers::{
@@ -109,15 +109,17 @@ impl Exchange {
             let f = Failure::of(Code::RemoteOutcomeUnknown);
             return Outgoing::Respond(self.fail(vec![started], f).await);
         };
-        let grpc_end = match grpc {
+        let mut grpc_end = match grpc {
             true => {
                 let head_status = grpc::take_head_status(&mut parts.headers);
-                let Some(end) = grpc::end(head_status, trailers, &head.guard) else {
-                    let mut f = Failure::of(Code::RemoteResultIncomplete);
-                    f.diagnostic = Some(grpc::NO_STATUS.into());
-                    return Outgoing::Respond(self.fail(vec![started], f).await);
-                };
-                Some(end)
+                match grpc::end(head_status, trailers, &head.guard) {
+                    Ok(end) => Some(end),
+                    Err(diag) => {
+                        let mut f = Failure::of(Code::RemoteResultIncomplete);
+                        f.diagnostic = Some(diag.into());
+                        return Outgoing::Respond(self.fail(vec![started], f).await);
+                    }
+                }
             }
             false => None,
         };
@@ -126,17 +128,13 @@ impl Exchange {
             .map_or(head.resolution, |end| classify_grpc_status(end.status));
         let guarded = !head.guard.is_empty() && !bodiless;
         let cap = journal.buffer_limit.max(journal.max_result_bytes);
-        let mut decoded = decode::for_guard(guarded, &mut parts.headers, &body, cap);
-        if let Ok(plain) = &decoded
-            && guarded
-            && let Err(why) = decode::check_packed(&head.guard, plain, cap)
-        {
-            decode::mark_withheld(&mut parts.headers, why);
-            decoded = Err(why);
+        let decoded = for_guard(&head.guard, guarded, grpc, &mut parts.headers, &body, cap);
+        if let (Some(end), Err(why)) = (grpc_end.as_mut(), &decoded) {
+            end.withhold(*why);
         }
         let plain = decoded.as_ref().unwrap_or(&Bytes::new()).clone();
         let (delivered, body_hits) = match grpc {
-            true => grpc::redact_messages(&head.guard, &plain),
+            true => head.guard.redact_same_length(&plain),
             false => head.guard.redact(&plain),
         };
         // A withheld body is recorded by the digest and length of what the origin sent.
@@ -359,6 +357,31 @@ impl Exchange {
             complete: true,
             expires_at_ms: self.inv.journal().result_expiry_ms(),
         }
+    }
+}
+
+/// A buffered body as the guard must see it on a credentialed route: decoded (its content
+/// coding, a packed echo checked, a gRPC call's messages uncompressed), or withheld (the
+/// head then says so).
+fn for_guard(
+    guard: &ReflectionGuard,
+    guarded: bool,
+    grpc: bool,
+    headers: &mut HeaderMap,
+    body: &Bytes,
+    cap: u64,
+) -> Result<Bytes, Undecodable> {
+    let plain = decode::for_guard(guarded, headers, body, cap)?;
+    if !guarded {
+        return Ok(plain);
+    }
+    if let Err(why) = decode::check_packed(guard, &plain, cap) {
+        decode::mark_withheld(headers, why);
+        return Err(why);
+    }
+    match grpc {
+        true => grpc::for_guard(headers, &plain, cap),
+        false => Ok(plain),
     }
 }
 

@@ -16,7 +16,7 @@ use super::body::{ChannelBody, Chunk};
 use super::decode::{self, Decoder, Undecodable};
 use super::exchange::Exchange;
 use super::flushed::DeliveryEnd;
-use super::grpc::{self, GrpcEnd};
+use super::grpc::{self, GrpcEnd, Messages};
 use super::headers::stored_headers;
 use super::respond::ProxyBody;
 use super::respond::{POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME, Relayed};
@@ -43,6 +43,8 @@ pub struct StreamPlan {
     guard: std::sync::Arc<ReflectionGuard>,
     header_hits: usize,
     decoder: Option<Decoder>,
+    /// A gRPC call on a credentialed route: its messages, decoded.
+    messages: Option<Messages>,
     withheld: Option<Undecodable>,
     trailers: bool,
     idle: Duration,
@@ -86,6 +88,7 @@ struct Tally {
     hits: usize,
     carry: Carry,
     decoder: Option<Decoder>,
+    messages: Option<Messages>,
     withheld: Option<Undecodable>,
     /// Body data the agent's connection never took (it had left, or it was withheld).
     lost: bool,
@@ -105,13 +108,20 @@ impl Tally {
         }
     }
 
-    /// The plain bytes of coded ones (the end of the body when `coded` is `None`).
-    fn decode(&mut self, coded: Option<&[u8]>) -> Result<Bytes, Undecodable> {
-        match (&mut self.decoder, coded) {
+    /// The plain bytes of coded ones (the end of the body when `coded` is `None`): the
+    /// content coding undone, then a gRPC call's messages. With them, why the body stops
+    /// here if it cannot be decoded.
+    fn decode(&mut self, coded: Option<&[u8]>) -> (Bytes, Option<Undecodable>) {
+        let plain = match (&mut self.decoder, coded) {
             (None, Some(data)) => Ok(Bytes::copy_from_slice(data)),
             (None, None) => Ok(Bytes::new()),
             (Some(d), Some(data)) => d.push(data),
             (Some(d), None) => d.finish(),
+        };
+        match (plain, &mut self.messages) {
+            (Err(why), _) => (Bytes::new(), Some(why)),
+            (Ok(plain), None) => (plain, None),
+            (Ok(plain), Some(messages)) => messages.push(&plain, coded.is_none()),
         }
     }
 }
@@ -142,16 +152,18 @@ impl Exchange {
                 .await);
         };
         let (resolution, guard, header_hits) = (head.resolution, head.guard, head.header_hits);
-        let (mut decoder, mut withheld) = (None, None);
+        let (mut decoder, mut withheld, mut messages) = (None, None, None);
         if !guard.is_empty() {
             // Redaction may change the length: frame the body with chunks instead.
             parts.headers.remove(header::CONTENT_LENGTH);
             let journal = &self.config.journal;
             let cap = journal.buffer_limit.max(journal.max_result_bytes);
-            match decode::decoder_for(&parts.headers, usize::try_from(cap).unwrap_or(usize::MAX)) {
+            let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+            match decode::decoder_for(&parts.headers, cap) {
                 Ok(d) => decoder = d,
                 Err(why) => withheld = Some(why),
             }
+            messages = grpc.then(|| Messages::for_head(&mut parts.headers, cap));
             parts.headers.remove(header::CONTENT_ENCODING);
             if let Some(why) = withheld {
                 decode::mark_withheld(&mut parts.headers, why);
@@ -198,6 +210,7 @@ impl Exchange {
             guard,
             header_hits,
             decoder,
+            messages,
             withheld,
             trailers,
             idle: route.idle_timeout,
@@ -226,6 +239,7 @@ impl Exchange {
                 None => Carry::default(),
             },
             decoder: plan.decoder.take(),
+            messages: plan.messages.take(),
             withheld: plan.withheld,
             // A head that never went out: nothing reached the agent.
             lost: agent_gone,
@@ -279,9 +293,13 @@ impl Exchange {
         tally.absorb(&tail);
         if let Some(grpc) = plan.grpc.as_mut() {
             let head_status = std::mem::take(&mut grpc.head_status);
-            let Some(end) = grpc::end(head_status, grpc.trailers.take(), &plan.guard) else {
-                return self.broken(&plan.tx, grpc::NO_STATUS.into()).await;
+            let mut end = match grpc::end(head_status, grpc.trailers.take(), &plan.guard) {
+                Ok(end) => end,
+                Err(diag) => return self.broken(&plan.tx, diag.into()).await,
             };
+            if let Some(why) = tally.withheld {
+                end.withhold(why);
+            }
             plan.resolution = classify_grpc_status(end.status);
             tally.hits += end.hits;
             grpc.end = Some(end);
@@ -311,12 +329,23 @@ impl Exchange {
         if tally.withheld.is_some() {
             return;
         }
-        let data = match tally.decode(coded) {
-            Ok(data) => data,
-            Err(why) => return self.withhold(tx, tally, why, agent_gone).await,
-        };
+        let (data, failed) = tally.decode(coded);
         let (out, hits) = guard.redact_stream(&mut tally.carry, &data);
         tally.hits += hits;
+        self.hand_on(tx, tally, out, agent_gone).await;
+        if let Some(why) = failed {
+            self.withhold(guard, tx, tally, why, agent_gone).await;
+        }
+    }
+
+    /// Guarded bytes toward the agent, counted as delivered.
+    async fn hand_on(
+        &mut self,
+        tx: &mpsc::Sender<Chunk>,
+        tally: &mut Tally,
+        out: Bytes,
+        agent_gone: &mut bool,
+    ) {
         tally.absorb(&out);
         if *agent_gone && !out.is_empty() {
             tally.lost = true;
@@ -328,19 +357,28 @@ impl Exchange {
     }
 
     /// The rest of the body cannot be decoded, so it is never relayed: the agent's
-    /// stream is aborted (it is visibly incomplete), and the upstream is still read to
-    /// its end so the invocation resolves; the stored result keeps no body.
+    /// stream is aborted (it is visibly incomplete; a gRPC call ends with postern's status
+    /// instead), and the upstream is still read to its end so the invocation resolves;
+    /// the stored result keeps no body.
     async fn withhold(
         &mut self,
+        guard: &ReflectionGuard,
         tx: &mpsc::Sender<Chunk>,
         tally: &mut Tally,
         why: Undecodable,
         agent_gone: &mut bool,
     ) {
         tally.withheld = Some(why);
-        tally.lost = true;
         tally.keep = false;
         tally.stored = Vec::new();
+        if tally.messages.is_some() {
+            // A gRPC call: the messages before this one are whole, so they go out, and
+            // the call ends with postern's status in its trailers (`GrpcEnd::withhold`).
+            let (tail, hits) = guard.finish(&mut tally.carry);
+            tally.hits += hits;
+            return self.hand_on(tx, tally, tail, agent_gone).await;
+        }
+        tally.lost = true;
         tally.carry.clear();
         if !*agent_gone {
             let _ = tx.send(Chunk::Abort).await;

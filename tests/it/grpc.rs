@@ -356,12 +356,66 @@ fn the_calls_end_waits_until_result_committed_is_durable() {
     s.daemon = daemon;
 }
 
-/// An h2 origin for `grpc.test` that answers every call `200 application/grpc` with one
-/// message and then `ends` (no trailers, or trailers without `grpc-status`).
-struct Statusless {
+/// An h2 origin for `grpc.test` that answers every call `200 application/grpc` as its
+/// `Script` says.
+struct Scripted {
     port: u16,
     ca_file: PathBuf,
     _dir: tempfile::TempDir,
+}
+
+/// What a scripted origin does wrong.
+#[derive(Clone, Copy)]
+enum Script {
+    /// One message, then the end: no trailers.
+    EndsWithoutTrailers,
+    /// One message, then trailers without `grpc-status`.
+    TrailersWithoutStatus,
+    /// One message, then `grpc-status: 0` and `grpc-status: 13` in the same trailers.
+    TwoStatuses,
+    /// `grpc-encoding: <coding>` and one message flagged compressed that no decoder of that
+    /// coding reads (the secret in the clear inside), then `grpc-status: 0`.
+    Undecodable(&'static str),
+}
+
+impl Script {
+    fn answer(self) -> Response<Frames> {
+        let message = match self {
+            Self::Undecodable(_) => {
+                let inside = format!("plain {SECRET}");
+                let mut m = vec![1];
+                m.extend_from_slice(&(inside.len() as u32).to_be_bytes());
+                m.extend_from_slice(inside.as_bytes());
+                Bytes::from(m)
+            }
+            _ => Bytes::from_static(b"\x00\x00\x00\x00\x04half"),
+        };
+        let mut frames = VecDeque::from([Frame::data(message)]);
+        let mut trailers = hyper::HeaderMap::new();
+        match self {
+            Self::EndsWithoutTrailers => {}
+            Self::TrailersWithoutStatus => {
+                trailers.insert("x-not-a-status", "1".parse().unwrap());
+            }
+            Self::TwoStatuses => {
+                trailers.append("grpc-status", "0".parse().unwrap());
+                trailers.append("grpc-status", "13".parse().unwrap());
+            }
+            Self::Undecodable(_) => {
+                trailers.insert("grpc-status", "0".parse().unwrap());
+            }
+        }
+        if !trailers.is_empty() {
+            frames.push_back(Frame::trailers(trailers));
+        }
+        let mut resp = Response::new(Frames(frames));
+        let h = resp.headers_mut();
+        h.insert("content-type", "application/grpc".parse().unwrap());
+        if let Self::Undecodable(coding) = self {
+            h.insert("grpc-encoding", coding.parse().unwrap());
+        }
+        resp
+    }
 }
 
 /// Frames handed out one by one.
@@ -378,7 +432,7 @@ impl hyper::body::Body for Frames {
     }
 }
 
-fn statusless_origin(with_trailers: bool) -> Statusless {
+fn scripted_origin(script: Script) -> Scripted {
     let dir = tempfile::tempdir().unwrap();
     let (acceptor, ca_file) = tls_origin::acceptor(HOST, &[b"h2"], dir.path());
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -400,18 +454,7 @@ fn statusless_origin(with_trailers: bool) -> Statusless {
                     let service =
                         hyper::service::service_fn(move |req: Request<Incoming>| async move {
                             let _ = req.into_body().collect().await;
-                            let mut frames = VecDeque::from([Frame::data(Bytes::from_static(
-                                b"\x00\x00\x00\x00\x04half",
-                            ))]);
-                            if with_trailers {
-                                let mut t = hyper::HeaderMap::new();
-                                t.insert("x-not-a-status", "1".parse().unwrap());
-                                frames.push_back(Frame::trailers(t));
-                            }
-                            let mut resp = Response::new(Frames(frames));
-                            resp.headers_mut()
-                                .insert("content-type", "application/grpc".parse().unwrap());
-                            Ok::<_, std::convert::Infallible>(resp)
+                            Ok::<_, std::convert::Infallible>(script.answer())
                         });
                     let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tls), service)
@@ -420,7 +463,7 @@ fn statusless_origin(with_trailers: bool) -> Statusless {
             }
         });
     });
-    Statusless {
+    Scripted {
         port,
         ca_file,
         _dir: dir,
@@ -429,16 +472,147 @@ fn statusless_origin(with_trailers: bool) -> Statusless {
 
 #[test]
 fn a_call_that_ends_without_grpc_status_is_incomplete() {
-    for (delivery, with_trailers) in [("auto", false), ("auto", true), ("buffer", false)] {
-        let origin = statusless_origin(with_trailers);
+    use Script::{EndsWithoutTrailers, TrailersWithoutStatus};
+    for (delivery, script) in [
+        ("auto", EndsWithoutTrailers),
+        ("auto", TrailersWithoutStatus),
+        ("buffer", EndsWithoutTrailers),
+    ] {
+        let origin = scripted_origin(script);
         let s = postern(origin.port, &origin.ca_file, delivery);
         let call = s.call("/t.Svc/Unary", "hi", false);
-        let cell = format!("delivery {delivery}, trailers {with_trailers}");
+        let cell = format!(
+            "delivery {delivery}, trailers {}",
+            !matches!(script, EndsWithoutTrailers)
+        );
         assert_ne!(call["code"], "OK", "{cell}: never a clean end: {call}");
         let r = s.newest();
         assert_eq!(r["code"], "REMOTE_RESULT_INCOMPLETE", "{cell}: {r}");
         assert_eq!(r["outcome"], "unknown", "{cell}");
         assert_eq!(r["phase"], "remote_execution", "{cell}");
         assert!(r["result"].is_null(), "{cell}: {r}");
+    }
+}
+
+/// The client fails a call whose trailers carry two statuses; the record must not claim
+/// either one.
+#[test]
+fn two_grpc_statuses_leave_the_call_incomplete() {
+    for delivery in ["auto", "buffer"] {
+        let origin = scripted_origin(Script::TwoStatuses);
+        let s = postern(origin.port, &origin.ca_file, delivery);
+        let call = s.call("/t.Svc/Unary", "hi", false);
+        assert_ne!(call["code"], "OK", "{delivery}: {call}");
+        let r = s.newest();
+        assert_eq!(r["code"], "REMOTE_RESULT_INCOMPLETE", "{delivery}: {r}");
+        assert_eq!(r["outcome"], "unknown", "{delivery}");
+        assert!(r["result"].is_null(), "{delivery}: {r}");
+    }
+}
+
+/// The origin compresses whatever the call's grpc-accept-encoding said: postern decodes
+/// each message, masks the secret and hands it on uncompressed.
+#[test]
+fn a_compressed_message_is_decoded_and_masked_before_the_agent_gets_it() {
+    let origin = grpcio_origin();
+    let masked = format!("you sent Bearer {}", "*".repeat(SECRET.len())).repeat(8);
+    for delivery in ["auto", "buffer"] {
+        let s = postern(origin.port, &origin.ca_file, delivery);
+        for method in ["/t.Svc/EchoGzip", "/t.Svc/EchoDeflate"] {
+            let cell = format!("{delivery} {method}");
+            let call = s.call(method, "x", false);
+            assert_eq!(call["code"], "OK", "{cell}: {call}");
+            assert_eq!(call["messages"][0], masked.as_str(), "{cell}: {call}");
+            assert_eq!(call["trailing"]["x-echo"], "Bearer [postern:redacted]");
+            assert!(!call.to_string().contains(SECRET), "{cell}: {call}");
+            let r = s.record(&call);
+            assert_eq!(r["evidence"]["redactions"], 9, "{cell}: {r}");
+            assert_eq!(r["result"]["grpc_status"], 0, "{cell}: {r}");
+            let stored = s.stored(&r).to_string();
+            assert!(!stored.contains(SECRET), "{cell}: {stored}");
+        }
+    }
+}
+
+#[test]
+fn server_streamed_compressed_messages_are_each_decoded_and_masked() {
+    let origin = grpcio_origin();
+    let s = postern(origin.port, &origin.ca_file, "auto");
+    let call = s.call("/t.Svc/StreamGzip", "3", true);
+    assert_eq!(call["code"], "OK", "{call}");
+    let stars = "*".repeat(SECRET.len());
+    for n in 0..3 {
+        let want = format!("{n} you sent Bearer {stars}\n").repeat(8);
+        assert_eq!(call["messages"][n], want.as_str(), "{call}");
+    }
+    assert!(!call.to_string().contains(SECRET), "{call}");
+    assert_eq!(s.record(&call)["evidence"]["redactions"], 24);
+}
+
+/// A message postern cannot decode (a coding it does not know, or corrupt data) is never
+/// relayed: the call fails with postern's status, and the record keeps the origin's.
+#[test]
+fn a_compressed_message_postern_cannot_decode_fails_the_call() {
+    for (coding, reason) in [("snappy", "unsupported_coding"), ("gzip", "decode_error")] {
+        let origin = scripted_origin(Script::Undecodable(coding));
+        for delivery in ["auto", "buffer"] {
+            let cell = format!("{coding} {delivery}");
+            let s = postern(origin.port, &origin.ca_file, delivery);
+            let call = s.call("/t.Svc/Unary", "hi", false);
+            assert!(!call.to_string().contains(SECRET), "{cell}: {call}");
+            assert_eq!(call["code"], "INTERNAL", "{cell}: {call}");
+            let details = call["details"].as_str().unwrap_or("");
+            assert!(details.contains(reason), "{cell}: {call}");
+            let withheld = format!("withheld; reason={reason}");
+            assert_eq!(
+                call["trailing"]["postern-body"],
+                withheld.as_str(),
+                "{cell}"
+            );
+            assert_eq!(
+                outcome_trailer(&call),
+                "outcome=committed, phase=remote_execution, retry=never",
+                "{cell}"
+            );
+            let r = s.record(&call);
+            assert_eq!(r["outcome"], "committed", "{cell}: {r}");
+            assert!(
+                r["code"].is_null(),
+                "{cell}: postern's answer was delivered: {r}"
+            );
+            assert_eq!(r["evidence"]["body_withheld"], reason, "{cell}: {r}");
+            assert_eq!(r["result"]["grpc_status"], 0, "{cell}: the origin's status");
+            let stored = s.stored(&r).to_string();
+            assert!(!stored.contains(SECRET), "{cell}: {stored}");
+        }
+    }
+}
+
+/// gRPC binary metadata is base64 on the wire: a masked echo stays valid base64, so the
+/// client takes the call as sent.
+#[test]
+fn binary_metadata_keeps_valid_base64_with_the_secret_masked() {
+    let origin = grpcio_origin();
+    let stars = "*".repeat(SECRET.len());
+    for delivery in ["auto", "buffer"] {
+        let s = postern(origin.port, &origin.ca_file, delivery);
+        let call = s.call("/t.Svc/EchoBin", "x", false);
+        assert_eq!(call["code"], "OK", "{delivery}: {call}");
+        let head = format!("head Bearer {stars}");
+        assert_eq!(call["initial"]["x-head-bin"], head.as_str(), "{call}");
+        let echo = format!("you sent Bearer {stars}");
+        assert_eq!(call["trailing"]["x-echo-bin"], echo.as_str(), "{call}");
+        // The protobuf inside keeps its length prefix.
+        let message = format!("not for Bearer {stars}");
+        let details = format!("\u{12}{}{message}", char::from(message.len() as u8));
+        assert_eq!(
+            call["trailing"]["grpc-status-details-bin"],
+            details.as_str(),
+            "{call}"
+        );
+        let r = s.record(&call);
+        assert_eq!(r["outcome"], "committed", "{delivery}: {r}");
+        assert_eq!(r["evidence"]["redactions"], 3, "{delivery}: {r}");
+        assert!(!s.stored(&r).to_string().contains(SECRET));
     }
 }

@@ -29,6 +29,13 @@ except grpc.RpcError as e:
     call = e
     out["code"] = e.code().name
     out["details"] = e.details()
-out["initial"] = {k: v for k, v in (call.initial_metadata() or [])}
-out["trailing"] = {k: v for k, v in (call.trailing_metadata() or [])}
+
+
+def metadata(pairs):
+    # Binary (`-bin`) values arrive decoded, as bytes.
+    return {k: v.decode("latin-1") if isinstance(v, bytes) else v for k, v in pairs or []}
+
+
+out["initial"] = metadata(call.initial_metadata())
+out["trailing"] = metadata(call.trailing_metadata())
 print(json.dumps(out))

@@ -8,6 +8,12 @@ until killed. Messages are raw bytes (no protobuf).
 /t.Svc/Deny    PERMISSION_DENIED, the authorization echoed in grpc-message
 /t.Svc/Fail    the status named by the request (e.g. b"UNAVAILABLE"), message "failed on purpose"
 /t.Svc/Stream  server streaming: int(request) messages b"tick <n>", 400 ms apart
+/t.Svc/EchoGzip, /t.Svc/EchoDeflate  as Echo, its message 8 times over, compressed
+               (grpc-encoding), whatever grpc-accept-encoding the call sent
+/t.Svc/StreamGzip  server streaming, gzip: int(request) messages, each 8 times
+               b"<n> you sent " + authorization + b"\n"
+/t.Svc/EchoBin  the authorization echoed in binary metadata: x-head-bin (initial) and
+               x-echo-bin and grpc-status-details-bin (trailing), message b"ok"
 """
 import sys
 import time
@@ -50,6 +56,35 @@ def stream(request, context):
         yield b"tick %d" % n
 
 
+def compressed(algorithm, handler):
+    def call(request, context):
+        # Per call, as grpcio's server-wide `compression=` does: the client's
+        # grpc-accept-encoding is not consulted.
+        context.set_compression(algorithm)
+        # grpc-core sends a message uncompressed when that is shorter.
+        return handler(request, context) * 8
+
+    return call
+
+
+def stream_gzip(request, context):
+    context.set_compression(grpc.Compression.Gzip)
+    for n in range(int(request)):
+        yield (b"%d you sent %s\n" % (n, auth(context).encode())) * 8
+
+
+def echo_bin(request, context):
+    got = auth(context).encode()
+    context.send_initial_metadata([("x-head-bin", b"head " + got)])
+    # A google.rpc.Status with only its message (field 2): a length-prefixed protobuf.
+    message = b"not for " + got
+    details = b"\x12" + bytes([len(message)]) + message
+    context.set_trailing_metadata(
+        [("x-echo-bin", b"you sent " + got), ("grpc-status-details-bin", details)]
+    )
+    return b"ok"
+
+
 def raw(handler, kind=grpc.unary_unary_rpc_method_handler):
     return kind(handler, request_deserializer=None, response_serializer=None)
 
@@ -62,6 +97,10 @@ handlers = grpc.method_handlers_generic_handler(
         "Deny": raw(deny),
         "Fail": raw(fail),
         "Stream": raw(stream, grpc.unary_stream_rpc_method_handler),
+        "EchoGzip": raw(compressed(grpc.Compression.Gzip, echo)),
+        "EchoDeflate": raw(compressed(grpc.Compression.Deflate, echo)),
+        "StreamGzip": raw(stream_gzip, grpc.unary_stream_rpc_method_handler),
+        "EchoBin": raw(echo_bin),
     },
 )
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
