@@ -305,10 +305,10 @@ fn list(state: &AdminState, query: &str) -> Reply {
 }
 
 pub(super) fn not_found(id: &str) -> Reply {
-    let msg = if id.starts_with("act_") {
+    let msg = if ["act_", "rld_", "prn_"].iter().any(|p| id.starts_with(p)) {
         "No invocation with this id."
     } else {
-        "Invocation ids look like act_<ULID>."
+        "Invocation ids look like act_<ULID> (reloads rld_<ULID>, retention cuts prn_<ULID>)."
     };
     error(StatusCode::NOT_FOUND, "INVOCATION_NOT_FOUND", msg)
 }
@@ -321,9 +321,17 @@ fn record(state: &AdminState, id: &str) -> Reply {
     }
 }
 
+/// A record whose events retention took still answers: its events are gone, it is not.
 fn events(state: &AdminState, id: &str) -> Reply {
     match state.journal.events(id) {
-        Ok(ev) if ev.is_empty() => not_found(id),
+        Ok(ev) if ev.is_empty() => match state.journal.record(id) {
+            Ok(Some(_)) => json_reply(
+                StatusCode::OK,
+                &json!({"events": ev, "events_pruned": true}),
+            ),
+            Ok(None) => not_found(id),
+            Err(_) => storage_error(),
+        },
         Ok(ev) => json_reply(StatusCode::OK, &json!({"events": ev})),
         Err(_) => storage_error(),
     }

@@ -27,6 +27,9 @@ pub struct Reloader {
     /// The file `serve` started with; `None`: the embedded default.
     pub anchor: Option<config::Anchor>,
     pub live: Arc<Live>,
+    /// The config `serve` started with: its listeners and journal settings are in force
+    /// until a restart.
+    pub started: Arc<Config>,
     /// Called after a swap: drops caches built from the old config.
     pub on_swap: Box<dyn Fn() + Send + Sync>,
     pub counter: ReloadCounter,
@@ -65,7 +68,11 @@ impl Reloader {
                 }));
             }
         };
-        let changes = json!(config::diff(&self.live.current(), &next));
+        let changes = json!(config::diff_in_force(
+            &self.started,
+            &self.live.current(),
+            &next
+        ));
         let seq = match self
             .journal_reload(&id, "applied", changes.clone(), Vec::new())
             .await

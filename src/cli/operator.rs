@@ -84,17 +84,51 @@ pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         ActionsCommand::Show { id, json } => {
+            let note = is_note_id(&id.id);
             let id = percent_encode(&id.id);
-            let mut record = get(target, &format!("/v1/invocations/{id}"))?;
+            // A reload's or a retention cut's id names a journal note, not a record.
+            let mut record = match note {
+                true => json!({"invocation_id": id}),
+                false => get(target, &format!("/v1/invocations/{id}"))?,
+            };
             let events = get(target, &format!("/v1/invocations/{id}/events"))?;
             record["events"] = events["events"].clone();
-            if json {
-                print_json(&record);
-            } else {
-                print_show(&record);
+            if events["events_pruned"] == true {
+                record["events_pruned"] = json!(true);
+            }
+            match (json, note) {
+                (true, _) => print_json(&record),
+                (false, true) => print_events(&record),
+                (false, false) => print_show(&record),
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// `rld_…` (a reload) and `prn_…` (a retention cut): journal notes, shown as their events.
+fn is_note_id(id: &str) -> bool {
+    id.starts_with("rld_") || id.starts_with("prn_")
+}
+
+fn print_events(r: &Value) {
+    if r["events_pruned"] == true {
+        outln!("events:     pruned by retention (the record above stays)");
+        return;
+    }
+    outln!("events:");
+    for e in r["events"].as_array().into_iter().flatten() {
+        outln!(
+            "  #{:<6} {}  {:<24} gen {} att {}  {:<18} {:<8} {}",
+            e["seq"],
+            s(&e["ts"]),
+            s(&e["kind"]),
+            e["generation"],
+            e["attempt"],
+            s(&e["source"]),
+            s(&e["hop"]),
+            e["data"]
+        );
     }
 }
 
@@ -120,20 +154,7 @@ fn print_show(r: &Value) {
     if !r["envelope"].is_null() {
         outln!("envelope    {}", r["envelope"]);
     }
-    outln!("events:");
-    for e in r["events"].as_array().into_iter().flatten() {
-        outln!(
-            "  #{:<6} {}  {:<24} gen {} att {}  {:<18} {:<8} {}",
-            e["seq"],
-            s(&e["ts"]),
-            s(&e["kind"]),
-            e["generation"],
-            e["attempt"],
-            s(&e["source"]),
-            s(&e["hop"]),
-            e["data"]
-        );
-    }
+    print_events(r);
 }
 
 /// `postern result ID [--json] [--output FILE]`: the stored result, never re-executed.
@@ -258,7 +279,10 @@ pub fn reload(
     }
     if status == StatusCode::UNPROCESSABLE_ENTITY {
         if !json {
-            errln!("postern: the config was refused; the daemon keeps the one it had:");
+            errln!(
+                "postern: the config was refused ({}); the daemon keeps the one it had:",
+                s(&reply["reload_id"])
+            );
             for p in reply["problems"].as_array().into_iter().flatten() {
                 errln!("  {}: {}", s(&p["path"]), s(&p["message"]));
             }
@@ -269,7 +293,7 @@ pub fn reload(
         return Err(api_error(status, &reply));
     }
     if !json {
-        outln!("postern: config reloaded");
+        outln!("postern: config reloaded ({})", s(&reply["reload_id"]));
         for (section, changes) in reply["changes"].as_object().into_iter().flatten() {
             outln!("  {section}: {changes}");
         }

@@ -322,6 +322,7 @@ async fn serve_until_stopped(
     let reloader = Arc::new(admin::reload::Reloader {
         anchor: banner.anchor.take(),
         live: live.clone(),
+        started: live.current(),
         on_swap: {
             let proxy = proxy.clone();
             Box::new(move || proxy.forget_upstreams())

@@ -64,7 +64,33 @@ fn alike<T: std::fmt::Debug>(a: &T, b: &T) -> bool {
     format!("{a:?}") == format!("{b:?}")
 }
 
+/// What changed from `last` (the config in force) to `new`; `restart_needed` is measured
+/// against `started`, whose listeners and journal settings are the ones running: a reload
+/// that changed them and a later one that did not still leave the restart pending.
+pub fn diff_in_force(started: &Config, last: &Config, new: &Config) -> ConfigDiff {
+    ConfigDiff {
+        restart_needed: restart_needed(started, new),
+        ..diff(last, new)
+    }
+}
+
 pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
+    ConfigDiff {
+        routes: by_id(&old.routes, &new.routes, |r| &r.id, alike),
+        agents: by_id(
+            &old.agents,
+            &new.agents,
+            |a| &a.id,
+            |a, b| a.token.expose() == b.token.expose(),
+        ),
+        credentials: by_id(&old.credentials, &new.credentials, |c| &c.id, alike),
+        ssh_targets: by_id(&old.ssh_targets, &new.ssh_targets, |t| &t.id, alike),
+        restart_needed: restart_needed(old, new),
+    }
+}
+
+/// The sections a running daemon does not change, that differ.
+fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
     let mut restart_needed = Vec::new();
     let sections: [(&'static str, bool); 6] = [
         ("proxy", alike(&old.proxy, &new.proxy)),
@@ -82,16 +108,5 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
             restart_needed.push(name);
         }
     }
-    ConfigDiff {
-        routes: by_id(&old.routes, &new.routes, |r| &r.id, alike),
-        agents: by_id(
-            &old.agents,
-            &new.agents,
-            |a| &a.id,
-            |a, b| a.token.expose() == b.token.expose(),
-        ),
-        credentials: by_id(&old.credentials, &new.credentials, |c| &c.id, alike),
-        ssh_targets: by_id(&old.ssh_targets, &new.ssh_targets, |t| &t.id, alike),
-        restart_needed,
-    }
+    restart_needed
 }

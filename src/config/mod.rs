@@ -15,7 +15,7 @@ mod validate;
 use std::path::Path;
 
 pub use anchor::Anchor;
-pub use diff::{ConfigDiff, diff};
+pub use diff::{ConfigDiff, diff, diff_in_force};
 pub use live::Live;
 pub use model::*;
 pub use shell_syntax::{SHELL_SYNTAX, admitted_by, shell_syntax_in};

@@ -216,12 +216,7 @@ where
 
 /// Relays between `agent` and `origin` until the tunnel ends, the origin's bytes through
 /// `down`; see the module note.
-pub async fn relay<A, O>(
-    agent: A,
-    origin: O,
-    limits: Limits,
-    down: &mut dyn Downstream,
-) -> Relayed
+pub async fn relay<A, O>(agent: A, origin: O, limits: Limits, down: &mut dyn Downstream) -> Relayed
 where
     A: AsyncRead + AsyncWrite + Unpin,
     O: AsyncRead + AsyncWrite + Unpin,
@@ -431,7 +426,11 @@ mod tests {
             .map_err(std::io::Error::other)?;
         assert_eq!(r.tunnel.closed_by, ClosedBy::Postern);
         assert!(!r.clean);
-        assert!((20..=60).contains(&r.tunnel.bytes_up), "{}", r.tunnel.bytes_up);
+        assert!(
+            (20..=60).contains(&r.tunnel.bytes_up),
+            "{}",
+            r.tunnel.bytes_up
+        );
         Ok(())
     }
 

@@ -13,13 +13,13 @@ use std::collections::HashSet;
 use tokio::sync::oneshot;
 
 use super::event::{Body, Checkpoint, Draft, Event, EventKind, Source};
-use crate::contract::Outcome;
 use super::keys::KeySlot;
 use super::projection::State;
 use super::store::{Cut, StoreError, WriteSet};
 use super::twins::TwinSlot;
 use super::writer::{Request, Writer};
 use super::{Journal, JournalError, unix_ms};
+use crate::contract::Outcome;
 
 /// Events one cut looks at: a pass stays short, so appends queued behind it do not wait.
 const EVENTS_PER_CUT: usize = 4096;
@@ -274,7 +274,10 @@ pub(super) fn islands_digest(events: &mut [Event]) -> (u64, String) {
     for e in events.iter() {
         text.push_str(&format!("{} {}\n", e.seq, e.hash));
     }
-    (events.len() as u64, super::event::sha256_tagged(text.as_bytes()))
+    (
+        events.len() as u64,
+        super::event::sha256_tagged(text.as_bytes()),
+    )
 }
 
 /// The daemon's own events: no record is projected from them.

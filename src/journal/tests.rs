@@ -666,42 +666,43 @@ fn let_them_age() {
 fn retention_passes_a_live_record_and_keeps_its_events_aside_until_it_settles() {
     let dir = temp_dir();
     let rt = rt();
-    let (a, b, open_one, d) = {
-        let journal = open_pruning(dir.path());
-        let ids = rt.block_on(async {
-            let a = settled(&journal).await?;
-            let b = settled(&journal).await?;
-            let open_one = new_invocation_id();
-            journal.append(&open_one, vec![accepted("GET")]).await?;
-            let d = settled(&journal).await?;
-            Ok::<_, JournalError>((a, b, open_one, d))
-        });
-        let Ok((a, b, open_one, d)) = ids else {
-            panic!("appends: {ids:?}")
+    let (a, b, open_one, d) =
+        {
+            let journal = open_pruning(dir.path());
+            let ids = rt.block_on(async {
+                let a = settled(&journal).await?;
+                let b = settled(&journal).await?;
+                let open_one = new_invocation_id();
+                journal.append(&open_one, vec![accepted("GET")]).await?;
+                let d = settled(&journal).await?;
+                Ok::<_, JournalError>((a, b, open_one, d))
+            });
+            let Ok((a, b, open_one, d)) = ids else {
+                panic!("appends: {ids:?}")
+            };
+            let_them_age();
+            // The cut goes past the open invocation (issue 40: one long relay held every
+            // agent's retention back); its event (seq 11) is kept aside.
+            assert_eq!(rt.block_on(journal.prune_events()), Ok(16));
+            for gone in [&a, &b, &d] {
+                assert!(journal.record(gone).is_ok_and(|r| r.is_none()), "{gone}");
+                assert!(journal.events(gone).is_ok_and(|e| e.is_empty()));
+            }
+            assert!(journal.record(&open_one).is_ok_and(|r| r.is_some()));
+            let kept = journal.events(&open_one).unwrap_or_default();
+            assert_eq!(kept.iter().map(|e| e.seq).collect::<Vec<_>>(), [11]);
+            let report = journal.verify();
+            let Ok(report) = report else {
+                panic!("verify: {report:?}")
+            };
+            assert!(report.ok, "{report:?}");
+            assert_eq!((report.from_seq, report.events, report.islands), (17, 1, 1));
+            assert!(report.checkpoint.as_ref().is_some_and(|c| c.seq == 16
+                && c.events == 16
+                && c.records == 3
+                && c.islands == 1));
+            (a, b, open_one, d)
         };
-        let_them_age();
-        // The cut goes past the open invocation (issue 40: one long relay held every
-        // agent's retention back); its event (seq 11) is kept aside.
-        assert_eq!(rt.block_on(journal.prune_events()), Ok(16));
-        for gone in [&a, &b, &d] {
-            assert!(journal.record(gone).is_ok_and(|r| r.is_none()), "{gone}");
-            assert!(journal.events(gone).is_ok_and(|e| e.is_empty()));
-        }
-        assert!(journal.record(&open_one).is_ok_and(|r| r.is_some()));
-        let kept = journal.events(&open_one).unwrap_or_default();
-        assert_eq!(kept.iter().map(|e| e.seq).collect::<Vec<_>>(), [11]);
-        let report = journal.verify();
-        let Ok(report) = report else {
-            panic!("verify: {report:?}")
-        };
-        assert!(report.ok, "{report:?}");
-        assert_eq!((report.from_seq, report.events, report.islands), (17, 1, 1));
-        assert!(report.checkpoint.as_ref().is_some_and(|c| c.seq == 16
-            && c.events == 16
-            && c.records == 3
-            && c.islands == 1));
-        (a, b, open_one, d)
-    };
     let _ = (a, b, d);
     // After a restart recovery replays the open one from its kept event and settles it; the
     // next cut takes its last events and what was kept aside.
@@ -710,7 +711,11 @@ fn retention_passes_a_live_record_and_keeps_its_events_aside_until_it_settles() 
     assert_eq!(recovered.len(), 2, "{recovered:?}");
     assert!(journal.verify().is_ok_and(|r| r.ok && r.from_seq == 17));
     let_them_age();
-    assert_eq!(rt.block_on(journal.prune_events()), Ok(2), "the note, the recovery");
+    assert_eq!(
+        rt.block_on(journal.prune_events()),
+        Ok(2),
+        "the note, the recovery"
+    );
     assert!(journal.record(&open_one).is_ok_and(|r| r.is_none()));
     let report = journal.verify();
     assert!(

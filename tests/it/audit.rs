@@ -234,14 +234,18 @@ fn retention_passes_unknown_and_live_records_and_keeps_their_evidence() {
         "charge",
         &format!("http://lost.test:{}/charge", lost.port()),
     ]);
-    let id = head
-        .lines()
-        .find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("postern-invocation")
-                .then(|| value.trim().to_owned())
-        })
-        .unwrap_or_else(|| panic!("no invocation id: {head}"));
+    let id = invocation_id(&head);
+    // A settled POST: its events go, its record stays while its resend twin lives.
+    let (_, posted, _) = crate::support::curl(&[
+        "-x",
+        &daemon.proxy,
+        "-D",
+        "-",
+        "-d",
+        "once",
+        &format!("http://fine.test:{}/once", fine.port()),
+    ]);
+    let settled = invocation_id(&posted);
     let proxy = daemon.proxy.clone();
     let url = format!("http://slow.test:{}/", slow.port());
     let live = std::thread::spawn(move || crate::support::curl(&["-x", &proxy, &url]));
@@ -280,4 +284,23 @@ fn retention_passes_unknown_and_live_records_and_keeps_their_evidence() {
     assert!(kinds.contains(&"DISPATCH_STARTED"), "{events}");
     let (status, _, _) = live.join().unwrap();
     assert_eq!(status, 200);
+    // Issue 40 medium 6: `actions show` of a record whose events retention took shows it.
+    let out = daemon.cli(&["actions", "show", &settled], &[]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    assert!(
+        text.contains(&settled) && text.contains("pruned by retention"),
+        "{text}"
+    );
+}
+
+/// The `Postern-Invocation` of a response head.
+fn invocation_id(head: &str) -> String {
+    head.lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("postern-invocation")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no invocation id: {head}"))
 }

@@ -529,3 +529,39 @@ fn a_config_whose_directory_was_replaced_is_refused_and_the_old_one_stays() {
     assert!(out.status.success(), "{}", stdout(&out));
     assert_eq!(s.get("evil.test", evil.port()).1, "evil");
 }
+
+/// Issue 40 medium 6: a pending restart is measured against the settings in force (a second
+/// reload did not forget it); text-mode `postern reload` names its `reload_id`, and
+/// `postern actions show rld_…` shows the reload's journal event.
+#[test]
+fn a_pending_restart_survives_a_second_reload_and_a_reload_id_can_be_shown() {
+    let a = origins::responds("200 OK", &[], "a");
+    let first = route("a", "a.test", a.port(), "");
+    let s = Setup::start(&first);
+    let moved = TEST_CONFIG.replace("[proxy]\n", "[proxy]\nmax_connections = 500\n");
+    let write = |routes: &str| s.home.config(&format!("{moved}{routes}"));
+    write(&first);
+    let out = s.daemon.cli(&["reload", "--json"], &[]);
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap_or_default();
+    assert_eq!(
+        report["changes"]["restart_needed"],
+        serde_json::json!(["proxy"]),
+        "{report}"
+    );
+    write(&format!("{first}{}", route("b", "b.test", a.port(), "")));
+    let out = s.daemon.cli(&["reload"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    assert!(
+        text.contains("restart_needed") && text.contains("proxy"),
+        "{text}"
+    );
+    let id = text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .find(|w| w.starts_with("rld_"))
+        .unwrap_or_else(|| panic!("no reload id: {text}"))
+        .to_owned();
+    let out = s.daemon.cli(&["actions", "show", &id], &[]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout(&out).contains("CONFIG_RELOADED"), "{}", stdout(&out));
+}
