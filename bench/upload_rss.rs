@@ -135,11 +135,11 @@ fn main() {
     let count = |s: u16| statuses.iter().filter(|&&x| x == s).count();
     println!(
         "{AGENTS} agents x {} MiB uploads: RSS {before:.0} MB before, {peak:.0} MB peak, {after:.0} MB after; \
-         answered 200: {}, 503: {}, other: {}",
+         answered 200: {}, 429: {}, other: {}",
         BODY >> 20,
         count(200),
-        count(503),
-        AGENTS - count(200) - count(503)
+        count(429),
+        AGENTS - count(200) - count(429)
     );
     let _ = child.kill();
     let _ = child.wait();

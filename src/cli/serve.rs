@@ -310,7 +310,12 @@ async fn serve_until_stopped(
         pool: Default::default(),
         dns,
         vault: vault.clone(),
-        budget: Budget::new(config.proxy.buffer_budget, config.proxy.buffer_wait, &front),
+        budget: Budget::new(
+            config.proxy.buffer_budget,
+            config.proxy.agent_buffer_budget,
+            config.proxy.buffer_wait,
+            &front,
+        ),
         metrics: front.clone(),
         approvals: approvals.clone(),
         failed_logins: crate::lifecycle::refusals::RefusalRate::failed_logins(),

@@ -71,6 +71,11 @@ pub struct ProxyConfig {
     pub buffer_budget: u64,
     /// How long a request body waits for budget before it is refused.
     pub buffer_wait: Duration,
+    /// Of `buffer_budget`, what one agent's request bodies may hold at once.
+    pub agent_buffer_budget: u64,
+    /// A request body slower than this on average (bytes/s), once `request_body_timeout`
+    /// has passed since its first byte was awaited, is cut: it holds budget for nothing.
+    pub min_upload_rate: u64,
 }
 
 #[derive(Debug, Clone)]

@@ -18,6 +18,8 @@ pub struct RawProxy {
     pub request_body_timeout: Option<Quantity>,
     pub buffer_budget: Option<Quantity>,
     pub buffer_wait: Option<Quantity>,
+    pub agent_buffer_budget: Option<Quantity>,
+    pub min_upload_rate: Option<Quantity>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -323,6 +323,21 @@ fn proxy_config(c: &mut Checker<'_>, p: &RawProxy) -> ProxyConfig {
             "must be at least proxy.max_request_bytes (a body that may be sent must fit)",
         );
     }
+    // A quarter by default, so one agent cannot hold it all; never less than one body.
+    let agent_default = (buffer_budget / 4)
+        .max(max_request_bytes)
+        .min(buffer_budget);
+    let agent_buffer_budget = c.size(
+        "proxy.agent_buffer_budget",
+        p.agent_buffer_budget.as_ref(),
+        agent_default,
+    );
+    if agent_buffer_budget < max_request_bytes || agent_buffer_budget > buffer_budget {
+        c.bad(
+            "proxy.agent_buffer_budget",
+            "must be at least proxy.max_request_bytes and at most proxy.buffer_budget",
+        );
+    }
     let secs = Duration::from_secs;
     ProxyConfig {
         listen: c.addr("proxy.listen", p.listen.as_deref(), "127.0.0.1:3128"),
@@ -350,6 +365,8 @@ fn proxy_config(c: &mut Checker<'_>, p: &RawProxy) -> ProxyConfig {
         ),
         buffer_budget,
         buffer_wait: c.duration("proxy.buffer_wait", p.buffer_wait.as_ref(), secs(2)),
+        agent_buffer_budget,
+        min_upload_rate: c.size("proxy.min_upload_rate", p.min_upload_rate.as_ref(), 4 << 10),
     }
 }
 

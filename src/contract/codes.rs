@@ -112,6 +112,8 @@ pub enum Code {
     FingerprintChanged,
     AttemptInProgress,
     JournalUnavailable,
+    /// The agent's share of a limit is in use (SPEC §5.9 rate limits; the buffer budget).
+    RateLimited,
     VaultLocked,
     CredentialMissing,
     InjectionModeUnsupported,
@@ -157,6 +159,7 @@ str_enum!(Code {
     FingerprintChanged => "FINGERPRINT_CHANGED",
     AttemptInProgress => "ATTEMPT_IN_PROGRESS",
     JournalUnavailable => "JOURNAL_UNAVAILABLE",
+    RateLimited => "RATE_LIMITED",
     VaultLocked => "VAULT_LOCKED",
     CredentialMissing => "CREDENTIAL_MISSING",
     InjectionModeUnsupported => "INJECTION_MODE_UNSUPPORTED",
@@ -247,7 +250,9 @@ impl Code {
                 O::Own,
                 R::Fixed(Retry::FetchResult),
             ),
-            JournalUnavailable => (P::Fixed(Phase::Validation), NA, R::Fixed(Retry::Backoff)),
+            JournalUnavailable | RateLimited => {
+                (P::Fixed(Phase::Validation), NA, R::Fixed(Retry::Backoff))
+            }
             VaultLocked
             | CredentialMissing
             | InjectionModeUnsupported
@@ -322,6 +327,7 @@ impl Code {
             RouteDenied | ForbiddenHeader | ApprovalDenied | ApprovalTimeout => 403,
             InvalidTarget | UnsupportedAction | MalformedRequest | UnknownCredential => 400,
             PayloadLimit => 413,
+            RateLimited => 429,
             IdempotencyMismatch => 422,
             AttemptInProgress | FingerprintChanged | RetryBudgetExhausted | ResendRefused => 409,
             VaultLocked | JournalUnavailable => 503,
@@ -353,7 +359,7 @@ impl Code {
         use Code::*;
         match self {
             AgentUnauthenticated | RouteDenied | ForbiddenHeader | ApprovalDenied
-            | ApprovalTimeout => "http_request_denied",
+            | ApprovalTimeout | RateLimited => "http_request_denied",
             InvalidTarget | UnsupportedAction | MalformedRequest | PayloadLimit
             | UnknownCredential => "http_request_error",
             IdempotencyMismatch | AttemptInProgress | FingerprintChanged | RetryBudgetExhausted
@@ -399,6 +405,7 @@ impl Code {
             FingerprintChanged => "The request changed between approval and dispatch.",
             AttemptInProgress => "Another attempt of this invocation is in progress.",
             JournalUnavailable => "The journal cannot record new dispatches right now.",
+            RateLimited => "This agent is over a limit right now; retry after a pause.",
             VaultLocked => "The vault is locked; no credential can be injected.",
             CredentialMissing => "The route's credential has no secret in the vault.",
             InjectionModeUnsupported => "The credential's injection mode does not fit this target.",

@@ -589,6 +589,7 @@ mod tests {
             (Code::BrokerRestarted, 502, "http_response_incomplete"),
             (Code::UpstreamHopError, 502, "http_response_incomplete"),
             (Code::JournalUnavailable, 503, "proxy_internal_error"),
+            (Code::RateLimited, 429, "http_request_denied"),
         ];
         for (code, status, kind) in pinned {
             assert_eq!(

@@ -279,6 +279,7 @@ mod tests {
             (AttemptInProgress, Validation, NotAttempted, FetchResult),
             (ResendRefused, Validation, NotAttempted, Reconcile),
             (JournalUnavailable, Validation, NotAttempted, Backoff),
+            (RateLimited, Validation, NotAttempted, Backoff),
             (
                 VaultLocked,
                 CredentialInjection,

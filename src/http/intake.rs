@@ -1,10 +1,13 @@
 //! Bodies read into memory, under the buffer budget: the agent's request body before
-//! dispatch (with `request_body_timeout` as the longest gap between its bytes) and the
+//! dispatch (with `request_body_timeout` as the longest gap between its bytes, and
+//! `min_upload_rate` as the slowest average once that much time has passed) and the
 //! origin's response up to the buffering limit. A request that cannot get budget in time
-//! is refused (`JOURNAL_UNAVAILABLE`, 503, `Retry-After`); a response that cannot is
-//! streamed instead, which holds only a bounded channel.
+//! is refused (`RATE_LIMITED`, 429, `Retry-After`, naming the agent's share or the whole
+//! budget); a response that cannot is streamed instead, which holds only a bounded channel.
 
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Response, header};
@@ -12,7 +15,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::body::body_error;
-use super::budget::Reservation;
+use super::budget::{Exhausted, Reservation};
 use super::exchange::Exchange;
 use super::respond::{self, ProxyBody};
 use crate::contract::Code;
@@ -20,13 +23,27 @@ use crate::journal::{Body, Draft, Failure};
 
 const BUDGET_MESSAGE: &str =
     "postern's buffer budget for request bodies is exhausted right now; retry later.";
+const SHARE_MESSAGE: &str = "this agent's share of postern's buffer budget \
+     (proxy.agent_buffer_budget) is held by its other uploads right now; retry later.";
 
 /// Why a request body was not taken.
 enum BodyError {
     TooLarge,
     Malformed,
     Stalled(Duration),
-    Budget,
+    /// Averaged under `min_upload_rate` (bytes/s) after the grace time.
+    TooSlow(u64),
+    Budget(Exhausted),
+}
+
+/// When a body that has `received` bytes since `start` is too slow: not before `grace`,
+/// then once its average falls under `rate` bytes/s (0: never).
+fn too_slow_at(start: Instant, received: u64, grace: Duration, rate: u64) -> Option<Instant> {
+    if rate == 0 {
+        return None;
+    }
+    let earned = Duration::from_secs_f64(received as f64 / rate as f64);
+    Some(start + grace.max(earned))
 }
 
 /// A body read up to a limit: all of it (with its trailers, if any), or the first part
@@ -74,6 +91,7 @@ impl Exchange {
     ) -> Result<Bytes, BodyError> {
         let limit = self.config.proxy.max_request_bytes;
         let gap = self.config.proxy.request_body_timeout;
+        let rate = self.config.proxy.min_upload_rate;
         let budget = &self.proxy.budget;
         let declared = declared_length(headers);
         if declared.is_some_and(|n| n > limit) {
@@ -81,12 +99,19 @@ impl Exchange {
         }
         // A declared length is reserved whole up front; chunked bodies as bytes arrive.
         if let Some(n) = declared.filter(|n| *n > 0) {
-            self.held
-                .merge(budget.reserve(n).await.ok_or(BodyError::Budget)?);
+            let held = budget.reserve(&self.agent, n).await;
+            self.held.merge(held.map_err(BodyError::Budget)?);
         }
         let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+        let start = Instant::now();
         loop {
-            let frame = match tokio::time::timeout(gap, body.frame()).await {
+            let stalled = Instant::now() + gap;
+            let slow = too_slow_at(start, buf.len() as u64, gap, rate);
+            let wait = slow.map_or(stalled, |s| s.min(stalled));
+            let frame = match tokio::time::timeout_at(wait, body.frame()).await {
+                Err(_) if slow.is_some_and(|s| s <= stalled) => {
+                    return Err(BodyError::TooSlow(rate));
+                }
                 Err(_) => return Err(BodyError::Stalled(gap)),
                 Ok(None) => return Ok(buf.freeze()),
                 Ok(Some(Err(_))) => return Err(BodyError::Malformed),
@@ -99,8 +124,8 @@ impl Exchange {
                 return Err(BodyError::TooLarge);
             }
             if declared.is_none() {
-                let more = budget.reserve(data.len() as u64).await;
-                self.held.merge(more.ok_or(BodyError::Budget)?);
+                let more = budget.reserve(&self.agent, data.len() as u64).await;
+                self.held.merge(more.map_err(BodyError::Budget)?);
             }
             buf.extend_from_slice(&data);
         }
@@ -110,28 +135,37 @@ impl Exchange {
         self.held = Reservation::default();
         let mut failure = Failure::of(match e {
             BodyError::TooLarge => Code::PayloadLimit,
-            BodyError::Malformed | BodyError::Stalled(_) => Code::MalformedRequest,
-            BodyError::Budget => Code::JournalUnavailable,
+            BodyError::Malformed | BodyError::Stalled(_) | BodyError::TooSlow(_) => {
+                Code::MalformedRequest
+            }
+            BodyError::Budget(_) => Code::RateLimited,
         });
         failure.field = Some("body".into());
         match e {
             BodyError::Stalled(gap) => {
                 failure.diagnostic = Some(format!("no request body bytes for {gap:?}"));
             }
-            BodyError::Budget => {
+            BodyError::TooSlow(rate) => {
+                failure.diagnostic = Some(format!(
+                    "the request body arrived slower than proxy.min_upload_rate ({rate} bytes/s)"
+                ));
+            }
+            BodyError::Budget(which) => {
                 self.proxy.budget.refused.inc();
-                failure
-                    .evidence
-                    .insert("reason".into(), "buffer_budget_exhausted".into());
-                return self.budget_refused(failure).await;
+                let (reason, message) = match which {
+                    Exhausted::AgentShare => ("agent_buffer_share_exhausted", SHARE_MESSAGE),
+                    Exhausted::Budget => ("buffer_budget_exhausted", BUDGET_MESSAGE),
+                };
+                failure.evidence.insert("reason".into(), reason.into());
+                return self.budget_refused(failure, message).await;
             }
             BodyError::TooLarge | BodyError::Malformed => {}
         }
         self.fail(vec![], failure).await
     }
 
-    /// `JOURNAL_UNAVAILABLE` whose message names the budget, with `Retry-After`.
-    async fn budget_refused(&mut self, failure: Failure) -> Response<ProxyBody> {
+    /// `RATE_LIMITED` whose message names what ran out, with `Retry-After`.
+    async fn budget_refused(&mut self, failure: Failure, message: &str) -> Response<ProxyBody> {
         let recorded = self
             .inv
             .record(vec![Draft::observed(Body::Failed(failure))])
@@ -142,10 +176,10 @@ impl Exchange {
             .and_then(|a| a.state.record.envelope.clone());
         let mut resp = match envelope {
             Some(mut env) => {
-                env.error.message = BUDGET_MESSAGE.into();
+                env.error.message = message.into();
                 respond::envelope(&env)
             }
-            None => self.fallback(Code::JournalUnavailable),
+            None => self.fallback(Code::RateLimited),
         };
         let retry_after = self.proxy.budget.wait.as_secs().max(1);
         resp.headers_mut()

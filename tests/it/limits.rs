@@ -351,11 +351,11 @@ fn uploads_beyond_the_buffer_budget_are_refused_with_retry_after_and_one_within_
     let holder = held_upload(&daemon, origin.port(), 900_000, 1000);
     std::thread::sleep(Duration::from_millis(300));
     let (status, body, head) = upload(&daemon, origin.port(), &big);
-    assert_eq!(status, 503, "{body}");
+    assert_eq!(status, 429, "{body}");
     let e: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         facts(&e, &["code", "outcome", "retry"]),
-        ["JOURNAL_UNAVAILABLE", "not_attempted", "backoff"]
+        ["RATE_LIMITED", "not_attempted", "backoff"]
     );
     assert!(
         e["error"]["message"]
@@ -665,4 +665,82 @@ fn descriptors_running_out_at_the_upstream_connect_are_postern_s_own_failure() {
     assert_eq!(evidence["hop"], "postern", "{body}");
     assert_eq!(envelope["error"]["outcome"], "not_attempted");
     assert_eq!(origin.hits(), 0, "nothing reached the origin");
+}
+
+/// Issue 40 (medium 3): 17 connections of one agent, each declaring 16 MiB and trickling a
+/// byte every 20 s, held the whole budget, and every other agent's POST got
+/// `JOURNAL_UNAVAILABLE`. One agent now holds at most its share (`agent_buffer_budget`), the
+/// refusal names the share (`RATE_LIMITED`, 429), and a body slower than `min_upload_rate`
+/// is cut once `request_body_timeout` has passed.
+#[test]
+fn one_agent_holds_only_its_share_of_the_budget_and_a_trickled_body_is_cut() {
+    let origin = ok_origin();
+    let home = Home::new();
+    let port = origin.port();
+    let limits = "buffer_budget = \"4MiB\"\nagent_buffer_budget = \"1MiB\"\nmax_request_bytes = \"1MiB\"\n\
+                  buffer_wait = \"300ms\"\nrequest_body_timeout = \"2s\"\nmin_upload_rate = \"1KiB\"";
+    let agents = "[[agents]]\nid = \"hog\"\ntoken = \"hog-token-0123456789\"\n\
+                  [[agents]]\nid = \"other\"\ntoken = \"other-token-0123456789\"\n";
+    let config = format!("{}{agents}", http_config(port, limits));
+    let daemon = Daemon::start(&home, Some(&config));
+    let big = home.dir.path().join("big");
+    std::fs::write(&big, vec![b'b'; 900_000]).unwrap();
+    let as_agent = |who: &str, token: &str| {
+        let proxy = daemon
+            .proxy
+            .replace("http://", &format!("http://{who}:{token}@"));
+        let data = format!("@{}", big.display());
+        curl(&[
+            "-x",
+            &proxy,
+            "-H",
+            "Expect:",
+            "--data-binary",
+            &data,
+            &format!("http://origin.test:{port}/up"),
+        ])
+    };
+    // The hog declares 900 000 bytes, sends 1000, then a byte every 500 ms.
+    let mut holder = open(&daemon);
+    write!(holder, "POST http://origin.test:{port}/up HTTP/1.1\r\nHost: origin.test:{port}\r\n\
+        Proxy-Authorization: Basic aG9nOmhvZy10b2tlbi0wMTIzNDU2Nzg5\r\nContent-Length: 900000\r\n\r\n").unwrap();
+    holder.write_all(&[b'a'; 1000]).unwrap();
+    let mut trickle = holder.try_clone().unwrap();
+    std::thread::spawn(move || {
+        for _ in 0..40 {
+            std::thread::sleep(Duration::from_millis(500));
+            if trickle.write_all(b"a").is_err() {
+                return;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let (status, body, _) = as_agent("hog", "hog-token-0123456789");
+    assert_eq!(status, 429, "{body}");
+    let e: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(facts(&e, &["code", "retry"]), ["RATE_LIMITED", "backoff"]);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("agent_buffer_budget"),
+        "{body}"
+    );
+    let (status, body, _) = as_agent("other", "other-token-0123456789");
+    assert_eq!(status, 200, "another agent still uploads: {body}");
+    // The trickle is cut at request_body_timeout (2 s), though no gap reached it.
+    let (closed, said) = closed_within(&mut holder, Duration::from_secs(6));
+    assert!(closed.is_some(), "the trickled body was not cut: {said}");
+    assert!(said.starts_with("HTTP/1.1 400"), "{said}");
+    let e: Value =
+        serde_json::from_str(said.split_once("\r\n\r\n").map_or("", |(_, b)| b)).unwrap();
+    assert_eq!(facts(&e, &["code", "field"]), ["MALFORMED_REQUEST", "body"]);
+    let id = e["invocation_id"].as_str().unwrap_or_default();
+    let (_, events) = get_json(&daemon.url(&format!("/v1/invocations/{id}/events")), &[]);
+    assert!(events.to_string().contains("min_upload_rate"), "{events}");
+    assert_eq!(
+        origin.hits(),
+        1,
+        "only the other agent's upload reached the origin"
+    );
 }
