@@ -216,6 +216,8 @@ pub struct Route {
     pub status_outcomes: BTreeMap<u16, Outcome>,
     /// How long an invocation stays the twin of identical resends (SPEC §3.7); zero: off.
     pub resend_window: Duration,
+    /// `Postern-Resend: deliberate` is honoured (else ignored: the resend is judged).
+    pub allow_deliberate_resend: bool,
 }
 
 /// A `via` hop: `http://host:port`, and the Basic credential sent to it alone.

@@ -136,6 +136,7 @@ pub struct RawRoute {
     pub via_credential: Option<String>,
     pub status_outcomes: Option<BTreeMap<String, String>>,
     pub resend_window: Option<Quantity>,
+    pub allow_deliberate_resend: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

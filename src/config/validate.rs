@@ -807,5 +807,6 @@ fn route(
             r.resend_window.as_ref(),
             Duration::from_secs(600),
         ),
+        allow_deliberate_resend: r.allow_deliberate_resend.unwrap_or(true),
     }
 }

@@ -45,8 +45,9 @@ impl Exchange {
         fingerprint: &str,
         idempotent: bool,
     ) -> Resend {
+        // A route that forbids it judges a "deliberate" resend like any other.
         let deliberate = match deliberate(headers) {
-            Ok(d) => d,
+            Ok(d) => d && route.allow_deliberate_resend,
             Err(()) => {
                 let mut f = Failure::of(Code::MalformedRequest);
                 f.field = Some(format!("headers.{POSTERN_RESEND}"));

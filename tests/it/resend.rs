@@ -523,3 +523,21 @@ fn a_placeholder_spelt_another_way_is_still_the_same_request() {
     assert_eq!(bare.status, 409, "{}", bare.head);
     assert_eq!(origin.hits(), 1, "one dispatch, however the key was spelt");
 }
+
+/// Issue 40 (low 4): a route can take `Postern-Resend: deliberate` away from agents.
+#[test]
+fn a_route_that_forbids_deliberate_resends_judges_them_like_any_other() {
+    let origin = origins::closes_without_response();
+    let a = Agent::start(origin.port(), "allow_deliberate_resend = false", &[]);
+    let first = a.post(BODY);
+    assert_eq!(first.status, 502, "{}", first.head);
+    let deliberate = a.send("POST", BODY, &["Postern-Resend: deliberate"], &[]);
+    assert_refused(
+        &a,
+        &deliberate,
+        &first.id(),
+        Value::from("REMOTE_OUTCOME_UNKNOWN"),
+        "unknown",
+    );
+    assert_eq!(origin.hits(), 1, "nothing went out again");
+}
