@@ -163,7 +163,7 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
         },
         (&Method::GET, ["v1", "approvals"]) => json_reply(
             StatusCode::OK,
-            &json!({"approvals": state.approvals.list()}),
+            &json!({"approvals": listed_approvals(state)}),
         ),
         (&Method::POST, ["v1", "approvals", id, "approve"]) => {
             answer(state, id, Verdict::Approve).await
@@ -302,6 +302,29 @@ fn list(state: &AdminState, query: &str) -> Reply {
         None
     };
     json_reply(StatusCode::OK, &json!({"invocations": found, "next": next}))
+}
+
+/// The held requests, each marked `stale` when the config in force no longer has its
+/// route (or SSH target) for its agent (approving an HTTP request or tunnel then answers
+/// `ROUTE_DENIED`, nothing sent).
+fn listed_approvals(state: &AdminState) -> Vec<Value> {
+    let config = state.live.current();
+    state
+        .approvals
+        .list()
+        .into_iter()
+        .map(|l| {
+            let admits = |id: &str, agents: &[String]| {
+                id == l.held.route
+                    && (agents.is_empty() || agents.iter().any(|a| *a == l.held.agent))
+            };
+            let routed = config.routes.iter().any(|r| admits(&r.id, &r.agents))
+                || config.ssh_targets.iter().any(|t| admits(&t.id, &t.agents));
+            let mut v = json!(l);
+            v["stale"] = json!(!routed);
+            v
+        })
+        .collect()
 }
 
 pub(super) fn not_found(id: &str) -> Reply {

@@ -106,7 +106,9 @@ pub fn approvals(list: &Value) -> Vec<String> {
     }
     let mut out = Vec::new();
     for h in &held {
-        let gone = if h["caller_gone"] == true {
+        let gone = if h["stale"] == true {
+            "  (STALE: a reload removed its route; approving it refuses it, ROUTE_DENIED)"
+        } else if h["caller_gone"] == true {
             "  (CALLER GONE: approving still dispatches)"
         } else {
             ""

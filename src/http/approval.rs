@@ -9,7 +9,7 @@ use super::exchange::Exchange;
 use super::inject::Injection;
 use super::respond::{self, ProxyBody};
 use crate::config::Route;
-use crate::contract::CredentialEvidence;
+use crate::contract::{Code, CredentialEvidence};
 use crate::journal::{Draft, rfc3339};
 use crate::policy::approvals::{Approvals, Held, preview};
 
@@ -42,8 +42,16 @@ impl Exchange {
         let proxy = self.proxy.clone();
         let bound = self.injection.as_ref().map(Injection::evidence);
         let credential = credential.map(str::to_owned);
-        // Asked once the answer is in: a secret rotated while held is FINGERPRINT_CHANGED.
-        let changed = move || changed_since_preflight(&proxy, credential.as_deref(), bound);
+        let (held_route, agent) = (route.clone(), self.agent.clone());
+        // Asked once the answer is in: a route a reload removed or changed meanwhile is
+        // ROUTE_DENIED, a secret rotated while held FINGERPRINT_CHANGED.
+        let changed = move || {
+            if !crate::policy::still_routes(&proxy.config(), &held_route, &agent) {
+                return Some(Code::RouteDenied);
+            }
+            changed_since_preflight(&proxy, credential.as_deref(), bound)
+                .then_some(Code::FingerprintChanged)
+        };
         let id = self.inv.id().to_owned();
         let wait = self.inv.await_approval(
             &approvals,

@@ -199,9 +199,19 @@ impl Tunnel {
         };
         let (approvals, timeout) = (self.proxy.approvals.clone(), route.approval_timeout);
         let id = self.inv.id().to_owned();
+        let (proxy, route, agent) = (
+            self.proxy.clone(),
+            route.clone(),
+            self.opening.agent.clone(),
+        );
+        // A route a reload removed or changed while the CONNECT was held admits nothing.
+        let changed = move || {
+            (!crate::policy::still_routes(&proxy.config(), &route, &agent))
+                .then_some(crate::contract::Code::RouteDenied)
+        };
         let wait = self
             .inv
-            .await_approval(&approvals, held, timeout, drafts, || false);
+            .await_approval(&approvals, held, timeout, drafts, changed);
         watching_the_caller(&approvals, &id, wait, reply).await
     }
 

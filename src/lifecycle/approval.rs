@@ -13,15 +13,15 @@ use crate::policy::approvals::{Answer, Approvals, Held, Verdict};
 
 impl Invocation {
     /// Records `APPROVAL_REQUESTED` (after `drafts`, the preflight) and waits for the
-    /// answer. `Ok` once `APPROVAL_GRANTED` is durable and `changed()` says nothing bound
-    /// at preflight changed meanwhile (else `FINGERPRINT_CHANGED`).
+    /// answer. `Ok` once `APPROVAL_GRANTED` is durable and `changed()` names nothing bound
+    /// at preflight that changed meanwhile (`FINGERPRINT_CHANGED`, `ROUTE_DENIED`).
     pub async fn await_approval(
         &mut self,
         approvals: &Approvals,
         held: Held,
         timeout: Duration,
         mut drafts: Vec<Draft>,
-        changed: impl FnOnce() -> bool,
+        changed: impl FnOnce() -> Option<Code>,
     ) -> Result<(), Envelope> {
         drafts.push(Draft::observed(Body::ApprovalRequested(ApprovalRequest {
             fingerprint: held.fingerprint.clone(),
@@ -44,7 +44,7 @@ impl Invocation {
     async fn answered(
         &mut self,
         answer: Answer,
-        changed: impl FnOnce() -> bool,
+        changed: impl FnOnce() -> Option<Code>,
     ) -> Result<(), Envelope> {
         let by = ApprovalAnswer {
             by: Some("operator".into()),
@@ -56,7 +56,7 @@ impl Invocation {
         let mut drafts = vec![Draft::observed(verdict).source(Source::OperatorAttested)];
         let refusal = match answer.verdict {
             Verdict::Deny => Some(Code::ApprovalDenied),
-            Verdict::Approve => changed().then_some(Code::FingerprintChanged),
+            Verdict::Approve => changed(),
         };
         if let Some(code) = refusal {
             drafts.push(Draft::observed(Body::Failed(Failure::of(code))));

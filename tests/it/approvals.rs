@@ -293,3 +293,29 @@ fn a_held_request_whose_caller_left_is_listed_as_such() {
     let out = s.daemon.cli(&["approvals"], &[]);
     assert!(stdout(&out).contains("CALLER GONE"), "{}", stdout(&out));
 }
+
+/// Issue 40 (low 1): a request held on a route that a reload then removed was dispatched
+/// when approved. It is listed as stale, and approving it answers `ROUTE_DENIED`.
+#[test]
+fn a_request_whose_route_a_reload_removed_is_stale_and_not_sent_when_approved() {
+    let s = setup("20s");
+    let pending = s.send();
+    let id = s.held_id();
+    let without = config(s.origin.port(), "20s").replace(
+        "[[routes]]\nid = \"payments\"",
+        "[[routes]]\nid = \"other\"",
+    );
+    std::fs::write(s.home.dir.path().join("postern.toml"), without).unwrap();
+    let out = s.daemon.cli(&["reload"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(s.held()["stale"], true, "{}", s.held());
+    let listed = stdout(&s.daemon.cli(&["approvals"], &[]));
+    assert!(listed.contains("STALE"), "{listed}");
+    s.answer("approve", &id);
+    envelope(pending.join().unwrap_or_default(), 403, "ROUTE_DENIED");
+    assert_eq!(
+        s.origin.hits(),
+        0,
+        "nothing was sent on a route that is gone"
+    );
+}

@@ -95,7 +95,9 @@ impl Run {
         let (config, vault) = (self.config.clone(), self.vault.clone());
         let bound = login.evidence.clone();
         let changed = move || {
-            upstream::login(&config, &target, &vault).map_or(true, |now| now.evidence != bound)
+            upstream::login(&config, &target, &vault)
+                .map_or(true, |now| now.evidence != bound)
+                .then_some(crate::contract::Code::FingerprintChanged)
         };
         let timeout = self.call.target.approval_timeout;
         let approvals = self.approvals.clone();
