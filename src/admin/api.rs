@@ -316,7 +316,7 @@ fn listed_approvals(state: &AdminState) -> Vec<Value> {
         .map(|l| {
             let admits = |id: &str, agents: &[String]| {
                 id == l.held.route
-                    && (agents.is_empty() || agents.iter().any(|a| *a == l.held.agent))
+                    && (agents.is_empty() || agents.contains(&l.held.agent))
             };
             let routed = config.routes.iter().any(|r| admits(&r.id, &r.agents))
                 || config.ssh_targets.iter().any(|t| admits(&t.id, &t.agents));
