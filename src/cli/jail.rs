@@ -107,6 +107,8 @@ fn prepare(
         hide_dirs,
         hide_files,
         authorization: identity.as_ref().map(Identity::authorization),
+        ports: route_ports(&config, identity.as_ref().map(|i| i.agent.as_str())),
+        binds: system_binds(),
     };
     Ok(Outer {
         dir,
@@ -272,7 +274,43 @@ fn write_files(dir: &Path, home: &Home, config: &Config) -> Result<bool, Refusal
             .unwrap_or_default(),
     )
     .map_err(|e| fail(&known, e))?;
-    Ok(line.is_some())
+    let strict = line.is_some();
+    let system = std::fs::read_to_string(SYSTEM_SSH_CONFIG).unwrap_or_default();
+    let ssh_config = dir.join(files::SSH_CONFIG);
+    let text = ssh_config_text(&known.display().to_string(), strict, &system);
+    std::fs::write(&ssh_config, text).map_err(|e| fail(&ssh_config, e))?;
+    Ok(strict)
+}
+
+const SYSTEM_SSH_CONFIG: &str = "/etc/ssh/ssh_config";
+
+/// What the jail binds over system files that exist: postern's bundle (its CA and the system
+/// roots) over the system CA stores, so a TLS stack that reads only those (wget with GnuTLS)
+/// trusts postern too; the jail's ssh_config over the system one, so plain `ssh host` goes
+/// through postern's SSH front as `GIT_SSH_COMMAND` does.
+fn system_binds() -> Vec<(String, PathBuf)> {
+    let mut binds: Vec<(String, PathBuf)> = crate::http::mitm::SYSTEM_CA_STORES
+        .iter()
+        .filter(|p| Path::new(p).is_file())
+        .map(|p| (files::BUNDLE.to_owned(), PathBuf::from(p)))
+        .collect();
+    if Path::new(SYSTEM_SSH_CONFIG).is_file() {
+        binds.push((files::SSH_CONFIG.to_owned(), SYSTEM_SSH_CONFIG.into()));
+    }
+    binds
+}
+
+/// The ports the agent's routes name besides 443 and 80, each with whether it is https.
+fn route_ports(config: &Config, agent: Option<&str>) -> Vec<(u16, bool)> {
+    let mut ports: Vec<(u16, bool)> = Vec::new();
+    for r in &config.routes {
+        let admits = r.agents.is_empty() || agent.is_some_and(|a| r.agents.iter().any(|x| x == a));
+        let port = r.matcher.port;
+        if admits && port != 443 && port != 80 && !ports.iter().any(|(p, _)| *p == port) {
+            ports.push((port, r.matcher.scheme == crate::config::Scheme::Https));
+        }
+    }
+    ports
 }
 
 /// postern's host key for the configured targets' names, when this user can read it (the
@@ -339,23 +377,48 @@ fn jail_vars(
 /// `ssh` with postern's ProxyCommand (this binary, by absolute path) and the jail's
 /// known_hosts, as a shell command line (git runs it through `sh`).
 fn git_ssh_command(known_hosts: &str, strict: bool) -> String {
+    let mut cmd = String::from("ssh");
+    for (key, value) in ssh_options(known_hosts, strict) {
+        cmd.push_str(" -o ");
+        cmd.push_str(&shell_quote(&format!("{key}={value}")));
+    }
+    cmd
+}
+
+/// The ssh options that send ssh through postern's SSH front with the jail's known_hosts.
+fn ssh_options(known_hosts: &str, strict: bool) -> [(&'static str, String); 3] {
     let exe = std::env::current_exe()
         .ok()
         .and_then(|p| std::path::absolute(p).ok())
         .unwrap_or_else(|| PathBuf::from("postern"));
     let proxy = format!(
-        "ProxyCommand={} ssh-connect %r %h %p",
+        "{} ssh-connect %r %h %p",
         shell_quote(&exe.display().to_string())
     );
-    let checking = match strict {
-        true => "StrictHostKeyChecking=yes",
-        false => "StrictHostKeyChecking=accept-new",
-    };
-    format!(
-        "ssh -o {} -o {} -o {checking}",
-        shell_quote(&proxy),
-        shell_quote(&format!("UserKnownHostsFile={known_hosts}"))
-    )
+    let checking = if strict { "yes" } else { "accept-new" };
+    [
+        ("ProxyCommand", proxy),
+        ("UserKnownHostsFile", known_hosts.to_owned()),
+        ("StrictHostKeyChecking", checking.to_owned()),
+    ]
+}
+
+/// The jail's `/etc/ssh/ssh_config`: postern's options for every host, then the system's
+/// own (ssh takes the first value it finds; a user's `~/.ssh/config` still comes first).
+fn ssh_config_text(known_hosts: &str, strict: bool, system: &str) -> String {
+    let mut text = String::from(
+        "# postern jail: ssh reaches its targets through postern's SSH front.\nHost *\n",
+    );
+    for (key, value) in ssh_options(known_hosts, strict) {
+        let value = match key {
+            "UserKnownHostsFile" => format!("\"{value}\""),
+            _ => value,
+        };
+        text.push_str(&format!("    {key} {value}\n"));
+    }
+    text.push('\n');
+    text.push_str(system);
+    text
 }
 
 fn shell_quote(s: &str) -> String {

@@ -220,14 +220,16 @@ fn public(path: &Path) -> Result<(), MitmError> {
     Ok(())
 }
 
+/// Where systems keep their CA bundle (Debian, RHEL, Alpine and the BSDs), first found first.
+pub const SYSTEM_CA_STORES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+];
+
 /// System roots plus postern's CA, for clients that take one bundle file.
 fn write_bundle(path: &Path, ca_pem: &str) -> Result<(), MitmError> {
-    const SYSTEM: &[&str] = &[
-        "/etc/ssl/certs/ca-certificates.crt",
-        "/etc/pki/tls/certs/ca-bundle.crt",
-        "/etc/ssl/cert.pem",
-    ];
-    let mut bundle = SYSTEM
+    let mut bundle = SYSTEM_CA_STORES
         .iter()
         .find_map(|p| std::fs::read_to_string(p).ok())
         .unwrap_or_default();

@@ -38,10 +38,12 @@ struct Listeners {
     https: StdTcpListener,
     http: StdTcpListener,
     dns: StdUdpSocket,
+    /// The other ports the agent's routes name, with whether their scheme is https.
+    extra: Vec<(StdTcpListener, u16, bool)>,
 }
 
 impl Listeners {
-    fn bind() -> Result<Self, String> {
+    fn bind(ports: &[(u16, bool)]) -> Result<Self, String> {
         let tcp = |port: u16| {
             let l = StdTcpListener::bind(("127.0.0.1", port))
                 .map_err(|e| format!("cannot listen on 127.0.0.1:{port} in the jail: {e}"))?;
@@ -51,12 +53,19 @@ impl Listeners {
         let dns = StdUdpSocket::bind(("127.0.0.1", 53))
             .map_err(|e| format!("cannot listen on 127.0.0.1:53/udp in the jail: {e}"))?;
         dns.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let mut extra = Vec::new();
+        for &(port, tls) in ports {
+            if ![3128, 2222, 443, 80, 53].contains(&port) {
+                extra.push((tcp(port)?, port, tls));
+            }
+        }
         Ok(Self {
             proxy: tcp(3128)?,
             ssh: tcp(2222)?,
             https: tcp(443)?,
             http: tcp(80)?,
             dns,
+            extra,
         })
     }
 }
@@ -72,7 +81,7 @@ fn run(cmd: &[OsString]) -> Result<u8, String> {
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
     let ids = Ids::current();
     namespace::enter(ids).map_err(|e| e.to_string())?;
-    let listeners = Listeners::bind()?;
+    let listeners = Listeners::bind(&plan.ports)?;
     hide(&plan)?;
     reenter_cwd();
     let pending = signals::catch()?;
@@ -188,6 +197,11 @@ fn hide(plan: &Plan) -> Result<(), String> {
             "{e}; programs that ignore the proxy variables will not resolve names"
         ));
     }
+    for (name, target) in &plan.binds {
+        if let Err(e) = namespace::bind_file(&plan.dir.join(name), target) {
+            super::note(&e.to_string());
+        }
+    }
     Ok(())
 }
 
@@ -249,9 +263,17 @@ fn start(l: Listeners, plan: Arc<Plan>) -> Result<(), String> {
             port: 80,
             tls: false,
         },
-        socket,
-        auth,
+        socket.clone(),
+        auth.clone(),
     ));
+    for (listener, port, tls) in l.extra {
+        tokio::spawn(accept(
+            tokio_tcp(listener)?,
+            Kind::Transparent { port, tls },
+            socket.clone(),
+            auth.clone(),
+        ));
+    }
     let dns = UdpSocket::from_std(l.dns).map_err(|e| e.to_string())?;
     tokio::spawn(serve_dns(dns));
     Ok(())

@@ -46,6 +46,8 @@ pub mod files {
     pub const RESOLV: &str = "resolv.conf";
     /// An empty file bound over the config file.
     pub const EMPTY: &str = "empty";
+    /// The system ssh_config with postern's ProxyCommand first.
+    pub const SSH_CONFIG: &str = "ssh_config";
 }
 
 /// The addresses CMD sees inside the jail.

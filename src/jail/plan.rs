@@ -21,6 +21,14 @@ pub struct Plan {
     /// `Proxy-Authorization` for the CONNECTs the transparent listeners make (the agent's
     /// own identity, which CMD holds anyway).
     pub authorization: Option<String>,
+    /// Ports besides 443 and 80 that the agent's routes name: each gets a transparent
+    /// listener too (`true`: the route's scheme is https).
+    #[serde(default)]
+    pub ports: Vec<(u16, bool)>,
+    /// Files bound over system paths that exist (source in `dir`, target): the CA bundle over
+    /// the system CA store, the jail's ssh_config over the system one.
+    #[serde(default)]
+    pub binds: Vec<(String, PathBuf)>,
 }
 
 impl Plan {

@@ -446,6 +446,48 @@ env | grep -E '^(POSTERN_AGENT|POSTERN_AGENT_TOKEN|POSTERN_SSH_PROXY|NO_PROXY|ht
     );
 }
 
+/// Issue 40 (low 6 and 5): wget (GnuTLS) reads only the system CA store; a client calling
+/// `https://host:8443` found nothing listening; plain `ssh host` bypassed postern. The jail's
+/// bundle now covers the system CA stores, every port the agent's routes name is relayed, and
+/// the system ssh_config sends ssh through `postern ssh-connect`.
+#[test]
+fn system_trust_route_ports_and_plain_ssh_lead_through_postern_in_the_jail() {
+    if !userns_allowed() {
+        return;
+    }
+    assert!(
+        Command::new("wget").arg("--version").output().is_ok(),
+        "wget must be installed (tests/run installs it)"
+    );
+    let origin = echo_origin();
+    let extra = format!(
+        "[[routes]]\nid = \"alt\"\nagents = [\"ci\"]\nmatch = {{ host = \"origin.test\", port = 8443 }}\n\
+         resolve = \"{}\"\nupstream_ca = \"{}\"\n",
+        origin.addr,
+        origin.ca_file.display()
+    );
+    let jail = Jail::start(&extra);
+    let script = r#"
+unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy SSL_CERT_FILE CURL_CA_BUNDLE
+wget -q -O - https://origin.test/wget; echo
+curl -sS --max-time 20 https://origin.test:8443/alt; echo
+ssh -G somewhere.example | grep -i '^proxycommand'
+"#;
+    let out = jail.run(script);
+    let text = ok(&out);
+    let paths: Vec<String> = json_lines(&text)
+        .iter()
+        .map(|v| v["path"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(paths, ["/wget", "/alt"], "{text}\n{}", stderr(&out));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("proxycommand ") && l.contains("ssh-connect %r %h %p")),
+        "{text}"
+    );
+    drop(origin);
+}
+
 /// A private temp dir for one jail run, so "nothing left behind" is checked exactly.
 fn own_tmpdir(cmd: &mut Command) -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
