@@ -71,7 +71,22 @@ pub(super) fn acting_agent(
     Ok(Some(Identity { agent, token }))
 }
 
-/// `export` lines for curl, Python requests, Node and git.
+/// The variables TLS clients read a CA bundle from (curl, Python, git, pip, cargo, Deno,
+/// the AWS SDKs and CLI, gRPC): each names postern's bundle, in `postern env` and the jail.
+pub const BUNDLE_VARS: &[&str] = &[
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+    "PIP_CERT",
+    "CARGO_HTTP_CAINFO",
+    "DENO_CERT",
+    "AWS_CA_BUNDLE",
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+];
+
+/// `export` lines for curl, Python requests, Node, git and the rest of `BUNDLE_VARS`, and
+/// the agent's identity for `postern ssh-connect` and `postern mcp`.
 pub fn lines(home: &Home, proxy: SocketAddr, identity: Option<&Identity>) -> Vec<String> {
     let certs = std::fs::canonicalize(home.certs_dir()).unwrap_or_else(|_| home.certs_dir());
     let bundle = certs.join("bundle.pem");
@@ -84,15 +99,14 @@ pub fn lines(home: &Home, proxy: SocketAddr, identity: Option<&Identity>) -> Vec
     for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
         out.push(export(name, &url));
     }
-    for name in [
-        "SSL_CERT_FILE",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "GIT_SSL_CAINFO",
-    ] {
+    for name in BUNDLE_VARS {
         out.push(export(name, &bundle.display().to_string()));
     }
     out.push(export("NODE_EXTRA_CA_CERTS", &ca.display().to_string()));
+    if let Some(id) = identity {
+        out.push(export("POSTERN_AGENT", &id.agent));
+        out.push(export("POSTERN_AGENT_TOKEN", &id.token));
+    }
     out
 }
 

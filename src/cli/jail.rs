@@ -345,16 +345,8 @@ fn jail_vars(
     for name in ["NO_PROXY", "no_proxy"] {
         vars.push((name.to_owned(), String::new()));
     }
-    for name in [
-        "SSL_CERT_FILE",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "GIT_SSL_CAINFO",
-        "PIP_CERT",
-        "CARGO_HTTP_CAINFO",
-        "DENO_CERT",
-    ] {
-        vars.push((name.to_owned(), path(files::BUNDLE)));
+    for name in super::env::BUNDLE_VARS {
+        vars.push(((*name).to_owned(), path(files::BUNDLE)));
     }
     vars.push(("NODE_EXTRA_CA_CERTS".into(), path(files::CA)));
     vars.push(("NODE_USE_ENV_PROXY".into(), "1".into()));

@@ -150,11 +150,18 @@ fn cli_env_prints_the_agent_identity_percent_encoded_and_absolute_paths() {
         assert_eq!(export(&text, name), Some(want.as_str()), "{name}: {text}");
     }
     let certs = home.root().join("certs");
+    // Issue 40 (low 5): the identity `ssh-connect` and `mcp` read, and every bundle
+    // variable the jail sets, too.
+    assert_eq!(export(&text, "POSTERN_AGENT"), Some("ci"), "{text}");
+    assert!(export(&text, "POSTERN_AGENT_TOKEN").is_some(), "{text}");
     for name in [
         "SSL_CERT_FILE",
         "REQUESTS_CA_BUNDLE",
         "CURL_CA_BUNDLE",
         "GIT_SSL_CAINFO",
+        "PIP_CERT",
+        "AWS_CA_BUNDLE",
+        "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
     ] {
         let path = export(&text, name).unwrap_or_default();
         assert!(
