@@ -550,6 +550,23 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// One sentence per credential whose secret the vault lacks (names only, never a value).
+pub fn missing_secrets(config: &crate::config::Config, vault: &Vault) -> Vec<String> {
+    let absent = vault.absent(&secret_names(config)).unwrap_or_default();
+    config
+        .credentials
+        .iter()
+        .filter(|c| absent.contains(&c.secret))
+        .map(|c| {
+            format!(
+                "credential {}: secret {} is not in the vault; its requests fail with \
+                 CREDENTIAL_MISSING until `postern secret set {}`",
+                c.id, c.secret, c.secret
+            )
+        })
+        .collect()
+}
+
 /// The vault entry names the configured credentials use.
 pub fn secret_names(config: &crate::config::Config) -> Vec<String> {
     let mut names: Vec<String> = config

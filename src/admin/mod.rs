@@ -5,4 +5,4 @@ pub mod metrics;
 pub mod reload;
 mod retry;
 
-pub use api::{AdminState, parse_range, secret_names, serve};
+pub use api::{AdminState, missing_secrets, parse_range, secret_names, serve};

@@ -37,6 +37,9 @@ pub struct Reloader {
     pub journal: Journal,
     /// One reload at a time (SIGHUP and the API may race).
     pub running: Mutex<()>,
+    /// Asked which secrets a reloaded config names that it lacks (a warning, not a refusal:
+    /// secrets may be added while postern runs).
+    pub vault: Arc<crate::vault::Vault>,
 }
 
 impl Reloader {
@@ -87,11 +90,16 @@ impl Reloader {
                 }));
             }
         };
+        let warnings = super::missing_secrets(&next, &self.vault);
         self.live.swap(next);
         (self.on_swap)();
         self.count("applied");
         tracing::info!(changes = %changes, reload_id = %id, "config reloaded");
-        Ok(json!({"reloaded": true, "changes": changes, "reload_id": id, "seq": seq}))
+        let mut answer = json!({"reloaded": true, "changes": changes, "reload_id": id, "seq": seq});
+        if !warnings.is_empty() {
+            answer["warnings"] = json!(warnings);
+        }
+        Ok(answer)
     }
 
     fn count(&self, result: &'static str) {

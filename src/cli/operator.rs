@@ -297,6 +297,9 @@ pub fn reload(
         for (section, changes) in reply["changes"].as_object().into_iter().flatten() {
             outln!("  {section}: {changes}");
         }
+        for warning in reply["warnings"].as_array().into_iter().flatten() {
+            errln!("postern: warning: {}", s(warning));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -178,20 +178,8 @@ fn check_vault(config: &Config, vault: &Vault) -> Result<(), CliError> {
             "postern: warning: POSTERN_VAULT_KEY is not set: the vault is locked and credentialed routes fail with VAULT_LOCKED"
         );
     }
-    let absent = vault
-        .absent(&admin::secret_names(config))
-        .unwrap_or_default();
-    for c in config
-        .credentials
-        .iter()
-        .filter(|c| absent.contains(&c.secret))
-    {
-        errln!(
-            "postern: warning: credential {}: secret {} is not in the vault; its requests fail with CREDENTIAL_MISSING until `postern secret set {}`",
-            c.id,
-            c.secret,
-            c.secret
-        );
+    for warning in admin::missing_secrets(config, vault) {
+        errln!("postern: warning: {warning}");
     }
     Ok(())
 }
@@ -335,6 +323,7 @@ async fn serve_until_stopped(
         counter: reload_counter.clone(),
         journal: journal.clone(),
         running: Default::default(),
+        vault: vault.clone(),
     });
     reload_on_hangup(reloader.clone());
     let state = Arc::new(AdminState {

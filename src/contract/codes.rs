@@ -417,7 +417,9 @@ impl Code {
             ConnectTimeout => "Connecting to the destination timed out.",
             TlsCertificateError => "The destination's TLS certificate could not be verified.",
             TlsHandshakeError => "The TLS handshake with the destination failed.",
-            DestinationProhibited => "The destination address is prohibited.",
+            DestinationProhibited => {
+                "The destination address is in a range routes may not reach by name (loopback, private, link-local, …): pin the route with `resolve`, or set `allow_private = true` on it."
+            }
             SshHostKeyMismatch => "The SSH host key does not match known_hosts.",
             SshAuthFailed => "SSH user authentication to the destination failed.",
             SshChannelFailed => "The SSH session channel could not be opened.",

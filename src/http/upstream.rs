@@ -397,7 +397,7 @@ async fn tcp_stages(
                 Stage::TcpConnect,
                 Code::DestinationProhibited,
                 Some(addr),
-                "address is in a prohibited range".into(),
+                prohibited_diag(addr, route),
             );
             last = Code::DestinationProhibited;
             continue;
@@ -411,7 +411,7 @@ async fn tcp_stages(
                         Stage::TcpConnect,
                         Code::DestinationProhibited,
                         Some(peer),
-                        "connected address is prohibited".into(),
+                        prohibited_diag(peer, route),
                     );
                     return Err(Code::DestinationProhibited);
                 }
@@ -499,34 +499,56 @@ async fn resolve(route: &Route, target: &Target, dns: &Dns) -> Result<Vec<Socket
 
 /// The SSRF guard's ranges: loopback, private, link-local, CGNAT, metadata and friends.
 pub fn is_prohibited(ip: IpAddr) -> bool {
+    prohibited_class(ip).is_some()
+}
+
+/// Which prohibited range `ip` is in (`None`: a public address).
+pub fn prohibited_class(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => {
             let o = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || o[0] == 0
-                || (o[0] == 100 && (64..128).contains(&o[1]))
-                || (o[0] == 192 && o[1] == 0 && o[2] == 0)
-                || (o[0] == 198 && (o[1] == 18 || o[1] == 19))
-                || o[0] >= 240
+            let class = match () {
+                () if v4.is_loopback() => "loopback",
+                () if v4.is_private() => "private (RFC 1918)",
+                () if v4.is_link_local() => "link-local",
+                () if v4.is_unspecified() || o[0] == 0 => "unspecified (0.0.0.0/8)",
+                () if v4.is_broadcast() || o[0] >= 240 => "reserved (240.0.0.0/4)",
+                () if v4.is_multicast() => "multicast",
+                () if o[0] == 100 && (64..128).contains(&o[1]) => "shared (CGNAT, 100.64.0.0/10)",
+                () if o[0] == 192 && o[1] == 0 && o[2] == 0 => "IETF protocol (192.0.0.0/24)",
+                () if o[0] == 198 && (o[1] == 18 || o[1] == 19) => "benchmarking (198.18.0.0/15)",
+                () => return None,
+            };
+            Some(class)
         }
         IpAddr::V6(v6) => {
             if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_prohibited(IpAddr::V4(v4));
+                return prohibited_class(IpAddr::V4(v4));
             }
             let s = v6.segments();
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (s[0] & 0xfe00) == 0xfc00
-                || (s[0] & 0xffc0) == 0xfe80
-                || (s[0] == 0x64 && s[1] == 0xff9b)
+            let class = match () {
+                () if v6.is_loopback() => "loopback",
+                () if v6.is_unspecified() => "unspecified",
+                () if v6.is_multicast() => "multicast",
+                () if (s[0] & 0xfe00) == 0xfc00 => "unique local (fc00::/7)",
+                () if (s[0] & 0xffc0) == 0xfe80 => "link-local",
+                () if s[0] == 0x64 && s[1] == 0xff9b => "NAT64 (64:ff9b::/96)",
+                () => return None,
+            };
+            Some(class)
         }
     }
+}
+
+/// Why an address was refused, and what lets the route reach it.
+fn prohibited_diag(addr: SocketAddr, route: &Route) -> String {
+    let class = prohibited_class(addr.ip()).unwrap_or("prohibited");
+    format!(
+        "{} is a {class} address, which routes may not reach by name; if route {} should reach \
+         it, pin it there with `resolve = \"{addr}\"` or set `allow_private = true`",
+        addr.ip(),
+        route.id
+    )
 }
 
 /// Adds every certificate of the PEM file at `path` to `roots`.

@@ -24,7 +24,7 @@ pub enum EnterError {
          `sysctl -w kernel.unprivileged_userns_clone=1` on Debian kernels, or on Ubuntu 24.04+ \
          `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` or an AppArmor profile \
          for postern), or run the agent in a container whose only network is postern \
-         (README: postern jail, containers)"
+         (docs/jail.md, containers)"
     )]
     Refused(Errno),
     #[error("cannot set up the jail: {what}: {errno}")]

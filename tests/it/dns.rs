@@ -107,5 +107,18 @@ fn a_name_that_resolves_to_loopback_is_prohibited_without_allow_private() {
         e["evidence"]["attempts"][0]["code"],
         "DESTINATION_PROHIBITED"
     );
+    // Issue 40 (low 5): it names the fix, and the journal the address's class.
+    let said = e.to_string();
+    assert!(
+        said.contains("allow_private") && said.contains("resolve"),
+        "{said}"
+    );
+    let id = e["invocation_id"].as_str().unwrap_or_default();
+    let (_, events) =
+        crate::support::get_json(&daemon.url(&format!("/v1/invocations/{id}/events")), &[]);
+    assert!(
+        events.to_string().contains("is a loopback address"),
+        "{events}"
+    );
     assert_eq!(origin.hits(), 0);
 }

@@ -565,3 +565,20 @@ fn a_pending_restart_survives_a_second_reload_and_a_reload_id_can_be_shown() {
     assert!(out.status.success(), "{out:?}");
     assert!(stdout(&out).contains("CONFIG_RELOADED"), "{}", stdout(&out));
 }
+
+/// Issue 40 (low 5): a reload that adds a credential whose secret the vault lacks says so.
+#[test]
+fn a_reload_naming_a_secret_the_vault_lacks_warns_by_name() {
+    let s = Setup::start("");
+    let out = s.reload(
+        "[[credentials]]\nid = \"pay\"\nsecret = \"pay-key\"\ninject = { header = \"X-Api-Key\" }\n",
+    );
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap_or_default();
+    let warnings = report["warnings"].to_string();
+    assert!(
+        warnings.contains("credential pay: secret pay-key is not in the vault")
+            && warnings.contains("CREDENTIAL_MISSING"),
+        "{report}"
+    );
+}
