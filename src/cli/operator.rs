@@ -57,26 +57,23 @@ pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode
                 print_json(&body);
                 return Ok(ExitCode::SUCCESS);
             }
-            outln!(
-                "{:<31} {:<12} {:<14} {:<17} {:<20} {:<32} TARGET",
-                "ID",
-                "AGENT",
-                "OUTCOME",
-                "PHASE",
-                "RETRY",
-                "CODE"
-            );
+            let mut rows = vec![
+                ["ID", "AGENT", "OUTCOME", "PHASE", "RETRY", "CODE", "TARGET"].map(String::from),
+            ];
             for r in body["invocations"].as_array().into_iter().flatten() {
-                outln!(
-                    "{:<31} {:<12} {:<14} {:<17} {:<20} {:<32} {}",
-                    s(&r["invocation_id"]),
-                    s(&r["agent"]),
-                    s(&r["outcome"]),
-                    s(&r["phase"]),
-                    s(&r["retry"]),
-                    s(&r["code"]),
-                    list_target(r)
-                );
+                let field = |k: &str| s(&r[k]).to_string();
+                rows.push([
+                    field("invocation_id"),
+                    field("agent"),
+                    field("outcome"),
+                    field("phase"),
+                    field("retry"),
+                    field("code"),
+                    list_target(r),
+                ]);
+            }
+            for line in columns(&rows) {
+                outln!("{line}");
             }
             if let Some(next) = body["next"].as_str() {
                 errln!("postern: more invocations: `{again} --cursor {next}`");
@@ -384,6 +381,32 @@ fn offline_verify(home: &Home) -> Result<Value, CliError> {
 
 /// The list's TARGET column: an SSH record adds its command (the target alone says nothing
 /// about what ran), escaped so a control character cannot drive the terminal, and cut short.
+/// Rows as columns as wide as their widest cell (the last one unpadded).
+fn columns<const N: usize>(rows: &[[String; N]]) -> Vec<String> {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    rows.iter()
+        .map(|row| {
+            let mut line = String::new();
+            for (i, cell) in row.iter().enumerate() {
+                match i + 1 == N {
+                    true => line.push_str(cell),
+                    false => {
+                        let pad = widths[i].saturating_sub(cell.chars().count()) + 1;
+                        line.push_str(cell);
+                        line.push_str(&" ".repeat(pad));
+                    }
+                }
+            }
+            line
+        })
+        .collect()
+}
+
 fn list_target(record: &Value) -> String {
     let target = s(&record["target"]);
     match record["command"].as_str() {
@@ -402,4 +425,31 @@ fn shown_command(command: &str, width: usize) -> String {
         cut.push('…');
     }
     format!("`{cut}`")
+}
+
+#[cfg(test)]
+mod columns_tests {
+    use super::columns;
+
+    /// Issue 40 (low 5): a long agent id or code pushed the columns after it out of line.
+    #[test]
+    fn columns_are_as_wide_as_their_widest_cell() {
+        let rows = [
+            ["ID", "AGENT", "CODE"].map(String::from),
+            [
+                "act_1",
+                "a-very-long-agent-name",
+                "BROKER_RESTARTED_BEFORE_DISPATCH",
+            ]
+            .map(String::from),
+            ["act_2", "ci", "none"].map(String::from),
+        ];
+        let lines = columns(&rows);
+        let at = |l: &str| {
+            l.find("CODE")
+                .or_else(|| l.find("BROKER"))
+                .or_else(|| l.find("none"))
+        };
+        assert!(lines.iter().all(|l| at(l) == at(&lines[0])), "{lines:#?}");
+    }
 }

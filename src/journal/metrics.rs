@@ -10,9 +10,11 @@ use prometheus_client::registry::Registry;
 
 use super::projection::Record;
 
-/// Labels of a settled invocation: phase and outcome kept apart.
+/// Labels of a settled invocation: phase and outcome kept apart, and its route (or SSH
+/// target; "" for a request no route took): as many values as the config has routes.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SettledLabels {
+    pub route: String,
     pub phase: String,
     pub outcome: String,
     pub code: String,
@@ -63,7 +65,7 @@ impl JournalMetrics {
         );
         registry.register(
             "postern_invocations",
-            "Invocations settled, by phase, outcome and code",
+            "Invocations settled, by route, phase, outcome and code",
             self.invocations.clone(),
         );
         registry.register(
@@ -93,6 +95,7 @@ impl JournalMetrics {
 
     pub fn settled(&self, record: &Record) {
         let labels = SettledLabels {
+            route: record.route.clone().unwrap_or_default(),
             phase: record.phase.as_str().to_owned(),
             outcome: record.outcome.as_str().to_owned(),
             code: record.code.map_or("none", |c| c.as_str()).to_owned(),

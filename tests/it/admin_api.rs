@@ -368,6 +368,8 @@ fn metrics_keep_phase_and_outcome_apart_and_no_secret_leaks() {
         "{line}"
     );
     assert!(line.contains("code=\"BROKER_RESTARTED\""), "{line}");
+    // Issue 40 (low 5): by route too.
+    assert!(line.contains("route=\""), "{line}");
     assert!(text.contains("postern_journal_events_total"));
     let mut seen = text.clone();
     for args in [vec!["actions", "list"], vec!["actions", "show", &w.unknown]] {
