@@ -27,6 +27,9 @@ use crate::lifecycle::{Boundary, Invocation};
 /// The request header that asks for a new invocation whatever the twin.
 pub const POSTERN_RESEND: &str = "postern-resend";
 
+/// How long an identical request waits before it is sent beside a twin whose agent waits.
+const PARALLEL_SETTLE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// A lost slot is judged again this many times before the request gives up (each loss
 /// means another identical request just took the slot).
 const MAX_REJUDGE: usize = 3;
@@ -88,8 +91,11 @@ impl Exchange {
                 resend_deliberate: true,
             }));
         }
-        let now = unix_ms(journal.now());
-        let verdict = judge(&twin, now, route.idempotency.is_some());
+        let (twin, verdict) =
+            match judge(&twin, unix_ms(journal.now()), route.idempotency.is_some()) {
+                Verdict::Parallel => self.judge_again(route, twin).await?,
+                v => (twin, v),
+            };
         tracing::debug!(twin = %twin.record.invocation_id, ?verdict, "identical resend");
         match verdict {
             Verdict::SameKey => self.same_key(route, twin, slot).await,
@@ -99,6 +105,26 @@ impl Exchange {
             }
             v => Err(self.answer_from_twin(route, v, &twin, slot).await),
         }
+    }
+
+    /// A twin whose agent seems to wait may have lost it a moment ago: postern notices a
+    /// closed connection within milliseconds (measured: resends 1 ms after the close were
+    /// all sent again, 10 ms after none). Wait that out, then judge on what the twin's
+    /// record says by then (issue 40: a resend right after its agent left was sent).
+    async fn judge_again(
+        &mut self,
+        route: &Route,
+        twin: State,
+    ) -> Result<(State, Verdict), Response<ProxyBody>> {
+        tokio::time::sleep(PARALLEL_SETTLE).await;
+        let journal = self.proxy.journal.clone();
+        let twin = match journal.state(&twin.record.invocation_id) {
+            Ok(Some(now)) => now,
+            Ok(None) => twin,
+            Err(_) => return Err(self.fallback(Code::JournalUnavailable)),
+        };
+        let verdict = judge(&twin, unix_ms(journal.now()), route.idempotency.is_some());
+        Ok((twin, verdict))
     }
 
     /// Records the preflight drafts with the index claims riding them (the key binding's

@@ -541,3 +541,56 @@ fn a_route_that_forbids_deliberate_resends_judges_them_like_any_other() {
     );
     assert_eq!(origin.hits(), 1, "nothing went out again");
 }
+
+/// Issue 40 (low 3): a resend sent within a millisecond of its twin's agent leaving was
+/// judged a parallel request and sent (3 of 15 trials). Each trial: the twin reaches a slow
+/// origin, its agent closes, and the identical request goes at once; the twin still runs
+/// and its agent left, so the resend must get `ATTEMPT_IN_PROGRESS` and send nothing.
+/// Measured before the fix: all 15 sent again (a resend 10 ms after the close: none).
+#[test]
+fn a_resend_right_after_its_twins_agent_left_is_not_sent_again() {
+    use std::io::{Read, Write};
+    const TRIALS: usize = 15;
+    let origin = origins::slow_head(Duration::from_secs(4), "slow");
+    let a = Agent::start(origin.port(), "", &[]);
+    let addr = a.daemon.proxy.trim_start_matches("http://").to_owned();
+    let request = |n: usize| {
+        let body = format!("{{\"trial\":{n}}}");
+        format!(
+            "POST http://pay.test:{port}/v1/charges HTTP/1.1\r\nHost: pay.test:{port}\r\n\
+             Proxy-Authorization: Basic YTphZ2VudC1hLXRva2VuLTAxMjM=\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len(),
+            port = origin.port()
+        )
+    };
+    let mut sent_twice = Vec::new();
+    for n in 0..TRIALS {
+        let mut twin = std::net::TcpStream::connect(&addr).unwrap();
+        twin.write_all(request(n).as_bytes()).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while origin.hits() < n + 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        drop(twin);
+        let mut resend = std::net::TcpStream::connect(&addr).unwrap();
+        resend.write_all(request(n).as_bytes()).unwrap();
+        resend
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut head = [0u8; 12];
+        let _ = resend.read_exact(&mut head);
+        if !head.starts_with(b"HTTP/1.1 409") {
+            sent_twice.push((n, String::from_utf8_lossy(&head).into_owned()));
+        }
+    }
+    assert!(
+        sent_twice.is_empty(),
+        "resends not held back: {sent_twice:?}"
+    );
+    assert_eq!(
+        origin.hits(),
+        TRIALS,
+        "each trial's request reached the origin once"
+    );
+}
