@@ -332,7 +332,8 @@ fn proxy_config(c: &mut Checker<'_>, p: &RawProxy) -> ProxyConfig {
         p.agent_buffer_budget.as_ref(),
         agent_default,
     );
-    if agent_buffer_budget < max_request_bytes || agent_buffer_budget > buffer_budget {
+    let set = p.agent_buffer_budget.is_some();
+    if set && (agent_buffer_budget < max_request_bytes || agent_buffer_budget > buffer_budget) {
         c.bad(
             "proxy.agent_buffer_budget",
             "must be at least proxy.max_request_bytes and at most proxy.buffer_budget",

@@ -403,6 +403,15 @@ async fn connect(
                 )
             });
         }
+        if refuse_inside(&req) {
+            // The client cannot read a CONNECT's answer (a proxy-unaware one, behind the
+            // jail's transparent listener): let it through and answer each request inside
+            // with the refusal, which is matched and journaled as any request's.
+            let caller = Caller::of(agent, &req);
+            return serve_connected(req, slot, move |io, slot| {
+                intercept(proxy, caller, host, port, (io, member, slot))
+            });
+        }
         let field = connect_denial_field(&config, &agent, &host, port);
         return refuse_early(&proxy, &agent, url, "CONNECT", Code::RouteDenied, field).await;
     };
@@ -414,6 +423,16 @@ async fn connect(
     serve_connected(req, slot, move |io, slot| {
         intercept(proxy, caller, host, port, (io, member, slot))
     })
+}
+
+/// `Postern-Refuse-Inside: tls` on a `CONNECT` (sent by `postern jail`'s transparent
+/// listeners): a refusal is answered inside the TLS the client expects, not to the CONNECT.
+pub const REFUSE_INSIDE: &str = "postern-refuse-inside";
+
+fn refuse_inside(req: &Request<Incoming>) -> bool {
+    req.headers()
+        .get(REFUSE_INSIDE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"tls"))
 }
 
 /// Answers the `CONNECT` with `200` and hands the connection it opens to `serve`.

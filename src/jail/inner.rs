@@ -356,7 +356,7 @@ async fn transparent(
         }
     };
     let mut up = dial(socket, Service::Proxy).await?;
-    up.write_all(connect_request(&host, port, auth).as_bytes())
+    up.write_all(connect_request(&host, port, auth, tls).as_bytes())
         .await?;
     let answer = tokio::time::timeout(SNIFF_TIMEOUT, read_head(&mut up)).await??;
     if answer.status == 200 {
@@ -382,10 +382,16 @@ async fn transparent(
     Ok(())
 }
 
-fn connect_request(host: &str, port: u16, auth: Option<&str>) -> String {
+/// The CONNECT for a client that ignored the proxy. A TLS client cannot read the CONNECT's
+/// answer, so postern is asked to refuse inside the TLS it expects (a 403 envelope it can
+/// read) rather than to the CONNECT.
+fn connect_request(host: &str, port: u16, auth: Option<&str>, tls: bool) -> String {
     let mut req = format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n");
     if let Some(auth) = auth {
         req.push_str(&format!("Proxy-Authorization: {auth}\r\n"));
+    }
+    if tls {
+        req.push_str("Postern-Refuse-Inside: tls\r\n");
     }
     req.push_str("\r\n");
     req
