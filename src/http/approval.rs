@@ -43,8 +43,8 @@ impl Exchange {
         let bound = self.injection.as_ref().map(Injection::evidence);
         let credential = credential.map(str::to_owned);
         let (held_route, agent) = (route.clone(), self.agent.clone());
-        // Asked once the answer is in: a route a reload removed or changed meanwhile is
-        // ROUTE_DENIED, a secret rotated while held FINGERPRINT_CHANGED.
+        // Asked once the answer is in: a route a reload removed meanwhile (or that no longer
+        // admits the agent) is ROUTE_DENIED, a secret rotated while held FINGERPRINT_CHANGED.
         let changed = move || {
             if !crate::policy::still_routes(&proxy.config(), &held_route, &agent) {
                 return Some(Code::RouteDenied);

@@ -204,7 +204,7 @@ impl Tunnel {
             route.clone(),
             self.opening.agent.clone(),
         );
-        // A route a reload removed or changed while the CONNECT was held admits nothing.
+        // A route a reload removed while the CONNECT was held admits nothing.
         let changed = move || {
             (!crate::policy::still_routes(&proxy.config(), &route, &agent))
                 .then_some(crate::contract::Code::RouteDenied)

@@ -146,12 +146,14 @@ fn agent_allowed(route: &Route, agent: &str) -> bool {
     route.agents.is_empty() || route.agents.iter().any(|a| a == agent)
 }
 
-/// The config in force still has the route `route` was, unchanged, and it still admits
-/// `agent`: what an approval granted under an older config must find before it dispatches.
+/// The config in force still has `route` (by id) and it still admits `agent`: what an
+/// approval granted under an older config must find before it dispatches. What else a
+/// reload changed on it binds new requests only; the held one keeps its snapshot.
 pub fn still_routes(config: &crate::config::Config, route: &Route, agent: &str) -> bool {
-    config.routes.iter().any(|r| {
-        r.id == route.id && agent_allowed(r, agent) && format!("{r:?}") == format!("{route:?}")
-    })
+    config
+        .routes
+        .iter()
+        .any(|r| r.id == route.id && agent_allowed(r, agent))
 }
 
 /// The dimensions a route matches a request on, in the order a refusal names them.
