@@ -221,6 +221,7 @@ async fn relay_connection(
 struct Postern {
     child: Child,
     proxy: SocketAddr,
+    admin: SocketAddr,
     ca: PathBuf,
     _home: tempfile::TempDir,
 }
@@ -261,15 +262,17 @@ fn start_postern(origin: &Origin, durability: &str) -> Postern {
 }
 
 fn start_postern_with(origin: &Origin, durability: &str, credential: bool) -> Postern {
-    start_postern_journal(origin, durability, credential, "")
+    start_postern_journal(origin, durability, credential, "", "")
 }
 
-/// A postern with `journal` added to its `[journal]` table (retention for the soak).
+/// A postern with `journal` added to its `[journal]` table and `route` to its route
+/// (retention and the resend window for the soak).
 fn start_postern_journal(
     origin: &Origin,
     durability: &str,
     credential: bool,
     journal: &str,
+    route: &str,
 ) -> Postern {
     let home = tempfile::tempdir().unwrap();
     if credential {
@@ -279,7 +282,7 @@ fn start_postern_journal(
     std::fs::write(&ca_file, &origin.ca_pem).unwrap();
     let config = format!(
         "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[journal]\ndurability = \"{durability}\"\n{journal}\
-         {}[[routes]]\nid = \"bench\"\nmatch = {{ host = \"origin.test\", port = {} }}\nresolve = \"{}\"\nupstream_ca = \"{}\"\n{}",
+         {}[[routes]]\nid = \"bench\"\nmatch = {{ host = \"origin.test\", port = {} }}\nresolve = \"{}\"\nupstream_ca = \"{}\"\n{route}{}",
         if credential { CREDENTIAL } else { "" },
         origin.addr.port(),
         origin.addr,
@@ -303,14 +306,16 @@ fn start_postern_journal(
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    let mut proxy = None;
+    let (mut proxy, mut admin) = (None, None);
     let mut lines = BufReader::new(stdout).lines();
+    let address = |rest: &str| rest.trim().trim_start_matches("http://").parse().unwrap();
     for line in lines.by_ref() {
         let line = line.unwrap();
         if let Some(p) = line.trim().strip_prefix("proxy") {
-            proxy = Some(p.trim().trim_start_matches("http://").parse().unwrap());
+            proxy = Some(address(p));
         }
-        if line.trim().starts_with("admin") {
+        if let Some(a) = line.trim().strip_prefix("admin") {
+            admin = Some(address(a));
             break;
         }
     }
@@ -318,6 +323,7 @@ fn start_postern_journal(
     Postern {
         child,
         proxy: proxy.unwrap(),
+        admin: admin.unwrap(),
         ca: home.path().join("home/certs/ca.pem"),
         _home: home,
     }
@@ -755,11 +761,15 @@ fn fastest(mut run: impl FnMut() -> usize) -> (Duration, usize) {
 }
 
 /// `POSTERN_BENCH_ONLY=soak`: small GETs at a constant rate (`POSTERN_SOAK_RATE`, 200/s)
-/// for `POSTERN_SOAK_SECS` (600) through postern `fsync` with a 60 s event and result
-/// retention (`POSTERN_SOAK_EVENT_RETENTION`, `POSTERN_SOAK_RESULT_RETENTION`); every 30 s
-/// the journal's size on disk (allocated blocks, the space reserve left out) and what
-/// postern wrote. A journal that stops growing levels off after the retention plus a
-/// sweep.
+/// over `POSTERN_SOAK_CONNECTIONS` (8) for `POSTERN_SOAK_SECS` (600) through postern
+/// (`POSTERN_SOAK_DURABILITY`, `fsync`) with a 60 s event and result retention
+/// (`POSTERN_SOAK_EVENT_RETENTION`, `POSTERN_SOAK_RESULT_RETENTION`); every
+/// `POSTERN_SOAK_EVERY` (30) s the journal's size on disk (allocated blocks, the space
+/// reserve left out), what postern wrote and the entries of its resend twin index. A
+/// journal that stops growing levels off after the retention plus a sweep.
+/// `POSTERN_SOAK_POSTS=1` sends POSTs instead, each with a body of its own (each a new twin
+/// index entry), on a route whose `resend_window` is `POSTERN_SOAK_RESEND_WINDOW` (5s):
+/// the index levels off at the requests of the window plus a sweep's interval.
 fn soak() {
     let env = |name: &str, default: u64| {
         std::env::var(name)
@@ -770,35 +780,49 @@ fn soak() {
     let (secs, rate) = (env("POSTERN_SOAK_SECS", 600), env("POSTERN_SOAK_RATE", 200));
     // `POSTERN_SOAK_QUIET` seconds more without load: what stays once results expire.
     let quiet = env("POSTERN_SOAK_QUIET", 0);
-    let text = |name: &str| std::env::var(name).unwrap_or_else(|_| "60s".to_owned());
-    let (events, results) = (
-        text("POSTERN_SOAK_EVENT_RETENTION"),
-        text("POSTERN_SOAK_RESULT_RETENTION"),
+    let (connections, every) = (
+        env("POSTERN_SOAK_CONNECTIONS", 8).max(1),
+        env("POSTERN_SOAK_EVERY", 30).max(1),
     );
+    let posts = env("POSTERN_SOAK_POSTS", 0) == 1;
+    let text = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+    let (events, results) = (
+        text("POSTERN_SOAK_EVENT_RETENTION", "60s"),
+        text("POSTERN_SOAK_RESULT_RETENTION", "60s"),
+    );
+    let window = text("POSTERN_SOAK_RESEND_WINDOW", "5s");
+    let durability = text("POSTERN_SOAK_DURABILITY", "fsync");
     let rt = runtime();
     let origin = start_origin(&rt);
     let retention = format!("event_retention = \"{events}\"\nresult_retention = \"{results}\"\n");
-    let p = start_postern_journal(&origin, "fsync", false, &retention);
+    let route = format!("resend_window = \"{window}\"\n");
+    let p = start_postern_journal(&origin, &durability, false, &retention, &route);
     let journal = p._home.path().join("home/journal");
     let tls = tls_client(&std::fs::read(&p.ca).unwrap());
     let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    const CONNECTIONS: u64 = 8;
     let started = Instant::now();
     let until = started + Duration::from_secs(secs);
-    for _ in 0..CONNECTIONS {
+    for c in 0..connections {
         let (tls, sent) = (tls.clone(), sent.clone());
         let (target, via) = (origin.addr, p.proxy);
         rt.spawn(async move {
             let mut sender = connect(target, Some(via), &tls).await;
-            let every = Duration::from_secs_f64(CONNECTIONS as f64 / rate.max(1) as f64);
+            let every = Duration::from_secs_f64(connections as f64 / rate.max(1) as f64);
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut n = 0u64;
             while Instant::now() < until {
                 tick.tick().await;
+                n += 1;
+                let (method, body) = match posts {
+                    true => ("POST", Bytes::from(format!("{{\"c\":{c},\"n\":{n}}}"))),
+                    false => ("GET", Bytes::new()),
+                };
                 let request = Request::builder()
+                    .method(method)
                     .uri("/bench")
                     .header("host", format!("origin.test:{}", target.port()))
-                    .body(Full::new(Bytes::new()))
+                    .body(Full::new(body))
                     .unwrap();
                 // postern is stopped at the end while requests may still be under way.
                 let Ok(resp) = sender.send_request(request).await else {
@@ -809,23 +833,29 @@ fn soak() {
             }
         });
     }
+    let load = match posts {
+        true => format!("unique POSTs (resend window {window})"),
+        false => "small GETs".to_owned(),
+    };
     println!(
-        "Soak: small GETs at {rate}/s for {secs}s (then {quiet}s without load), fsync, event retention {events}, result retention {results}"
+        "Soak: {load} at {rate}/s over {connections} connections for {secs}s (then {quiet}s without load), {durability}, event retention {events}, result retention {results}"
     );
     println!();
     println!(
-        "| seconds | requests | journal on disk MB | of it fjall's write-ahead journals MB | kept KB / request | written MB | written KB / request |"
+        "| seconds | requests | journal on disk MB | of it fjall's write-ahead journals MB | kept KB / request | written MB | written KB / request | twin index entries |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     let disk0 = written_bytes(p.child.id());
     let end = until + Duration::from_secs(quiet);
     while Instant::now() < end {
-        std::thread::sleep(Duration::from_secs(30).min(end - Instant::now()));
+        std::thread::sleep(Duration::from_secs(every).min(end - Instant::now()));
         let n = sent.load(std::sync::atomic::Ordering::Relaxed);
         let written = written_bytes(p.child.id()) - disk0;
         let kept = on_disk(&journal) as f64;
+        let twins = metric(p.admin, "postern_journal_resend_twins")
+            .map_or("?".to_owned(), |v| format!("{v:.0}"));
         println!(
-            "| {} | {n} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
+            "| {} | {n} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {twins} |",
             started.elapsed().as_secs(),
             kept / 1e6,
             write_ahead(&journal) as f64 / 1e6,
@@ -834,6 +864,20 @@ fn soak() {
             written / n.max(1) as f64 / 1024.0
         );
     }
+}
+
+/// One unlabelled sample from postern's `/metrics`.
+fn metric(admin: SocketAddr, name: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let mut tcp = std::net::TcpStream::connect(admin).ok()?;
+    let request = "GET /metrics HTTP/1.1\r\nHost: postern\r\nConnection: close\r\n\r\n";
+    tcp.write_all(request.as_bytes()).ok()?;
+    let mut text = String::new();
+    tcp.read_to_string(&mut text).ok()?;
+    let prefix = format!("{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Allocated bytes under `dir`, the space reserve left out.

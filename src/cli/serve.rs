@@ -345,6 +345,7 @@ async fn serve_until_stopped(
         journal.clone(),
         config.journal.event_retention,
     ));
+    tokio::spawn(expire_index_entries(journal.clone()));
     let shutdown = Shutdown::install();
     let durability = match config.journal.durability {
         Durability::Fsync => "fsync",
@@ -430,7 +431,8 @@ fn guard_ssh(ssh: tokio::net::TcpListener, front: &FrontMetrics) -> Guarded {
         .refusal(crate::ssh::front::OVER_CAP)
 }
 
-/// The retention sweeps: every minute, or a quarter of a shorter event retention.
+/// The retention sweeps of events and results: every minute, or a quarter of a shorter
+/// event retention.
 async fn expire_results(journal: Journal, event_retention: Duration) {
     let every = (event_retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
     let mut tick = tokio::time::interval(every);
@@ -442,7 +444,21 @@ async fn expire_results(journal: Journal, event_retention: Duration) {
         if let Err(e) = journal.expire_results().await {
             tracing::warn!(error = %e, "result retention sweep failed");
         }
-        // Lookups ignore an expired key already; this only reclaims its space.
+    }
+}
+
+/// How long an expired key or twin index entry may stay: the indexes hold what was used
+/// within their windows and this (docs/sdk.md, docs/retries.md).
+const INDEX_SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// The key and twin index sweeps. Lookups ignore an expired entry already; this reclaims
+/// its space, often enough that a short window (a resend window of seconds) bounds the
+/// index by its own length rather than the sweep's.
+async fn expire_index_entries(journal: Journal) {
+    let mut tick = tokio::time::interval(INDEX_SWEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
         if let Err(e) = journal.expire_keys().await {
             tracing::warn!(error = %e, "idempotency key retention sweep failed");
         }

@@ -1,6 +1,9 @@
 //! The fjall implementation of `EventStore`. fjall types stay in this file.
 
+use std::collections::HashSet;
+use std::ops::Bound;
 use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use fjall::config::CompressionPolicy;
 use fjall::{
@@ -16,7 +19,7 @@ use super::keys::KeyEntry;
 use super::projection::{State, replay};
 use super::request::StoredRequest;
 use super::result::StoredResult;
-use super::store::{Cut, EventStore, RawEvent, StoreError, WriteSet};
+use super::store::{Cut, EventStore, IndexEntries, RawEvent, StoreError, WriteSet};
 use super::twins::TwinEntry;
 
 /// Journal storage in one fjall database.
@@ -39,6 +42,9 @@ pub struct FjallStore {
     checkpoints: Keyspace,
     /// Events a retention cut kept aside (records not settled): id, seq → event.
     islands: Keyspace,
+    /// Entries in `keys` and `twins`: counted at open, moved by every write.
+    key_count: AtomicI64,
+    twin_count: AtomicI64,
 }
 
 impl From<fjall::Error> for StoreError {
@@ -160,7 +166,7 @@ impl FjallStore {
             ))
         };
         let ks_small = |name: &str| db.keyspace(name, small);
-        Ok(Self {
+        let store = Self {
             events: ks("events")?,
             by_invocation: ks_small("by_invocation")?,
             states: ks_small("states")?,
@@ -179,9 +185,23 @@ impl FjallStore {
             twin_expiry: ks_small("resend_twin_expiry")?,
             checkpoints: ks_small("checkpoints")?,
             islands: ks_small("islands")?,
+            key_count: AtomicI64::new(0),
+            twin_count: AtomicI64::new(0),
             db,
-        })
+        };
+        // One scan at open; the index is bounded by its sweep, so this stays short.
+        store
+            .key_count
+            .store(count(&store.keys)?, Ordering::Relaxed);
+        store
+            .twin_count
+            .store(count(&store.twins)?, Ordering::Relaxed);
+        Ok(store)
     }
+}
+
+fn count(keyspace: &Keyspace) -> Result<i64, StoreError> {
+    Ok(i64::try_from(keyspace.len()?).unwrap_or(i64::MAX))
 }
 
 impl EventStore for FjallStore {
@@ -257,12 +277,14 @@ impl EventStore for FjallStore {
             batch.remove(&self.requests, id.as_bytes());
             batch.remove(&self.result_expiry, expiry_key(*at_ms, id));
         }
-        self.write_keys(&mut batch, &set)?;
-        self.write_twins(&mut batch, &set)?;
+        let keys = self.write_keys(&mut batch, &set)?;
+        let twins = self.write_twins(&mut batch, &set)?;
         if let Some(cut) = &set.cut {
             self.write_cut(&mut batch, cut)?;
         }
         batch.commit()?;
+        self.key_count.fetch_add(keys, Ordering::Relaxed);
+        self.twin_count.fetch_add(twins, Ordering::Relaxed);
         self.db.persist(PersistMode::Buffer)?;
         Ok(())
     }
@@ -445,17 +467,18 @@ impl EventStore for FjallStore {
         }
     }
 
-    fn expired_results(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, String)>, StoreError> {
-        let mut out = Vec::new();
-        for guard in self.result_expiry.iter().take(limit) {
-            let k = guard.key()?;
-            let (at_ms, id) = split_expiry(&k)?;
-            if at_ms > now_ms {
-                break;
-            }
-            out.push((at_ms, String::from_utf8_lossy(id).into_owned()));
-        }
-        Ok(out)
+    fn expired_results(
+        &self,
+        now_ms: i64,
+        after: Option<&(i64, String)>,
+        limit: usize,
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        let after = after.map(|(at_ms, id)| expiry_key(*at_ms, id));
+        let rows = due_rows(&self.result_expiry, now_ms, after, limit)?;
+        Ok(rows
+            .into_iter()
+            .map(|(at_ms, id)| (at_ms, String::from_utf8_lossy(&id).into_owned()))
+            .collect())
     }
 
     fn key_entry(&self, index_key: &[u8]) -> Result<Option<KeyEntry>, StoreError> {
@@ -467,8 +490,14 @@ impl EventStore for FjallStore {
         }
     }
 
-    fn expired_keys(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
-        due_rows(&self.key_expiry, now_ms, limit)
+    fn expired_keys(
+        &self,
+        now_ms: i64,
+        after: Option<&(i64, Vec<u8>)>,
+        limit: usize,
+    ) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+        let after = after.map(|(at_ms, key)| expiry_key_bytes(*at_ms, key));
+        due_rows(&self.key_expiry, now_ms, after, limit)
     }
 
     fn twin_entry(&self, index_key: &[u8]) -> Result<Option<TwinEntry>, StoreError> {
@@ -480,15 +509,61 @@ impl EventStore for FjallStore {
         }
     }
 
-    fn expired_twins(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
-        due_rows(&self.twin_expiry, now_ms, limit)
+    fn expired_twins(
+        &self,
+        now_ms: i64,
+        after: Option<&(i64, Vec<u8>)>,
+        limit: usize,
+    ) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+        let after = after.map(|(at_ms, key)| expiry_key_bytes(*at_ms, key));
+        due_rows(&self.twin_expiry, now_ms, after, limit)
+    }
+
+    fn index_entries(&self) -> IndexEntries {
+        let held = |n: &AtomicI64| u64::try_from(n.load(Ordering::Relaxed)).unwrap_or(0);
+        IndexEntries {
+            keys: held(&self.key_count),
+            twins: held(&self.twin_count),
+        }
     }
 }
 
-/// Expiry rows (time, then the indexed key) due at or before `now_ms`, oldest first.
-fn due_rows(rows: &Keyspace, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+/// What one write does to an index's number of entries. Expired entries go before the
+/// batch's claims, so a claim over an entry removed in the same batch adds one again.
+#[derive(Default)]
+struct Tally<'a> {
+    removed: HashSet<&'a [u8]>,
+    delta: i64,
+}
+
+impl<'a> Tally<'a> {
+    fn removed(&mut self, index_key: &'a [u8]) {
+        if self.removed.insert(index_key) {
+            self.delta -= 1;
+        }
+    }
+
+    /// `replaces`: the expiry of the entry the writer saw in the slot (none: empty).
+    fn written(&mut self, index_key: &[u8], replaces: Option<i64>) {
+        let revived = self.removed.remove(index_key);
+        if replaces.is_none() || revived {
+            self.delta += 1;
+        }
+    }
+}
+
+/// Expiry rows (time, then the indexed key) due at or before `now_ms`, oldest first,
+/// from after the row key `after`: a sweep's next batch seeks past the rows its previous
+/// one removed instead of stepping over their tombstones.
+fn due_rows(
+    rows: &Keyspace,
+    now_ms: i64,
+    after: Option<Vec<u8>>,
+    limit: usize,
+) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+    let start = after.map_or(Bound::Unbounded, Bound::Excluded);
     let mut out = Vec::new();
-    for guard in rows.iter().take(limit) {
+    for guard in rows.range((start, Bound::Unbounded)).take(limit) {
         let k = guard.key()?;
         let (at_ms, index_key) = split_expiry(&k)?;
         if at_ms > now_ms {
@@ -501,21 +576,25 @@ fn due_rows(rows: &Keyspace, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<
 
 impl FjallStore {
     /// Key index rows: expired ones out first (an entry refreshed since keeps its newer
-    /// expiry), then claims and refreshes, each moving its expiry row.
+    /// expiry), then claims and refreshes, each moving its expiry row. Returns how the
+    /// number of entries changes.
     fn write_keys(
         &self,
         batch: &mut fjall::OwnedWriteBatch,
         set: &WriteSet,
-    ) -> Result<(), StoreError> {
+    ) -> Result<i64, StoreError> {
+        let mut tally = Tally::default();
         for (at_ms, index_key) in &set.expired_keys {
             batch.remove(&self.key_expiry, expiry_key_bytes(*at_ms, index_key));
             let current = self.key_entry(index_key)?;
             if let Some(e) = current.filter(|e| e.expires_at_ms <= *at_ms) {
                 batch.remove(&self.keys, index_key.as_slice());
+                tally.removed(index_key);
                 self.release_held(batch, set, &e.invocation_id)?;
             }
         }
         for w in &set.keys {
+            tally.written(&w.index_key, w.replaces_expiry);
             if let Some(old) = w.replaces_expiry {
                 batch.remove(&self.key_expiry, expiry_key_bytes(old, &w.index_key));
             }
@@ -530,7 +609,7 @@ impl FjallStore {
                 [],
             );
         }
-        Ok(())
+        Ok(tally.delta)
     }
 
     /// Twin index rows, as `write_keys` does for the key index.
@@ -538,16 +617,19 @@ impl FjallStore {
         &self,
         batch: &mut fjall::OwnedWriteBatch,
         set: &WriteSet,
-    ) -> Result<(), StoreError> {
+    ) -> Result<i64, StoreError> {
+        let mut tally = Tally::default();
         for (at_ms, index_key) in &set.expired_twins {
             batch.remove(&self.twin_expiry, expiry_key_bytes(*at_ms, index_key));
             let current = self.twin_entry(index_key)?;
             if let Some(e) = current.filter(|e| e.expires_at_ms <= *at_ms) {
                 batch.remove(&self.twins, index_key.as_slice());
+                tally.removed(index_key);
                 self.release_held(batch, set, &e.invocation_id)?;
             }
         }
         for w in &set.twins {
+            tally.written(&w.index_key, w.replaces_expiry);
             if let Some(old) = w.replaces_expiry {
                 batch.remove(&self.twin_expiry, expiry_key_bytes(old, &w.index_key));
             }
@@ -562,7 +644,7 @@ impl FjallStore {
                 [],
             );
         }
-        Ok(())
+        Ok(tally.delta)
     }
 
     /// A state row: the record itself, or (empty) a mark that it settled and is the

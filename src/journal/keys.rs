@@ -77,12 +77,6 @@ impl Journal {
             .map_err(|_| JournalError::Unavailable)?;
         rx.await.map_err(|_| JournalError::Unavailable)?
     }
-
-    /// Removes index entries whose retention has passed.
-    pub async fn expire_keys(&self) -> Result<usize, JournalError> {
-        let due = self.store.expired_keys(unix_ms(self.now()), 1024)?;
-        self.expire(Vec::new(), due).await
-    }
 }
 
 #[cfg(test)]

@@ -5,10 +5,12 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::projection::Record;
+use super::store::IndexEntries;
 
 /// Labels of a settled invocation: phase and outcome kept apart, and its route (or SSH
 /// target; "" for a request no route took): as many values as the config has routes.
@@ -31,6 +33,10 @@ pub struct JournalMetrics {
     pub unrecorded_refusals: Counter,
     /// Events removed by retention cuts.
     pub pruned: Counter,
+    /// Entries the idempotency key index holds (expired ones until swept).
+    pub index_keys: Gauge,
+    /// Entries the resend twin index holds (expired ones until swept).
+    pub index_twins: Gauge,
 }
 
 impl Default for JournalMetrics {
@@ -42,6 +48,8 @@ impl Default for JournalMetrics {
             invocations: Family::default(),
             unrecorded_refusals: Counter::default(),
             pruned: Counter::default(),
+            index_keys: Gauge::default(),
+            index_twins: Gauge::default(),
         }
     }
 }
@@ -78,6 +86,22 @@ impl JournalMetrics {
             "Events removed by journal.event_retention, behind a checkpoint",
             self.pruned.clone(),
         );
+        registry.register(
+            "postern_journal_idempotency_keys",
+            "Entries in the idempotency key index, expired ones until the sweep removes them",
+            self.index_keys.clone(),
+        );
+        registry.register(
+            "postern_journal_resend_twins",
+            "Entries in the resend twin index, expired ones until the sweep removes them",
+            self.index_twins.clone(),
+        );
+    }
+
+    pub fn indexed(&self, held: IndexEntries) {
+        let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.index_keys.set(gauge(held.keys));
+        self.index_twins.set(gauge(held.twins));
     }
 
     pub fn pruned(&self, n: u64) {

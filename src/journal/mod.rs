@@ -23,6 +23,7 @@ mod result;
 mod retention;
 mod space;
 mod store;
+mod sweep;
 mod twins;
 mod writer;
 
@@ -49,7 +50,7 @@ pub use projection::{
 pub use request::StoredRequest;
 pub use result::{HttpResult, Payload, SshResult, StoredResult, TunnelResult, as_text, b64, unb64};
 pub use space::SpaceGuard;
-pub use store::{Cut, EventStore, RawEvent, StoreError, WriteSet};
+pub use store::{Cut, EventStore, IndexEntries, RawEvent, StoreError, WriteSet};
 pub use twins::{ResendEvidence, TwinClaim, TwinEntry, TwinRef, TwinSlot, TwinWrite};
 pub use writer::{Appended, LiveStates, needs_sync_rule, rfc3339};
 
@@ -446,29 +447,6 @@ impl Journal {
 
     pub fn verify(&self) -> Result<AuditReport, StoreError> {
         verify(self.store.as_ref())
-    }
-
-    /// Removes results whose retention has passed.
-    pub async fn expire_results(&self) -> Result<usize, JournalError> {
-        let due = self.store.expired_results(unix_ms(self.now()), 1024)?;
-        self.expire(due, Vec::new()).await
-    }
-
-    /// Removes expired results and keys in one durable write; how many were due.
-    async fn expire(
-        &self,
-        results: Vec<(i64, String)>,
-        keys: Vec<(i64, Vec<u8>)>,
-    ) -> Result<usize, JournalError> {
-        let n = results.len() + keys.len();
-        if n > 0 {
-            self.tx
-                .send(Request::Expire { results, keys })
-                .await
-                .map_err(|_| JournalError::Unavailable)?;
-            self.flush().await?;
-        }
-        Ok(n)
     }
 
     /// SPEC §2 recovery: every exchange that was live when postern stopped is settled.

@@ -96,6 +96,13 @@ impl WriteSet {
     }
 }
 
+/// How many entries the key and twin indexes hold, expired ones included until swept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexEntries {
+    pub keys: u64,
+    pub twins: u64,
+}
+
 /// One stored event as read back, for the audit walk (which must see unparsable values
 /// too) and retention cuts.
 pub struct RawEvent {
@@ -140,14 +147,33 @@ pub trait EventStore: Send + Sync + 'static {
     fn result(&self, invocation_id: &str) -> Result<Option<StoredResult>, StoreError>;
     /// The request one invocation bound at preflight.
     fn request(&self, invocation_id: &str) -> Result<Option<StoredRequest>, StoreError>;
-    /// Results whose retention ended at or before `now_ms`.
-    fn expired_results(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, String)>, StoreError>;
+    /// Results whose retention ended at or before `now_ms`, oldest first: (expiry, id),
+    /// from after the row `after` (a sweep's previous batch) or from the oldest.
+    fn expired_results(
+        &self,
+        now_ms: i64,
+        after: Option<&(i64, String)>,
+        limit: usize,
+    ) -> Result<Vec<(i64, String)>, StoreError>;
     /// The idempotency key index entry under `index_key`, expired or not.
     fn key_entry(&self, index_key: &[u8]) -> Result<Option<KeyEntry>, StoreError>;
-    /// Key index expiry rows due at or before `now_ms`: (expiry, index key).
-    fn expired_keys(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError>;
+    /// Key index expiry rows due at or before `now_ms`: (expiry, index key), as
+    /// `expired_results`.
+    fn expired_keys(
+        &self,
+        now_ms: i64,
+        after: Option<&(i64, Vec<u8>)>,
+        limit: usize,
+    ) -> Result<Vec<(i64, Vec<u8>)>, StoreError>;
     /// The twin index entry under `index_key`, expired or not.
     fn twin_entry(&self, index_key: &[u8]) -> Result<Option<TwinEntry>, StoreError>;
-    /// Twin index expiry rows due at or before `now_ms`: (expiry, index key).
-    fn expired_twins(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError>;
+    /// Twin index expiry rows due at or before `now_ms`, as `expired_keys`.
+    fn expired_twins(
+        &self,
+        now_ms: i64,
+        after: Option<&(i64, Vec<u8>)>,
+        limit: usize,
+    ) -> Result<Vec<(i64, Vec<u8>)>, StoreError>;
+    /// How many entries the indexes hold now (kept count, not a scan).
+    fn index_entries(&self) -> IndexEntries;
 }

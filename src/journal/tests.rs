@@ -242,6 +242,50 @@ fn expired_results_are_removed_and_the_record_stays() {
 }
 
 #[test]
+fn one_sweep_removes_every_expired_result_however_many() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let journal = open(dir.path());
+    let rt = rt();
+    // More than two batches of a sweep, and one result still kept.
+    let many = 2 * sweep::SWEEP_BATCH + 100;
+    let far = unix_ms(journal.now()) + 3_600_000;
+    let kept = rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for n in 0..=many {
+            let j = journal.clone();
+            let expires = if n < many { 1 } else { far };
+            tasks.spawn(async move {
+                let id = new_invocation_id();
+                let (draft, result) = committed(&id, expires);
+                j.append(&id, vec![accepted("POST"), preflight(false), dispatch()])
+                    .await?;
+                j.commit_result(&id, vec![draft], result).await?;
+                Ok::<_, JournalError>((id, expires))
+            });
+        }
+        let mut kept = None;
+        while let Some(done) = tasks.join_next().await {
+            match done {
+                Ok(Ok((id, expires))) if expires == far => kept = Some(id),
+                Ok(Ok(_)) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        kept
+    });
+    assert_eq!(rt.block_on(journal.expire_results()), Ok(many));
+    let now = unix_ms(journal.now());
+    let due = journal.store.expired_results(now, None, usize::MAX);
+    assert_eq!(due.map(|d| d.len()), Ok(0), "no expired result is left");
+    let Some(kept) = kept else {
+        panic!("no kept result")
+    };
+    assert!(journal.result(&kept).is_ok_and(|r| r.is_some()));
+}
+
+#[test]
 fn a_result_past_its_retention_is_not_served_before_the_sweep() {
     let Ok(dir) = tempfile::tempdir() else {
         panic!("no temp dir");
@@ -459,20 +503,38 @@ impl EventStore for FailingSync {
     fn request(&self, id: &str) -> Result<Option<StoredRequest>, StoreError> {
         self.inner.request(id)
     }
-    fn expired_results(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, String)>, StoreError> {
-        self.inner.expired_results(now_ms, limit)
+    fn expired_results(
+        &self,
+        now_ms: i64,
+        after: Option<&(i64, String)>,
+        limit: usize,
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        self.inner.expired_results(now_ms, after, limit)
     }
     fn key_entry(&self, index_key: &[u8]) -> Result<Option<super::KeyEntry>, StoreError> {
         self.inner.key_entry(index_key)
     }
-    fn expired_keys(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
-        self.inner.expired_keys(now_ms, limit)
+    fn expired_keys(
+        &self,
+        now_ms: i64,
+        after: Option<&(i64, Vec<u8>)>,
+        limit: usize,
+    ) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+        self.inner.expired_keys(now_ms, after, limit)
     }
     fn twin_entry(&self, index_key: &[u8]) -> Result<Option<super::TwinEntry>, StoreError> {
         self.inner.twin_entry(index_key)
     }
-    fn expired_twins(&self, now_ms: i64, limit: usize) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
-        self.inner.expired_twins(now_ms, limit)
+    fn expired_twins(
+        &self,
+        now_ms: i64,
+        after: Option<&(i64, Vec<u8>)>,
+        limit: usize,
+    ) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+        self.inner.expired_twins(now_ms, after, limit)
+    }
+    fn index_entries(&self) -> super::IndexEntries {
+        self.inner.index_entries()
     }
 }
 

@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::writer::Request;
-use super::{Journal, JournalError, StoreError, unix_ms};
+use super::{Journal, StoreError, unix_ms};
 
 /// Where a twin lives: agent, route, request fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -97,20 +97,6 @@ impl Journal {
     /// names another invocation by now is left as it is.
     pub async fn touch_twin(&self, claim: TwinClaim) {
         let _ = self.tx.send(Request::TouchTwin { claim }).await;
-    }
-
-    /// Removes twin entries whose window has passed.
-    pub async fn expire_twins(&self) -> Result<usize, JournalError> {
-        let due = self.store.expired_twins(unix_ms(self.now()), 1024)?;
-        let n = due.len();
-        if n > 0 {
-            self.tx
-                .send(Request::ExpireTwins { twins: due })
-                .await
-                .map_err(|_| JournalError::Unavailable)?;
-            self.flush().await?;
-        }
-        Ok(n)
     }
 }
 

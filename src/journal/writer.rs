@@ -50,7 +50,10 @@ pub(super) enum Request {
     /// A twin's expiry moved on, if the slot still names it; rides the next sync.
     TouchTwin { claim: TwinClaim },
     /// Twin index expiry rows that came due: (expiry, index key).
-    ExpireTwins { twins: Vec<(i64, Vec<u8>)> },
+    ExpireTwins {
+        twins: Vec<(i64, Vec<u8>)>,
+        reply: Swept,
+    },
     /// A key index entry alone (a replay moves its expiry on).
     Touch {
         claim: KeyClaim,
@@ -59,6 +62,7 @@ pub(super) enum Request {
     Expire {
         results: Vec<(i64, String)>,
         keys: Vec<(i64, Vec<u8>)>,
+        reply: Swept,
     },
     /// A request kept for `postern retry`; rides the next write (and its sync).
     Keep { request: Box<StoredRequest> },
@@ -77,6 +81,10 @@ pub(super) enum Request {
         reply: oneshot::Sender<Result<Option<Checkpoint>, JournalError>>,
     },
 }
+
+/// Answers a sweep's batch once it is written (not synced: a removal lost in a crash is
+/// only made again by the next sweep).
+pub(super) type Swept = oneshot::Sender<Result<(), JournalError>>;
 
 const MAX_GROUP: usize = 1024;
 
@@ -160,6 +168,7 @@ impl Writer {
             Some(e) => (e.seq, e.hash),
             None => (0, GENESIS_HASH.to_owned()),
         };
+        metrics.indexed(store.index_entries());
         Ok(Self {
             store,
             durability,
@@ -220,6 +229,7 @@ impl Writer {
         let mut keys: HashMap<Vec<u8>, KeyEntry> = HashMap::new();
         let mut twins: HashMap<Vec<u8>, TwinEntry> = HashMap::new();
         let mut touches = Vec::new();
+        let mut swept = Vec::new();
         let mut acks = Vec::new();
         // Answered after the group is written: a refused claim's caller reads the holder next.
         let mut refused = Vec::new();
@@ -294,10 +304,18 @@ impl Writer {
                         set.twins.push(w);
                     }
                 }
-                Request::ExpireTwins { twins } => set.expired_twins.extend(twins),
-                Request::Expire { results, keys } => {
+                Request::ExpireTwins { twins, reply } => {
+                    set.expired_twins.extend(twins);
+                    swept.push(reply);
+                }
+                Request::Expire {
+                    results,
+                    keys,
+                    reply,
+                } => {
                     set.expired_results.extend(results);
                     set.expired_keys.extend(keys);
+                    swept.push(reply);
                 }
                 Request::Keep { request } => {
                     if self.keeps(&request.invocation_id, &overlay) {
@@ -334,7 +352,7 @@ impl Writer {
             };
             let _ = reply.send(result);
         }
-        for reply in flushes.into_iter().chain(touches) {
+        for reply in flushes.into_iter().chain(touches).chain(swept) {
             let _ = reply.send(outcome.clone());
         }
         for (reply, seq) in notes {
@@ -539,6 +557,7 @@ impl Writer {
         if let Err(e) = self.store.write(set) {
             return Err(self.storage_fault(e));
         }
+        self.metrics.indexed(self.store.index_entries());
         let due = self.durability == Durability::Buffered
             && self.last_sync.elapsed() >= BUFFERED_SYNC_EVERY;
         if (needs_sync && self.durability == Durability::Fsync) || due {

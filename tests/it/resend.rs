@@ -226,6 +226,29 @@ fn a_window_of_zero_turns_the_resend_check_off() {
     assert_eq!(origin.hits(), 2);
 }
 
+/// Entries the twin index holds, from the daemon's `/metrics`.
+fn twins_held(a: &Agent) -> Option<u64> {
+    let (_, text, _) = curl(&[&a.daemon.url("/metrics")]);
+    text.lines()
+        .find_map(|l| l.strip_prefix("postern_journal_resend_twins "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn the_twin_index_counts_each_request_and_forgets_it_once_its_window_closes() {
+    let origin = origins::responds("200 OK", &[], "{}");
+    let a = Agent::start(origin.port(), "resend_window = \"1s\"", &[]);
+    assert_eq!(a.post(BODY).status, 200);
+    assert_eq!(a.post("{\"amount\":6}").status, 200);
+    assert_eq!(twins_held(&a), Some(2), "one entry per distinct request");
+    // The daemon sweeps the index every 10 s.
+    let forgotten = (0..150).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        twins_held(&a) == Some(0)
+    });
+    assert!(forgotten, "still held: {:?}", twins_held(&a));
+}
+
 #[test]
 fn a_resend_after_kill_and_restart_is_still_refused() {
     let origin = origins::closes_without_response();
