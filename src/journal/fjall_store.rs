@@ -19,7 +19,8 @@ use super::keys::KeyEntry;
 use super::projection::{State, replay};
 use super::request::StoredRequest;
 use super::result::StoredResult;
-use super::store::{Cut, EventStore, IndexEntries, RawEvent, StoreError, WriteSet};
+use super::store::{Cut, EventStore, IndexEntries, RawEvent, StoreError, StoredRow, WriteSet};
+use crate::contract::is_resolved;
 use super::twins::TwinEntry;
 
 /// Journal storage in one fjall database.
@@ -92,6 +93,14 @@ fn invocation_key(id: &str, seq: u64) -> Vec<u8> {
     key.push(0);
     key.extend_from_slice(&seq.to_be_bytes());
     key
+}
+
+/// The states row of a settled, resolved record whose events are all kept (an empty row:
+/// settled, replay to see how). No packed record is one byte long.
+const RESOLVED_MARK: &[u8] = &[1];
+
+fn is_mark(row: &[u8]) -> bool {
+    row.is_empty() || row == RESOLVED_MARK
 }
 
 /// The key prefix of one invocation's rows in a keyspace keyed by `invocation_key`.
@@ -239,8 +248,10 @@ impl EventStore for FjallStore {
         for state in &set.states {
             let id = state.record.invocation_id.as_bytes();
             // A settled record whose events are all kept is their projection: its row only
-            // marks it settled (and lists it), and reading it replays them.
+            // marks it settled (and lists it), and reading it replays them. A resolved one's
+            // mark says so, so retention need not replay it to know.
             let row = match state.progress.closed && !state.progress.events_pruned {
+                true if is_resolved(state.record.outcome) => RESOLVED_MARK.to_vec(),
                 true => Vec::new(),
                 false => to_record("state", state.as_ref())?,
             };
@@ -417,6 +428,17 @@ impl EventStore for FjallStore {
         out.sort_by_key(|e| e.seq);
         out.dedup_by_key(|e| e.seq);
         Ok(out)
+    }
+
+    fn stored_row(&self, invocation_id: &str) -> Result<Option<StoredRow>, StoreError> {
+        let Some(row) = self.states.get(invocation_id.as_bytes())? else {
+            return Ok(None);
+        };
+        Ok(Some(match row.as_ref() {
+            RESOLVED_MARK => StoredRow::Resolved,
+            [] => StoredRow::Settled,
+            full => StoredRow::Full(Box::new(from_record("state", full)?)),
+        }))
     }
 
     fn state(&self, invocation_id: &str) -> Result<Option<State>, StoreError> {
@@ -650,7 +672,7 @@ impl FjallStore {
     /// A state row: the record itself, or (empty) a mark that it settled and is the
     /// projection of its events.
     fn stored_state(&self, id: &str, row: &[u8]) -> Result<Option<State>, StoreError> {
-        if !row.is_empty() {
+        if !is_mark(row) {
             return from_record("state", row).map(Some);
         }
         // The events are read after the row: a lease may have reopened the record since,

@@ -8,14 +8,14 @@
 //! cut's `JOURNAL_PRUNED` event is chained after it, so the checkpoint it leaves (the seq
 //! and hash of the last pruned event) is confirmed by the chain `audit verify` walks.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use tokio::sync::oneshot;
 
 use super::event::{Body, Checkpoint, Draft, Event, EventKind, Source};
 use super::keys::KeySlot;
-use super::projection::State;
-use super::store::{Cut, StoreError, WriteSet};
+use super::projection::{State, replay};
+use super::store::{Cut, StoreError, StoredRow, WriteSet};
 use super::twins::TwinSlot;
 use super::writer::{Request, Writer};
 use super::{Journal, JournalError, unix_ms};
@@ -97,6 +97,8 @@ impl Writer {
         // holds no one's retention back and loses none of its evidence.
         let mut unsettled = HashSet::new();
         let mut islands = Vec::new();
+        // The settled records' events as read here: replaying them costs no second read.
+        let mut scanned: HashMap<String, Vec<Event>> = HashMap::new();
         // A cut of nothing but the previous cut's note would only chain another.
         let mut substantive = false;
         let mut keys = Vec::new();
@@ -121,6 +123,11 @@ impl Writer {
             let (seq, hash) = (event.seq, event.hash.clone());
             if unsettled.contains(&event.invocation_id) {
                 islands.push(event);
+            } else if !is_note(event.kind) {
+                scanned
+                    .entry(event.invocation_id.clone())
+                    .or_default()
+                    .push(event);
             }
             if raw.ends_value {
                 keys.push(raw.key);
@@ -158,7 +165,7 @@ impl Writer {
                 true => {
                     self.plan_runs(id, seq, &mut cut)?;
                 }
-                false => self.plan_invocation(id, seq, &mut cut)?,
+                false => self.plan_invocation(id, seq, &mut cut, scanned.get(id))?,
             }
         }
         if !cut.islands.is_empty() || !cut.islands_released.is_empty() {
@@ -170,13 +177,23 @@ impl Writer {
 
     /// An invocation the cut goes through: its runs that end at or before `seq` go, and its
     /// settled record goes when nothing of it is left and no index entry names it.
-    fn plan_invocation(&self, id: &str, seq: u64, cut: &mut Cut) -> Result<(), StoreError> {
+    fn plan_invocation(
+        &self,
+        id: &str,
+        seq: u64,
+        cut: &mut Cut,
+        scanned: Option<&Vec<Event>>,
+    ) -> Result<(), StoreError> {
         let left = self.plan_runs(id, seq, cut)?;
-        let Some(mut state) = self.store.state(id)?.filter(|s| s.progress.closed) else {
+        let kept_aside = self.store.islands_of(id)?;
+        let Some(mut state) = self
+            .settled_state(id, left, &kept_aside, scanned)?
+            .filter(|s| s.progress.closed)
+        else {
             return Ok(());
         };
         // Settled now: what an earlier cut kept aside of it goes with its last events.
-        if !left && !self.store.islands_of(id)?.is_empty() {
+        if !left && !kept_aside.is_empty() {
             cut.islands_released.push(id.to_owned());
         }
         if !left && !self.held_by_index(&state)? {
@@ -201,15 +218,40 @@ impl Writer {
     }
 
     /// Nothing will be appended to it, and nothing waits on it: not live, closed, and not
-    /// `unknown` (an operator must still reconcile it from its evidence).
+    /// `unknown` (an operator must still reconcile it from its evidence). A resolved mark
+    /// says so without replaying the record's events (a cut looks at thousands).
     fn settled(&self, id: &str) -> Result<bool, StoreError> {
         if self.is_live(id) {
             return Ok(false);
         }
-        Ok(self
-            .store
-            .state(id)?
-            .is_some_and(|s| s.progress.closed && s.record.outcome != Outcome::Unknown))
+        let state = match self.store.stored_row(id)? {
+            None => return Ok(false),
+            Some(StoredRow::Resolved) => return Ok(true),
+            Some(StoredRow::Full(s)) => Some(*s),
+            Some(StoredRow::Settled) => self.store.state(id)?,
+        };
+        Ok(state.is_some_and(|s| s.progress.closed && s.record.outcome != Outcome::Unknown))
+    }
+
+    /// A settled record's state. Marked settled with nothing of it left after this cut, all
+    /// its events are the ones kept aside and the ones this cut read (a record some of whose
+    /// events an earlier cut took is stored whole): replayed from memory, not read again.
+    fn settled_state(
+        &self,
+        id: &str,
+        left: bool,
+        kept_aside: &[Event],
+        scanned: Option<&Vec<Event>>,
+    ) -> Result<Option<State>, StoreError> {
+        match (self.store.stored_row(id)?, scanned) {
+            (None, _) => Ok(None),
+            (Some(StoredRow::Full(s)), _) => Ok(Some(*s)),
+            (Some(StoredRow::Resolved | StoredRow::Settled), Some(events)) if !left => {
+                let all: Vec<Event> = kept_aside.iter().chain(events).cloned().collect();
+                Ok(replay(&all))
+            }
+            (Some(_), _) => self.store.state(id),
+        }
     }
 
     /// The checkpoint names how many events are kept aside after this cut, and a digest of

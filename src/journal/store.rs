@@ -116,6 +116,17 @@ pub struct RawEvent {
     pub event: Result<Event, super::encoding::DecodeError>,
 }
 
+/// A states row: a settled record's mark (its events are its projection) or its state.
+#[derive(Debug)]
+pub enum StoredRow {
+    /// Settled and resolved (not `unknown`).
+    Resolved,
+    /// Settled; replay its events to see how.
+    Settled,
+    /// Stored whole (open, or some of its events were cut).
+    Full(Box<State>),
+}
+
 /// The journal's storage. Implementations must make `write` atomic.
 pub trait EventStore: Send + Sync + 'static {
     /// Writes a set atomically; it reaches the OS before this returns.
@@ -137,6 +148,8 @@ pub trait EventStore: Send + Sync + 'static {
     fn islands_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError>;
     /// The events of one invocation, kept aside or not, in seq order.
     fn events_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError>;
+    /// One invocation's states row as stored, without replaying its events.
+    fn stored_row(&self, invocation_id: &str) -> Result<Option<StoredRow>, StoreError>;
     /// The projected state of one invocation.
     fn state(&self, invocation_id: &str) -> Result<Option<State>, StoreError>;
     /// States newest first, strictly older than `before` when given.

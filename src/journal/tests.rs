@@ -482,6 +482,9 @@ impl EventStore for FailingSync {
     fn islands(&self) -> Result<Vec<Event>, StoreError> {
         self.inner.islands()
     }
+    fn stored_row(&self, id: &str) -> Result<Option<super::store::StoredRow>, StoreError> {
+        self.inner.stored_row(id)
+    }
     fn islands_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError> {
         self.inner.islands_of(invocation_id)
     }
