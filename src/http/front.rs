@@ -562,6 +562,7 @@ async fn serve_inner<I>(
     member.idle();
     let m = member.clone();
     let proxy_header_timeout = proxy.config().proxy.header_read_timeout;
+    let window = h2_window(proxy.config().proxy.max_request_bytes);
     let io = FramingSniffer::new(io);
     let conflict = io.conflict.clone();
     let (io, watch) = Flushed::new(io, h2, caller.wire.clone());
@@ -627,6 +628,10 @@ async fn serve_inner<I>(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(proxy_header_timeout);
+    builder
+        .http2()
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window);
     let builder = if h2 {
         builder.http2_only()
     } else {
@@ -637,6 +642,18 @@ async fn serve_inner<I>(
         _ = conn => {}
         () = member.evicted() => {}
     }
+}
+
+/// The h2 flow-control window an agent gets, per stream and per connection: one whole request
+/// body (`max_request_bytes`, at least hyper's default 1 MiB). postern reads a body whole
+/// before dispatch anyway, so a body it accepts never waits for a `WINDOW_UPDATE`: libcurl 7.88
+/// (git's push) hangs for good when its window runs out at a body's last bytes. A connection
+/// still holds at most one such body unread.
+fn h2_window(max_request_bytes: u64) -> u32 {
+    const HYPER_DEFAULT: u64 = 1 << 20;
+    const H2_MAX: u64 = (1 << 31) - 1;
+    let window = max_request_bytes.clamp(HYPER_DEFAULT, H2_MAX);
+    u32::try_from(window).unwrap_or(u32::MAX >> 1)
 }
 
 /// The agent's TLS handshake, bounded by `[proxy] tls_handshake_timeout`.

@@ -1,13 +1,13 @@
 //! Real git through postern: clone and push against `git http-backend` behind a loopback
 //! HTTPS origin (a small Python CGI bridge; `tests/run` installs python3 and git).
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
-use crate::support::{Daemon, Home, get_json};
+use crate::support::{Daemon, Home, get_json, secret_set};
 use crate::tls_origin::mint;
 
 /// Serves `git http-backend` for the repositories under argv[1] over TLS; prints its port.
@@ -76,7 +76,18 @@ impl Drop for Bridge {
 }
 
 pub fn git(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new("git");
+    run_git(Command::new("git"), dir, args, envs)
+}
+
+/// git, ended after `secs` with its helpers: a hung push's `git-remote-https` and
+/// `send-pack` wait on each other for good, and `timeout` signals its whole process group.
+fn git_within(secs: u64, dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new("timeout");
+    cmd.args(["-k", "5", &secs.to_string(), "git"]);
+    run_git(cmd, dir, args, envs)
+}
+
+fn run_git(mut cmd: Command, dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
     cmd.current_dir(dir)
         .args(["-c", "user.name=agent", "-c", "user.email=agent@test"])
         .args(args)
@@ -203,5 +214,87 @@ fn git_clones_and_pushes_through_postern() {
         (push["outcome"].as_str(), push["agent"].as_str()),
         (Some("committed"), Some("ci")),
         "{list}"
+    );
+}
+
+/// Issue 40 medium 7. git (libcurl 7.88) pushing over h2 hangs for good when its send window
+/// runs out at the body's last bytes: it asks git for more after the end, and git blocks. A
+/// 2 MiB incompressible pack just overruns two of hyper's default 1 MiB windows, so each push
+/// raced postern's `WINDOW_UPDATE`; with a whole body's credit granted up front it never waits.
+#[test]
+fn large_pushes_over_h2_never_wait_for_flow_control() {
+    const PUSHES: usize = 15;
+    const VAULT_KEY: &str = "vault-passphrase-for-tests";
+    let work = tempfile::tempdir().unwrap();
+    seed(work.path());
+    let origin = bridge(work.path());
+    let home = Home::new();
+    let stored = secret_set(&home, "git-token", "git-token-value-1", Some(VAULT_KEY));
+    assert!(stored.status.success());
+    let config = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
+         [[agents]]\nid = \"ci\"\ntoken = \"tok-0123456789abcdef\"\n\
+         [[credentials]]\nid = \"git\"\nsecret = \"git-token\"\ninject = {{ basic = {{ user = \"agent\" }} }}\n\
+         [[routes]]\nid = \"git\"\ncredential = \"git\"\n\
+         match = {{ host = \"git.test\", port = {port}, path_prefix = \"/team/\" }}\n\
+         resolve = \"127.0.0.1:{port}\"\nupstream_ca = \"{ca}\"\n",
+        port = origin.port,
+        ca = work.path().join("ca.pem").display()
+    );
+    let daemon = Daemon::start_with(&home, Some(&config), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
+    let proxy = daemon
+        .proxy
+        .replace("http://", "http://ci:tok-0123456789abcdef@");
+    let bundle = home.root().join("certs/bundle.pem").display().to_string();
+    let trace = work.path().join("curl-trace").display().to_string();
+    let envs = [
+        ("https_proxy", proxy.as_str()),
+        ("HTTPS_PROXY", proxy.as_str()),
+        ("GIT_SSL_CAINFO", bundle.as_str()),
+    ];
+    let url = format!("https://git.test:{}/team/app.git", origin.port);
+    ok(
+        &git(work.path(), &["clone", "-q", &url, "clone"], &envs),
+        "clone",
+    );
+    let clone = work.path().join("clone");
+    let mut blob = vec![0u8; 2 << 20];
+    let mut random = std::fs::File::open("/dev/urandom").unwrap();
+    for i in 0..PUSHES {
+        random.read_exact(&mut blob).unwrap();
+        std::fs::write(clone.join("blob"), &blob).unwrap();
+        ok(&git(&clone, &["add", "blob"], &[]), "add");
+        ok(
+            &git(&clone, &["commit", "-qm", &format!("blob {i}")], &[]),
+            "commit",
+        );
+        let mut push_envs = envs.to_vec();
+        if i == 0 {
+            push_envs.extend([
+                ("GIT_TRACE_CURL", trace.as_str()),
+                ("GIT_TRACE_CURL_NO_DATA", "1"),
+            ]);
+        }
+        let out = git_within(15, &clone, &["push", "-q", "origin", "main"], &push_envs);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "push {} of {PUSHES} hung or failed ({}): {err}",
+            i + 1,
+            out.status
+        );
+    }
+    // The pushes went over h2, where the window is what could run out.
+    let traced = std::fs::read_to_string(&trace).unwrap_or_default();
+    assert!(
+        traced.contains("POST /team/app.git/git-receive-pack HTTP/2"),
+        "git did not push over h2"
+    );
+    let bare = work.path().join("repos/team/app.git");
+    let count = git(&bare, &["rev-list", "--count", "main"], &[]);
+    assert_eq!(
+        String::from_utf8_lossy(&count.stdout).trim(),
+        (PUSHES + 1).to_string()
     );
 }
