@@ -20,8 +20,8 @@ use super::projection::{State, replay};
 use super::request::StoredRequest;
 use super::result::StoredResult;
 use super::store::{Cut, EventStore, IndexEntries, RawEvent, StoreError, StoredRow, WriteSet};
-use crate::contract::is_resolved;
 use super::twins::TwinEntry;
+use crate::contract::is_resolved;
 
 /// Journal storage in one fjall database.
 pub struct FjallStore {
