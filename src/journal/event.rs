@@ -237,7 +237,7 @@ pub struct Preflight {
     pub idempotent: bool,
     /// An identical resend sent anyway (SPEC §3.7): its twin and whether the agent asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resend: Option<super::twins::ResendEvidence>,
+    pub resend: Option<ResendEvidence>,
     /// The route's (or SSH target's) `retry_budget`: generations beyond the first this
     /// invocation may have. Absent in events written before it was bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -629,6 +629,25 @@ pub fn sha256_tagged_digest(digest: &[u8]) -> String {
     out
 }
 
+/// The twin a resend names in its evidence (`resend_of`).
+// Fields in key order: journal data is written straight from them (`Body::data_json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TwinRef {
+    pub code: Option<crate::contract::Code>,
+    pub invocation_id: String,
+    pub outcome: crate::contract::Outcome,
+}
+
+/// Journaled at the preflight of a resend that is dispatched anyway.
+// Fields in key order: journal data is written straight from them (`Body::data_json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResendEvidence {
+    /// `Postern-Resend: deliberate` asked for a new invocation whatever the twin.
+    pub resend_deliberate: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resend_of: Option<TwinRef>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -646,7 +665,7 @@ mod tests {
             mode: "bearer".into(),
             version: 2,
         };
-        let twin = super::super::twins::TwinRef {
+        let twin = super::TwinRef {
             code: Some(Code::RemoteTimeout),
             invocation_id: "act_t".into(),
             outcome: Outcome::Unknown,
@@ -679,7 +698,7 @@ mod tests {
                     scope: "s".into(),
                 }),
                 idempotent: true,
-                resend: Some(super::super::twins::ResendEvidence {
+                resend: Some(super::ResendEvidence {
                     resend_deliberate: true,
                     resend_of: Some(twin),
                 }),

@@ -5,10 +5,6 @@
 //! writer checks the claim, so two first uses of one key cannot both win.
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
-
-use super::writer::Request;
-use super::{Journal, JournalError, StoreError, unix_ms};
 
 /// Where a key lives: route scope, agent, key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -58,30 +54,10 @@ pub struct KeyWrite {
     pub replaces_expiry: Option<i64>,
 }
 
-impl Journal {
-    /// The live index entry of a key (an expired one reads as none).
-    pub fn key_entry(&self, slot: &KeySlot) -> Result<Option<KeyEntry>, StoreError> {
-        let now = unix_ms(self.now());
-        Ok(self
-            .store
-            .key_entry(&slot.index_key())?
-            .filter(|e| e.expires_at_ms > now))
-    }
-
-    /// Moves a key's expiry on without an event (a replay is a use, not a transition).
-    pub async fn touch_key(&self, claim: KeyClaim) -> Result<(), JournalError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Touch { claim, reply })
-            .await
-            .map_err(|_| JournalError::Unavailable)?;
-        rx.await.map_err(|_| JournalError::Unavailable)?
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::journal::{Journal, JournalError};
 
     #[test]
     fn index_keys_separate_their_parts() {

@@ -15,6 +15,7 @@ mod failpoints;
 pub use failpoints::{lease_ttl_override, pause_after_lease, pause_before_send};
 mod fjall_store;
 mod health;
+mod indexes;
 mod keys;
 mod metrics;
 mod projection;
@@ -40,6 +41,7 @@ pub use event::{
     Protocol, Reconciliation, RequestSent, ResponseComplete, ResponseStarted, ResultCommitted,
     Source, SupersedeReason, Supersession, TlsIdentity, sha256_tagged, sha256_tagged_digest,
 };
+pub use event::{ResendEvidence, TwinRef};
 pub use fjall_store::FjallStore;
 pub use health::Health;
 pub use keys::{KeyClaim, KeyEntry, KeySlot, KeyWrite};
@@ -51,7 +53,7 @@ pub use request::StoredRequest;
 pub use result::{HttpResult, Payload, SshResult, StoredResult, TunnelResult, as_text, b64, unb64};
 pub use space::SpaceGuard;
 pub use store::{Cut, EventStore, IndexEntries, RawEvent, StoreError, WriteSet};
-pub use twins::{ResendEvidence, TwinClaim, TwinEntry, TwinRef, TwinSlot, TwinWrite};
+pub use twins::{TwinClaim, TwinEntry, TwinSlot, TwinWrite};
 pub use writer::{Appended, LiveStates, needs_sync_rule, rfc3339};
 
 use crate::contract::{Code, RecoveryFacts, recovery_code};

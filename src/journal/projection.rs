@@ -495,7 +495,7 @@ fn may_lease(p: &Progress, r: &Record, lease: &super::event::Lease) -> bool {
 }
 
 /// SPEC §3.7: a resend sent anyway names its twin.
-fn resend_evidence(evidence: &mut Evidence, resend: super::twins::ResendEvidence) {
+fn resend_evidence(evidence: &mut Evidence, resend: super::event::ResendEvidence) {
     if let Some(twin) = resend.resend_of {
         let twin = serde_json::to_value(twin).unwrap_or_default();
         evidence.extra.insert("resend_of".into(), twin);

@@ -11,9 +11,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::writer::Request;
-use super::{Journal, StoreError, unix_ms};
-
 /// Where a twin lives: agent, route, request fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TwinSlot {
@@ -34,25 +31,6 @@ impl TwinSlot {
         k.extend_from_slice(self.fingerprint.as_bytes());
         k
     }
-}
-
-/// The twin a resend names in its evidence (`resend_of`).
-// Fields in key order: journal data is written straight from them (`Body::data_json`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TwinRef {
-    pub code: Option<crate::contract::Code>,
-    pub invocation_id: String,
-    pub outcome: crate::contract::Outcome,
-}
-
-/// Journaled at the preflight of a resend that is dispatched anyway.
-// Fields in key order: journal data is written straight from them (`Body::data_json`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResendEvidence {
-    /// `Postern-Resend: deliberate` asked for a new invocation whatever the twin.
-    pub resend_deliberate: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resend_of: Option<TwinRef>,
 }
 
 /// What the index holds for a slot (one small entry per non-idempotent invocation).
@@ -80,24 +58,6 @@ pub struct TwinWrite {
     pub entry: TwinEntry,
     /// The expiry row of the entry this one replaces.
     pub replaces_expiry: Option<i64>,
-}
-
-impl Journal {
-    /// The live twin of a slot (an expired entry reads as none).
-    pub fn twin_entry(&self, slot: &TwinSlot) -> Result<Option<TwinEntry>, StoreError> {
-        let now = unix_ms(self.now());
-        Ok(self
-            .store
-            .twin_entry(&slot.index_key())?
-            .filter(|e| e.expires_at_ms > now))
-    }
-
-    /// Moves a twin's expiry on (a resend answered from it is a use), without an event
-    /// and without waiting: losing it on a crash only shortens the window. A slot that
-    /// names another invocation by now is left as it is.
-    pub async fn touch_twin(&self, claim: TwinClaim) {
-        let _ = self.tx.send(Request::TouchTwin { claim }).await;
-    }
 }
 
 #[cfg(test)]

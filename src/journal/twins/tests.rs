@@ -5,8 +5,8 @@
 use super::*;
 use crate::contract::Code;
 use crate::journal::{
-    Accepted, Body, Claims, Dispatch, Draft, Failure, JournalError, JournalOptions, Protocol,
-    Refusal,
+    Accepted, Body, Claims, Dispatch, Draft, Failure, Journal, JournalError, JournalOptions,
+    Protocol, Refusal,
 };
 
 fn open(dir: &std::path::Path) -> Journal {
