@@ -8,33 +8,14 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
+use super::state::{AdminState, Reply, error, json_reply, not_found, storage_error};
 use crate::contract::{Outcome, Phase};
-use crate::journal::{
-    Body, Draft, Journal, JournalError, Payload, Reconciliation, Record, Source, unb64,
-};
-use crate::lifecycle::retry::Resend;
+use crate::journal::{Body, Draft, JournalError, Payload, Reconciliation, Record, Source, unb64};
 use crate::listen::{Guarded, IdleRoster};
-use crate::policy::approvals::{Approvals, Verdict};
+use crate::policy::approvals::Verdict;
 use crate::vault::{KeyState, Vault};
-
-/// What the admin API serves from.
-pub struct AdminState {
-    pub journal: Journal,
-    pub registry: Registry,
-    /// The config in force: the admin token and the credentials `/healthz` checks.
-    pub live: Arc<crate::config::Live>,
-    pub approvals: Arc<Approvals>,
-    pub vault: Arc<Vault>,
-    /// `POST /v1/reload` (and SIGHUP).
-    pub reloader: Arc<super::reload::Reloader>,
-    /// Sends a kept request again for `POST …/retry`.
-    pub resend: Arc<dyn Resend>,
-}
-
-pub(super) type Reply = Response<Full<Bytes>>;
 
 /// A client gets this long to send a request head (and to stay idle between requests).
 const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -71,32 +52,6 @@ pub async fn serve(listener: Guarded, state: Arc<AdminState>) {
             }
         });
     }
-}
-
-pub(super) fn json_reply(status: StatusCode, body: &Value) -> Reply {
-    let text = serde_json::to_vec(body).unwrap_or_default();
-    let mut r = Response::new(Full::new(Bytes::from(text)));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-pub(super) fn error(status: StatusCode, code: &str, message: &str) -> Reply {
-    json_reply(
-        status,
-        &json!({"error": {"code": code, "message": message}}),
-    )
-}
-
-pub(super) fn storage_error() -> Reply {
-    error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "JOURNAL_UNAVAILABLE",
-        "The journal could not be read.",
-    )
 }
 
 fn authorized(state: &AdminState, req: &Request<Incoming>) -> bool {
@@ -324,15 +279,6 @@ fn listed_approvals(state: &AdminState) -> Vec<Value> {
             v
         })
         .collect()
-}
-
-pub(super) fn not_found(id: &str) -> Reply {
-    let msg = if ["act_", "rld_", "prn_"].iter().any(|p| id.starts_with(p)) {
-        "No invocation with this id."
-    } else {
-        "Invocation ids look like act_<ULID> (reloads rld_<ULID>, retention cuts prn_<ULID>)."
-    };
-    error(StatusCode::NOT_FOUND, "INVOCATION_NOT_FOUND", msg)
 }
 
 fn record(state: &AdminState, id: &str) -> Reply {

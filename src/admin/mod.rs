@@ -4,5 +4,7 @@ mod api;
 pub mod metrics;
 pub mod reload;
 mod retry;
+mod state;
 
-pub use api::{AdminState, missing_secrets, parse_range, secret_names, serve};
+pub use api::{missing_secrets, parse_range, secret_names, serve};
+pub use state::AdminState;

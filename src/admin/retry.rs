@@ -4,7 +4,7 @@
 use http::{HeaderValue, StatusCode};
 use serde_json::{Value, json};
 
-use super::api::{AdminState, Reply, error, json_reply, not_found, storage_error};
+use super::state::{AdminState, Reply, error, json_reply, not_found, storage_error};
 use crate::lifecycle::retry::{RetryAnswer, RetryAsk, retry};
 
 /// Acts on the verdict for `id`; body `{"operator_attested_safe": true, "note": "…"}`.

@@ -1,0 +1,67 @@
+//! What every admin route answers from and with: the state it serves, and the JSON replies
+//! (`{"error":{"code","message"}}` with a fitting status). Below the routes, above nothing
+//! of the admin API.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Response, StatusCode, header};
+use http_body_util::Full;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+
+use crate::journal::Journal;
+use crate::lifecycle::retry::Resend;
+use crate::policy::approvals::Approvals;
+use crate::vault::Vault;
+
+/// What the admin API serves from.
+pub struct AdminState {
+    pub journal: Journal,
+    pub registry: Registry,
+    /// The config in force: the admin token and the credentials `/healthz` checks.
+    pub live: Arc<crate::config::Live>,
+    pub approvals: Arc<Approvals>,
+    pub vault: Arc<Vault>,
+    /// `POST /v1/reload` (and SIGHUP).
+    pub reloader: Arc<super::reload::Reloader>,
+    /// Sends a kept request again for `POST …/retry`.
+    pub resend: Arc<dyn Resend>,
+}
+
+pub(super) type Reply = Response<Full<Bytes>>;
+
+pub(super) fn json_reply(status: StatusCode, body: &Value) -> Reply {
+    let text = serde_json::to_vec(body).unwrap_or_default();
+    let mut r = Response::new(Full::new(Bytes::from(text)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+pub(super) fn error(status: StatusCode, code: &str, message: &str) -> Reply {
+    json_reply(
+        status,
+        &json!({"error": {"code": code, "message": message}}),
+    )
+}
+
+pub(super) fn storage_error() -> Reply {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "JOURNAL_UNAVAILABLE",
+        "The journal could not be read.",
+    )
+}
+
+pub(super) fn not_found(id: &str) -> Reply {
+    let msg = if ["act_", "rld_", "prn_"].iter().any(|p| id.starts_with(p)) {
+        "No invocation with this id."
+    } else {
+        "Invocation ids look like act_<ULID> (reloads rld_<ULID>, retention cuts prn_<ULID>)."
+    };
+    error(StatusCode::NOT_FOUND, "INVOCATION_NOT_FOUND", msg)
+}
