@@ -313,7 +313,17 @@ impl Exchange {
         respond::envelope(&self.inv.fail_with(code, diagnostic).await)
     }
 
-    /// Waits for the response head; `response_timeout` runs from the request fully written.
+    /// How long writing the request body may take beyond `response_timeout`: its size at
+    /// `min_upload_rate` (none when the rate is off).
+    fn write_allowance(&self) -> Duration {
+        match self.config.proxy.min_upload_rate {
+            0 => Duration::from_secs(86_400 * 365),
+            rate => Duration::from_secs_f64(self.request_bytes as f64 / rate as f64),
+        }
+    }
+
+    /// Waits for the response head; `response_timeout` runs from the request fully written,
+    /// and before that the write itself is bounded (`write_allowance`).
     pub(super) async fn await_head(
         &mut self,
         sender: &mut Sender,
@@ -326,8 +336,11 @@ impl Exchange {
         tokio::pin!(send);
         let mut written = false;
         let mut cancelled = false;
-        let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
-        let deadline = tokio::time::sleep_until(far);
+        // Until the request is written, the origin must take it at least as fast as an
+        // agent must send a body (`min_upload_rate`): one that never reads it would hold the
+        // exchange, its budget and the agent's busy place for ever.
+        let writing = response_timeout + self.write_allowance();
+        let deadline = tokio::time::sleep_until(tokio::time::Instant::now() + writing);
         tokio::pin!(deadline);
         loop {
             // Biased: a request written and answered in one poll still records REQUEST_SENT
@@ -350,7 +363,11 @@ impl Exchange {
                     });
                 }
                 () = &mut deadline => {
-                    return Err(HeadError::Failed(Code::RemoteTimeout, format!("no response head within {response_timeout:?}")));
+                    let why = match written {
+                        true => format!("no response head within {response_timeout:?}"),
+                        false => format!("the origin did not take the whole request within {writing:?}"),
+                    };
+                    return Err(HeadError::Failed(Code::RemoteTimeout, why));
                 }
                 () = reply.closed(), if !cancelled => {
                     cancelled = true;

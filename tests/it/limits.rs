@@ -744,3 +744,43 @@ fn one_agent_holds_only_its_share_of_the_budget_and_a_trickled_body_is_cut() {
         "only the other agent's upload reached the origin"
     );
 }
+
+/// An origin that never reads the request held the exchange, its budget and the agent's
+/// busy place for ever: `response_timeout` only started once the request was written.
+/// Writing is bounded now (`response_timeout` plus the body at `min_upload_rate`).
+#[test]
+fn an_origin_that_never_reads_the_request_times_out() {
+    let origin = Origin::raw(|s, _| {
+        std::thread::sleep(Duration::from_secs(40));
+        let _ = s.flush();
+    });
+    let home = Home::new();
+    let config = format!(
+        "{}response_timeout = \"1s\"\n",
+        http_config(origin.port(), "min_upload_rate = \"16MiB\"")
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    // More than loopback's socket buffers hold, so the write must wait for the origin.
+    let big = home.dir.path().join("big");
+    std::fs::write(&big, vec![b'b'; 15 << 20]).unwrap();
+    let started = std::time::Instant::now();
+    let (status, body, _) = curl(&[
+        "-x",
+        &daemon.proxy,
+        "-H",
+        "Expect:",
+        "--max-time",
+        "60",
+        "--data-binary",
+        &format!("@{}", big.display()),
+        &format!("http://origin.test:{}/up", origin.port()),
+    ]);
+    let took = started.elapsed();
+    assert_eq!(status, 504, "{body}");
+    let e: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        facts(&e, &["code", "outcome"]),
+        ["REMOTE_TIMEOUT", "unknown"]
+    );
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+}
