@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use super::{CliError, Env, Home, percent_encode};
 use crate::config::Config;
@@ -278,4 +279,61 @@ pub fn eval_hint(config: &Config, config_flag: Option<&Path>, env: Env<'_>) -> S
         cmd.push_str(&format!(" --config {}", path.display()));
     }
     format!("eval \"$({cmd})\"")
+}
+
+/// What the daemon's proxy said of an agent's token.
+pub enum IdentityCheck {
+    /// A page only an admitted agent gets was answered.
+    Taken,
+    /// `407`: the envelope it answered with.
+    Refused(String),
+    /// No daemon answered there.
+    Unreachable(String),
+}
+
+/// Asks the running daemon's proxy for an agent-only page (not journaled when the token is
+/// right): a `407` means the token is wrong.
+pub fn check_identity(proxy: SocketAddr, identity: Option<&Identity>) -> IdentityCheck {
+    use std::io::{Read, Write};
+    let addr = crate::jail::dialable(proxy);
+    let unreachable = |e: std::io::Error| {
+        IdentityCheck::Unreachable(format!("cannot reach postern's proxy at {addr}: {e}"))
+    };
+    let mut stream = match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+        Ok(s) => s,
+        Err(e) => return unreachable(e),
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(15)));
+    let mut request = String::from(
+        "GET http://postern.internal/v1/invocations/identity-check HTTP/1.0\r\n\
+         Host: postern.internal\r\n",
+    );
+    if let Some(id) = identity {
+        request.push_str(&format!("Proxy-Authorization: {}\r\n", id.authorization()));
+    }
+    request.push_str("\r\n");
+    if let Err(e) = stream.write_all(request.as_bytes()) {
+        return unreachable(e);
+    }
+    let mut answer = Vec::new();
+    let _ = stream.take(256 * 1024).read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    match head.split_whitespace().nth(1).unwrap_or("") {
+        "407" => IdentityCheck::Refused(body.trim().to_owned()),
+        "" => IdentityCheck::Unreachable(format!(
+            "postern's proxy at {addr} gave no answer to the identity check"
+        )),
+        _ => IdentityCheck::Taken,
+    }
+}
+
+/// What to do about a refused identity.
+pub fn refused_hint(agent: Option<&str>) -> String {
+    match agent {
+        Some(agent) => format!("postern refused agent `{agent}`'s token"),
+        None => "postern's proxy requires an agent: pass --agent ID or set POSTERN_AGENT and \
+                 POSTERN_AGENT_TOKEN"
+            .to_owned(),
+    }
 }

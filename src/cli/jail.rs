@@ -4,11 +4,9 @@
 
 use std::cell::RefCell;
 use std::ffi::OsString;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use super::env::{Identity, UNSET, acting_agent};
 use super::{Env, Home, percent_encode};
@@ -191,54 +189,22 @@ fn not_the_daemons(home: &Home) -> Refusal {
     ))
 }
 
-/// Asks the running daemon's proxy for an agent-only page (not journaled when the token is
-/// right): a 407 means the token is wrong, before CMD runs.
+/// The daemon must be there and take the agent's token before CMD runs.
 fn check_identity(proxy: SocketAddr, identity: Option<&Identity>) -> Result<(), Refusal> {
-    let addr = crate::jail::dialable(proxy);
-    let unreachable = |e: std::io::Error| {
-        Refusal(format!(
-            "postern jail: cannot reach postern's proxy at {addr}: {e} (is `postern serve` running \
-             with this config?)"
-        ))
-    };
-    let mut stream =
-        TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(unreachable)?;
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(15)));
-    let mut request = String::from(
-        "GET http://postern.internal/v1/invocations/jail-identity-check HTTP/1.0\r\n\
-         Host: postern.internal\r\n",
-    );
-    if let Some(id) = identity {
-        request.push_str(&format!("Proxy-Authorization: {}\r\n", id.authorization()));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).map_err(unreachable)?;
-    let mut answer = Vec::new();
-    let _ = stream.take(256 * 1024).read_to_end(&mut answer);
-    let text = String::from_utf8_lossy(&answer);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split_whitespace().nth(1).unwrap_or("");
-    match status {
-        "407" => {
-            let hint = match identity {
-                Some(id) => format!(
-                    "postern refused agent `{}`'s token; CMD did not run",
-                    id.agent
-                ),
-                None => "postern's proxy requires an agent: pass --agent ID or set POSTERN_AGENT \
-                         and POSTERN_AGENT_TOKEN; CMD did not run"
-                    .to_owned(),
-            };
-            let body = body.trim();
+    use super::env::IdentityCheck;
+    let name = identity.map(|i| i.agent.as_str());
+    match super::env::check_identity(proxy, identity) {
+        IdentityCheck::Taken => Ok(()),
+        IdentityCheck::Unreachable(why) => Err(Refusal(format!(
+            "postern jail: {why} (is `postern serve` running with this config?)"
+        ))),
+        IdentityCheck::Refused(body) => {
+            let hint = super::env::refused_hint(name);
             Err(Refusal(match body.is_empty() {
-                true => format!("postern jail: {hint}"),
-                false => format!("{body}\npostern jail: {hint}"),
+                true => format!("postern jail: {hint}; CMD did not run"),
+                false => format!("{body}\npostern jail: {hint}; CMD did not run"),
             }))
         }
-        "" => Err(Refusal(format!(
-            "postern jail: postern's proxy at {addr} gave no answer to the identity check"
-        ))),
-        _ => Ok(()),
     }
 }
 

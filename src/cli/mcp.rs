@@ -43,6 +43,13 @@ fn settings(
         .as_ref()
         .map(super::env::Identity::authorization)
         .unwrap_or_default();
+    // A wrong token is said now, not at every call; a daemon not up yet is each call's news.
+    if let super::env::IdentityCheck::Refused(body) =
+        super::env::check_identity(config.proxy.listen, identity.as_ref())
+    {
+        let hint = super::env::refused_hint(identity.as_ref().map(|i| i.agent.as_str()));
+        return Err(format!("{body}\npostern mcp: {hint}"));
+    }
     let ca = home.certs_dir().join("ca.pem");
     if !ca.is_file() {
         return Err(format!(

@@ -712,3 +712,26 @@ fn postern_mcp_for_an_unknown_agent_names_the_known_ones() {
         "{err}"
     );
 }
+
+/// A wrong token is said when `postern mcp` starts (it was every call's
+/// `AGENT_UNAUTHENTICATED`), and the token is never printed.
+#[test]
+fn postern_mcp_with_a_wrong_token_stops_at_start_naming_the_agent() {
+    let s = setup();
+    let out = Command::new(daemon_bin())
+        .args(["mcp", "--agent", "agent"])
+        .env("POSTERN_HOME", s.home.root())
+        .env("POSTERN_CONFIG", &s.config)
+        .env(TOKEN_VAR, "not-the-token-0123456789")
+        .env_remove("POSTERN_AGENT_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("AGENT_UNAUTHENTICATED") && err.contains("refused agent `agent`'s token"),
+        "{err}"
+    );
+    assert!(!err.contains("not-the-token-0123456789"), "{err}");
+}
