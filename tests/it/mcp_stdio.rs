@@ -697,14 +697,7 @@ fn ci_session(front: &crate::ssh::Front, config: &Path, plan: &Value) -> std::pr
 #[test]
 fn postern_mcp_for_an_unknown_agent_names_the_known_ones() {
     let s = setup();
-    let out = Command::new(daemon_bin())
-        .args(["mcp", "--agent", "nosuch"])
-        .env("POSTERN_HOME", s.home.root())
-        .env("POSTERN_CONFIG", &s.config)
-        .env_remove("POSTERN_AGENT_TOKEN")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = mcp_alone(&s, "nosuch", &[]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -718,15 +711,7 @@ fn postern_mcp_for_an_unknown_agent_names_the_known_ones() {
 #[test]
 fn postern_mcp_with_a_wrong_token_stops_at_start_naming_the_agent() {
     let s = setup();
-    let out = Command::new(daemon_bin())
-        .args(["mcp", "--agent", "agent"])
-        .env("POSTERN_HOME", s.home.root())
-        .env("POSTERN_CONFIG", &s.config)
-        .env(TOKEN_VAR, "not-the-token-0123456789")
-        .env_remove("POSTERN_AGENT_TOKEN")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = mcp_alone(&s, "agent", &[(TOKEN_VAR, "not-the-token-0123456789")]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -734,4 +719,18 @@ fn postern_mcp_with_a_wrong_token_stops_at_start_naming_the_agent() {
         "{err}"
     );
     assert!(!err.contains("not-the-token-0123456789"), "{err}");
+}
+
+/// `postern mcp --agent AGENT` with no host on its stdin: what it says before serving.
+fn mcp_alone(s: &Setup, agent: &str, envs: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(daemon_bin());
+    cmd.args(["mcp", "--agent", agent])
+        .env("POSTERN_HOME", s.home.root())
+        .env("POSTERN_CONFIG", &s.config)
+        .env_remove("POSTERN_AGENT_TOKEN")
+        .stdin(Stdio::null());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
 }
