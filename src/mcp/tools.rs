@@ -286,10 +286,11 @@ impl Tools {
             out.stderr = decoded("stderr_base64").map(|e| capped(&e));
         }
         out.headers = value["headers"].as_array().map(|pairs| {
-            pairs
-                .iter()
-                .filter_map(|p| Some((p[0].as_str()?.to_owned(), p[1].as_str()?.to_owned())))
-                .collect()
+            joined(
+                pairs
+                    .iter()
+                    .filter_map(|p| Some((p[0].as_str()?.to_owned(), p[1].as_str()?.to_owned()))),
+            )
         });
         // How postern knows: the record's evidence (its verdict stays the stored result's:
         // the record may still say `fetch_result`, which this is).
@@ -714,12 +715,24 @@ fn put_body(out: &mut ToolOutcome, bytes: &[u8], offset: u64) {
 }
 
 fn headers_of(map: &HeaderMap) -> BTreeMap<String, String> {
-    let mut out: BTreeMap<String, String> = BTreeMap::new();
-    for (name, value) in map {
+    joined(map.iter().map(|(name, value)| {
         let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-        out.entry(name.as_str().to_owned())
+        (name.as_str().to_owned(), value)
+    }))
+}
+
+/// Repeated fields as one value each: joined with `, ` (RFC 9110 §5.3), but `Set-Cookie`
+/// with a line break, since a cookie's own value may hold a comma (RFC 6265 §3).
+fn joined(pairs: impl Iterator<Item = (String, String)>) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in pairs {
+        let between = match name.eq_ignore_ascii_case("set-cookie") {
+            true => "\n",
+            false => ", ",
+        };
+        out.entry(name)
             .and_modify(|v| {
-                v.push_str(", ");
+                v.push_str(between);
                 v.push_str(&value);
             })
             .or_insert(value);
@@ -778,6 +791,29 @@ impl Drop for Waiting {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 41 residue: two cookies were joined with ", " (a cookie's Expires holds one),
+    /// and a stored result's repeated fields kept only the last.
+    #[test]
+    fn repeated_fields_are_joined_and_cookies_kept_apart() {
+        let mut map = HeaderMap::new();
+        map.append(
+            "set-cookie",
+            HeaderValue::from_static("a=1; Expires=Wed, 21 Oct 2026 07:28:00 GMT"),
+        );
+        map.append("set-cookie", HeaderValue::from_static("b=2"));
+        map.append("vary", HeaderValue::from_static("accept"));
+        map.append("vary", HeaderValue::from_static("origin"));
+        let got = headers_of(&map);
+        assert_eq!(
+            got["set-cookie"],
+            "a=1; Expires=Wed, 21 Oct 2026 07:28:00 GMT\nb=2"
+        );
+        assert_eq!(got["vary"], "accept, origin");
+        let stored =
+            [("vary", "accept"), ("vary", "origin")].map(|(n, v)| (n.to_owned(), v.to_owned()));
+        assert_eq!(joined(stored.into_iter())["vary"], "accept, origin");
+    }
 
     #[test]
     fn a_body_cut_inside_a_character_is_text_and_pages_on() {
