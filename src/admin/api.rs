@@ -270,7 +270,7 @@ fn listed_approvals(state: &AdminState) -> Vec<Value> {
         .into_iter()
         .map(|l| {
             let admits = |id: &str, agents: &[String]| {
-                id == l.held.route && (agents.is_empty() || agents.contains(&l.held.agent))
+                id == l.held.route && crate::policy::admits(agents, &l.held.agent)
             };
             let routed = config.routes.iter().any(|r| admits(&r.id, &r.agents))
                 || config.ssh_targets.iter().any(|t| admits(&t.id, &t.agents));

@@ -170,8 +170,7 @@ fn injected<'c>(
 )> {
     let mut ids: Vec<&str> = Vec::new();
     for route in &config.routes {
-        let for_agent =
-            agent.is_none_or(|a| route.agents.is_empty() || route.agents.iter().any(|r| r == a));
+        let for_agent = agent.is_none_or(|a| crate::policy::admits(&route.agents, a));
         if for_agent {
             for id in &route.credentials {
                 if !ids.contains(&id.as_str()) {

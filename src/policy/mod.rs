@@ -12,6 +12,6 @@ mod routes;
 pub use agents::{AgentAuth, acts_now, authenticate, authenticate_pair};
 pub use fingerprint::{covered_headers, fingerprint};
 pub use routes::{
-    Specificity, Target, TargetError, connect_denial_field, denial_field, match_connect,
+    Specificity, Target, TargetError, admits, connect_denial_field, denial_field, match_connect,
     match_connect_plain, match_route, route_is_built, route_problems, specificity, still_routes,
 };

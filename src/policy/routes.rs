@@ -143,7 +143,12 @@ fn path_matches(prefix: &str, path: &str) -> bool {
 }
 
 fn agent_allowed(route: &Route, agent: &str) -> bool {
-    route.agents.is_empty() || route.agents.iter().any(|a| a == agent)
+    admits(&route.agents, agent)
+}
+
+/// A route's or SSH target's `agents` list admits `agent` (an empty list admits every agent).
+pub fn admits(agents: &[String], agent: &str) -> bool {
+    agents.is_empty() || agents.iter().any(|a| a == agent)
 }
 
 /// The config in force still has `route` (by id) and it still admits `agent`: what an

@@ -251,9 +251,7 @@ pub fn match_target<'a>(
         ("target.host", |t, _, p| t.host == p.host),
         ("target.port", |t, _, p| t.port == p.port),
         ("user", |t, _, p| t.user == p.user),
-        ("agent", |t, a, _| {
-            t.agents.is_empty() || t.agents.iter().any(|x| x == a)
-        }),
+        ("agent", |t, a, _| crate::policy::admits(&t.agents, a)),
     ];
     for (field, keep) in dimensions {
         candidates.retain(|t| keep(t, agent, p));

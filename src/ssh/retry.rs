@@ -43,7 +43,7 @@ impl Resend for SshResend {
         };
         let config = self.0.live.current();
         if !acts_now(&config, &record.agent)
-            || !(target.agents.is_empty() || target.agents.contains(&record.agent))
+            || !crate::policy::admits(&target.agents, &record.agent)
         {
             return changed("the agent is no longer allowed on the target");
         }
