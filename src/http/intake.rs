@@ -1,9 +1,8 @@
-//! Bodies read into memory, under the buffer budget: the agent's request body before
-//! dispatch (with `request_body_timeout` as the longest gap between its bytes, and
-//! `min_upload_rate` as the slowest average once that much time has passed) and the
-//! origin's response up to the buffering limit. A request that cannot get budget in time
-//! is refused (`RATE_LIMITED`, 429, `Retry-After`, naming the agent's share or the whole
-//! budget); a response that cannot is streamed instead, which holds only a bounded channel.
+//! The agent's request body read into memory before dispatch, under the buffer budget,
+//! with `request_body_timeout` as the longest gap between its bytes and `min_upload_rate`
+//! as the slowest average once that much time has passed. A request that cannot get budget
+//! in time is refused (`RATE_LIMITED`, 429, `Retry-After`, naming the agent's share or the
+//! whole budget).
 
 use std::time::Duration;
 
@@ -14,7 +13,6 @@ use http::{HeaderMap, HeaderValue, Response, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::body::body_error;
 use super::budget::{Exhausted, Reservation};
 use super::exchange::Exchange;
 use super::respond::{self, ProxyBody};
@@ -44,13 +42,6 @@ fn too_slow_at(start: Instant, received: u64, grace: Duration, rate: u64) -> Opt
     }
     let earned = Duration::from_secs_f64(received as f64 / rate as f64);
     Some(start + grace.max(earned))
-}
-
-/// A body read up to a limit: all of it (with its trailers, if any), or the first part
-/// and the rest still to come.
-pub(super) enum Collected {
-    Complete(Bytes, Option<HeaderMap>),
-    Partial(Bytes, Incoming),
 }
 
 fn declared_length(headers: &HeaderMap) -> Option<u64> {
@@ -185,45 +176,5 @@ impl Exchange {
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
         resp
-    }
-
-    /// Reads a response to its end or past `limit`, reserving budget as bytes arrive;
-    /// without budget the rest is streamed. An idle gap, a short body or bad framing is an error.
-    pub(super) async fn collect(
-        &mut self,
-        mut body: Incoming,
-        idle: Duration,
-        limit: u64,
-    ) -> Result<Collected, String> {
-        let mut buf = BytesMut::new();
-        let mut trailers = None;
-        if limit == 0 {
-            return Ok(Collected::Partial(Bytes::new(), body));
-        }
-        loop {
-            let frame = match tokio::time::timeout(idle, body.frame()).await {
-                Err(_) => return Err(format!("no body bytes for {idle:?}")),
-                Ok(None) => return Ok(Collected::Complete(buf.freeze(), trailers)),
-                Ok(Some(Err(e))) => return Err(body_error(&e)),
-                Ok(Some(Ok(frame))) => frame,
-            };
-            let data = match frame.into_data() {
-                Ok(data) => data,
-                Err(frame) => {
-                    trailers = frame.into_trailers().ok().or(trailers);
-                    continue;
-                }
-            };
-            let Some(more) = self.proxy.budget.try_reserve(data.len() as u64) else {
-                self.proxy.budget.streamed.inc();
-                buf.extend_from_slice(&data);
-                return Ok(Collected::Partial(buf.freeze(), body));
-            };
-            self.held.merge(more);
-            buf.extend_from_slice(&data);
-            if buf.len() as u64 > limit {
-                return Ok(Collected::Partial(buf.freeze(), body));
-            }
-        }
     }
 }

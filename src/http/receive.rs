@@ -1,9 +1,11 @@
-//! The response: read to its framing end (or handed to streaming), classified by the
-//! contract, guarded, committed with its result, then handed to the agent.
+//! The response: read to its framing end under the buffer budget (or handed to streaming
+//! when the budget or the buffering limit runs out), classified by the contract, guarded,
+//! committed with its result, then handed to the agent.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -11,7 +13,7 @@ use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
-use super::body::DeliveryBody;
+use super::body::{DeliveryBody, body_error};
 use super::decode::{self, Undecodable};
 use super::exchange::Exchange;
 use super::grpc;
@@ -19,7 +21,6 @@ use super::headers::{
     bodiless, delivery_mode, framing, intermediary_error, redact_headers, stored_headers,
     strip_error_proxy_status, strip_hop_by_hop,
 };
-use super::intake::Collected;
 use super::outgoing::Outgoing;
 use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody, Relayed};
 use super::stream::StreamStart;
@@ -423,4 +424,53 @@ pub(super) struct Head {
     pub resolution: StatusResolution,
     pub guard: Arc<ReflectionGuard>,
     pub header_hits: usize,
+}
+
+/// A body read up to a limit: all of it (with its trailers, if any), or the first part
+/// and the rest still to come.
+pub(super) enum Collected {
+    Complete(Bytes, Option<HeaderMap>),
+    Partial(Bytes, Incoming),
+}
+
+impl Exchange {
+    /// Reads a response to its end or past `limit`, reserving budget as bytes arrive;
+    /// without budget the rest is streamed. An idle gap, a short body or bad framing is an error.
+    pub(super) async fn collect(
+        &mut self,
+        mut body: Incoming,
+        idle: Duration,
+        limit: u64,
+    ) -> Result<Collected, String> {
+        let mut buf = BytesMut::new();
+        let mut trailers = None;
+        if limit == 0 {
+            return Ok(Collected::Partial(Bytes::new(), body));
+        }
+        loop {
+            let frame = match tokio::time::timeout(idle, body.frame()).await {
+                Err(_) => return Err(format!("no body bytes for {idle:?}")),
+                Ok(None) => return Ok(Collected::Complete(buf.freeze(), trailers)),
+                Ok(Some(Err(e))) => return Err(body_error(&e)),
+                Ok(Some(Ok(frame))) => frame,
+            };
+            let data = match frame.into_data() {
+                Ok(data) => data,
+                Err(frame) => {
+                    trailers = frame.into_trailers().ok().or(trailers);
+                    continue;
+                }
+            };
+            let Some(more) = self.proxy.budget.try_reserve(data.len() as u64) else {
+                self.proxy.budget.streamed.inc();
+                buf.extend_from_slice(&data);
+                return Ok(Collected::Partial(buf.freeze(), body));
+            };
+            self.held.merge(more);
+            buf.extend_from_slice(&data);
+            if buf.len() as u64 > limit {
+                return Ok(Collected::Partial(buf.freeze(), body));
+            }
+        }
+    }
 }
