@@ -5,7 +5,7 @@ use http::Response;
 use tokio::sync::oneshot;
 
 use super::Proxy;
-use super::exchange::Exchange;
+use super::Exchange;
 use super::inject::Injection;
 use super::respond::{self, ProxyBody};
 use crate::config::Route;

@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use super::body::{UpBody, attach_body};
 use super::budget::Reservation;
 use super::decode;
-use super::exchange::Exchange;
+use super::Exchange;
 use super::flushed::DeliveryEnd;
 use super::headers::strip_hop_by_hop;
 use super::outgoing::Outgoing;

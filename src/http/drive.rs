@@ -10,7 +10,7 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use tokio::sync::oneshot;
 
 use super::Proxy;
-use super::exchange::{Exchange, Inbound};
+use super::{Exchange, Inbound};
 use super::flushed::DeliveryEnd;
 use super::inject::Injection;
 use super::intake::AgentBody;

@@ -1,72 +1,19 @@
-//! One HTTP exchange: the request as the front handed it over, and the state it carries
-//! through its phases — `drive` (validate, preflight, approval, connect), `dispatch`
-//! (the boundary, sending), `receive` and `stream` (the response), each reporting what
-//! it observed to the invocation's lifecycle.
+//! Making and failing an `Exchange` (its state is in `http`'s `mod.rs`, which every
+//! room shares): a new invocation for a request, or one a lease handed over.
 
 use std::sync::Arc;
 
-use http::{HeaderName, HeaderValue, Request, Response, header};
-use hyper::body::Incoming;
+use http::{Response, header};
 
-use super::Proxy;
+use super::{Exchange, Inbound, Proxy};
 use super::budget::Reservation;
 use super::flushed::FlushWatch;
-use super::inject::Injection;
 use super::respond::{self, ProxyBody};
-use super::upstream::Hop;
 use crate::config::Scheme;
 use crate::contract::Code;
 use crate::journal::{Accepted, Draft, Failure, Protocol};
 use crate::lifecycle::Invocation;
 use crate::policy::Target;
-
-/// A request as the front received it, with the agent already identified.
-pub struct Inbound {
-    pub agent: String,
-    pub target: Target,
-    pub request: Request<Incoming>,
-    /// The raw head carried both `Content-Length` and `Transfer-Encoding`.
-    pub framing_conflict: bool,
-}
-
-pub(super) struct Exchange {
-    pub(super) proxy: Arc<Proxy>,
-    /// The config this exchange started under, kept to its end (a reload does not change it).
-    pub(super) config: Arc<crate::config::Config>,
-    /// The invocation this exchange drives through the lifecycle.
-    pub(super) inv: Invocation,
-    pub(super) agent: String,
-    pub(super) target: Target,
-    pub(super) method: String,
-    pub(super) framing_conflict: bool,
-    /// The credential bound at preflight; used unchanged at dispatch.
-    pub(super) injection: Option<Injection>,
-    /// The route's `via` hop, its credential bound at preflight.
-    pub(super) hop: Option<Hop>,
-    /// The agent can take trailers (h2, or HTTP/1.1 with `TE: trailers`).
-    pub(super) agent_trailers: bool,
-    /// The request is a gRPC call (h2, `content-type: application/grpc…`).
-    pub(super) grpc: bool,
-    /// Body bytes handed to the origin (`REQUEST_SENT`) and to the agent (`RESULT_DELIVERED`).
-    pub(super) request_bytes: u64,
-    pub(super) delivered_bytes: u64,
-    /// Buffer budget held for this exchange's bodies; released when it ends.
-    pub(super) held: Reservation,
-    /// An idempotency key postern put on the request (generated, or the one a leased
-    /// invocation recorded): sent upstream and shown to the agent on the response.
-    pub(super) added_key: Option<(HeaderName, HeaderValue)>,
-    /// The agent's connection, whose flush makes a response delivered (`None`: not known,
-    /// e.g. a retry the admin API runs: handed over counts as delivered).
-    pub(super) flush: Option<FlushWatch>,
-    /// The agent asked for a WebSocket: its side of the switch, once the origin agrees.
-    pub(super) agent_upgrade: Option<hyper::upgrade::OnUpgrade>,
-    /// The agent connection's place under the cap, held by a WebSocket relay.
-    pub(super) agent_slot: Option<crate::listen::HeldSlot>,
-    /// The agent's place under `max_busy_per_agent`, held while the exchange runs.
-    pub(super) busy: Option<crate::listen::Busy>,
-    /// The twin slot this request claims with its preflight (SPEC §3.7 resends).
-    pub(super) twin: Option<crate::journal::TwinClaim>,
-}
 
 impl Exchange {
     /// A new invocation for this request.

@@ -13,7 +13,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use super::Proxy;
 use super::drive;
-use super::exchange::Inbound;
+use super::Inbound;
 use super::flushed::{FlushWatch, Flushed};
 use super::internal;
 use super::respond::{self, ProxyBody};

@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::budget::{Exhausted, Reservation};
-use super::exchange::Exchange;
+use super::Exchange;
 use super::respond::{self, ProxyBody};
 use crate::contract::Code;
 use crate::journal::{Body, Draft, Failure};

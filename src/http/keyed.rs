@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use serde_json::json;
 
-use super::exchange::Exchange;
+use super::Exchange;
 use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody};
 use crate::config::{Idempotency, Route};
 use crate::contract::{

@@ -46,12 +46,20 @@ mod wsframe;
 
 use std::sync::Arc;
 
+use http::{HeaderName, HeaderValue, Request};
+use hyper::body::Incoming;
+
 use crate::admin::metrics::FrontMetrics;
 use crate::config::Config;
 use crate::journal::Journal;
+use crate::lifecycle::Invocation;
+use crate::policy::Target;
+use budget::Reservation;
+use flushed::FlushWatch;
+use inject::Injection;
+use upstream::Hop;
 
 pub use drive::handle_leased;
-pub use exchange::Inbound;
 pub use front::serve;
 pub use keyed::POSTERN_REPLAYED;
 
@@ -78,6 +86,58 @@ pub struct Proxy {
     pub budget: budget::Budget,
     /// Connections each agent keeps busy (requests, tunnels, WebSockets).
     pub busy: Arc<crate::listen::BusyPerAgent>,
+}
+
+/// A request as the front received it, with the agent already identified.
+pub struct Inbound {
+    pub agent: String,
+    pub target: Target,
+    pub request: Request<Incoming>,
+    /// The raw head carried both `Content-Length` and `Transfer-Encoding`.
+    pub framing_conflict: bool,
+}
+
+/// One HTTP exchange: the state a request carries down the rooms — `exchange` (validate,
+/// preflight, approval), `origin` (the boundary, sending, the response) and `deliver` —
+/// each phase reporting what it observed to the invocation's lifecycle. Private to `http`:
+/// every room reads its fields, nothing outside does.
+struct Exchange {
+    proxy: Arc<Proxy>,
+    /// The config this exchange started under, kept to its end (a reload does not change it).
+    config: Arc<crate::config::Config>,
+    /// The invocation this exchange drives through the lifecycle.
+    inv: Invocation,
+    agent: String,
+    target: Target,
+    method: String,
+    framing_conflict: bool,
+    /// The credential bound at preflight; used unchanged at dispatch.
+    injection: Option<Injection>,
+    /// The route's `via` hop, its credential bound at preflight.
+    hop: Option<Hop>,
+    /// The agent can take trailers (h2, or HTTP/1.1 with `TE: trailers`).
+    agent_trailers: bool,
+    /// The request is a gRPC call (h2, `content-type: application/grpc…`).
+    grpc: bool,
+    /// Body bytes handed to the origin (`REQUEST_SENT`) and to the agent (`RESULT_DELIVERED`).
+    request_bytes: u64,
+    delivered_bytes: u64,
+    /// Buffer budget held for this exchange's bodies; released when it ends.
+    held: Reservation,
+    /// An idempotency key postern put on the request (generated, or the one a leased
+    /// invocation recorded): sent upstream and shown to the agent on the response.
+    added_key: Option<(HeaderName, HeaderValue)>,
+    /// The agent's connection, whose flush makes a response delivered (`None`: not known,
+    /// e.g. a retry the admin API runs: handed over counts as delivered).
+    flush: Option<FlushWatch>,
+    /// The agent asked for a WebSocket: its side of the switch, once the origin agrees.
+    agent_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    /// The agent connection's place under the cap, held by a WebSocket relay.
+    agent_slot: Option<crate::listen::HeldSlot>,
+    /// The agent's place under `max_busy_per_agent`, held while the exchange runs.
+    busy: Option<crate::listen::Busy>,
+    /// The twin slot this request claims with its preflight (SPEC §3.7 resends).
+    twin: Option<crate::journal::TwinClaim>,
 }
 
 impl Proxy {

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 
 use super::body::{DeliveryBody, body_error};
 use super::decode::{self, Undecodable};
-use super::exchange::Exchange;
+use super::Exchange;
 use super::grpc;
 use super::headers::{
     bodiless, delivery_mode, framing, intermediary_error, redact_headers, stored_headers,

@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 
 use super::Proxy;
-use super::exchange::Exchange;
+use super::Exchange;
 use super::inject::Injection;
 use super::intake::AgentBody;
 use crate::config::Scheme;

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use super::body::body_error;
 use super::body::{ChannelBody, Chunk};
 use super::decode::{self, Decoder, Undecodable};
-use super::exchange::Exchange;
+use super::Exchange;
 use super::flushed::DeliveryEnd;
 use super::grpc::{self, GrpcEnd, Messages};
 use super::headers::stored_headers;

@@ -10,7 +10,7 @@
 use http::{HeaderMap, HeaderValue, Response, header};
 use serde_json::json;
 
-use super::exchange::Exchange;
+use super::Exchange;
 use super::outgoing::Outgoing;
 use super::respond::{self, ProxyBody};
 use crate::config::Route;

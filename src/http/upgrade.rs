@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
 use super::dispatch::HeadError;
-use super::exchange::Exchange;
+use super::Exchange;
 use super::headers::{redact_headers, strip_hop_by_hop};
 use super::outgoing::{Outgoing, Switch};
 use super::pool::Sender;
