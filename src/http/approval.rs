@@ -4,12 +4,12 @@
 use http::Response;
 use tokio::sync::oneshot;
 
-use super::Proxy;
 use super::Exchange;
+use super::Proxy;
 use super::inject::Injection;
-use super::respond::{self, ProxyBody};
 use crate::config::Route;
 use crate::contract::{Code, CredentialEvidence};
+use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::{Draft, rfc3339};
 use crate::policy::approvals::{Approvals, Held, preview};
 

@@ -2,8 +2,8 @@
 
 use http::{HeaderValue, Response, header};
 
-use super::respond::{self, ProxyBody};
 use crate::contract::{Code, Envelope};
+use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::Failure;
 use crate::lifecycle::Invocation;
 use crate::listen::over_busy_limit;

@@ -10,19 +10,19 @@ use hyper::body::Incoming;
 
 use tokio::sync::oneshot;
 
+use super::Exchange;
 use super::body::{UpBody, attach_body};
 use super::budget::Reservation;
-use super::decode;
-use super::Exchange;
 use super::flushed::DeliveryEnd;
-use super::headers::strip_hop_by_hop;
 use super::outgoing::Outgoing;
 use super::pool::{Conn, SendFailure, Sender};
-use super::respond::{self, ProxyBody};
 use super::tap::Tap;
 use super::upstream::{Dialed, Hop, dial};
 use crate::config::{Route, Scheme};
 use crate::contract::Code;
+use crate::http::message::decode;
+use crate::http::message::headers::strip_hop_by_hop;
+use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::{Body, Dispatch, Draft, RequestSent};
 
 impl Exchange {
@@ -51,7 +51,7 @@ impl Exchange {
             headers.insert(name.clone(), value.clone());
         }
         if self.grpc && h2 {
-            super::grpc::prepare_request(&mut headers, self.injection.is_some());
+            crate::http::message::grpc::prepare_request(&mut headers, self.injection.is_some());
         }
         let uri = if h2 {
             format!("{}://{}{path_and_query}", "https", self.target.authority())

@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use http::{Response, header};
 
-use super::{Exchange, Inbound, Proxy};
 use super::budget::Reservation;
 use super::flushed::FlushWatch;
-use super::respond::{self, ProxyBody};
+use super::{Exchange, Inbound, Proxy};
 use crate::config::Scheme;
 use crate::contract::Code;
+use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::{Accepted, Draft, Failure, Protocol};
 use crate::lifecycle::Invocation;
 use crate::policy::Target;
@@ -47,7 +47,7 @@ impl Exchange {
         ex.framing_conflict = inbound.framing_conflict;
         let h2 = request.version() == http::Version::HTTP_2;
         ex.agent_trailers |= h2;
-        ex.grpc = h2 && super::grpc::is_grpc(request.headers());
+        ex.grpc = h2 && crate::http::message::grpc::is_grpc(request.headers());
         ex.flush = request.extensions().get::<FlushWatch>().cloned();
         ex
     }

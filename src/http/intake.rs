@@ -13,10 +13,10 @@ use http::{HeaderMap, HeaderValue, Response, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::budget::{Exhausted, Reservation};
 use super::Exchange;
-use super::respond::{self, ProxyBody};
+use super::budget::{Exhausted, Reservation};
 use crate::contract::Code;
+use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::{Body, Draft, Failure};
 
 const BUDGET_MESSAGE: &str =

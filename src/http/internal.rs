@@ -6,7 +6,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use serde_json::json;
 
 use super::Proxy;
-use super::respond::{self, ProxyBody};
+use crate::http::message::respond::{self, ProxyBody};
 
 pub const HOST: &str = "postern.internal";
 

@@ -9,12 +9,12 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use serde_json::json;
 
 use super::Exchange;
-use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody};
 use crate::config::{Idempotency, Route};
 use crate::contract::{
     Code, Envelope, FailureContext, OperationFacts, Outcome, Phase, ResponseFacts, Retry,
     classify_status, postern_outcome, resolve_failure, should_retry_value,
 };
+use crate::http::message::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody};
 use crate::journal::{Failure, KeySlot, Payload, State, StoredResult, unb64};
 use crate::lifecycle::idempotency::{KeyBinding, KeyContract, KeyedRequest, Turn, bind, take_turn};
 use crate::lifecycle::lease::LeaseTerms;

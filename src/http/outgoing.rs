@@ -8,10 +8,10 @@ use hyper::upgrade::OnUpgrade;
 use tokio::sync::oneshot;
 
 use super::flushed::DeliveryEnd;
-use super::respond::ProxyBody;
 use super::stream::StreamPlan;
 use crate::config::Route;
 use crate::guard::ReflectionGuard;
+use crate::http::message::respond::ProxyBody;
 use crate::listen::Busy;
 
 /// What the exchange hands back to the front.

@@ -13,16 +13,9 @@ use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
-use super::body::{DeliveryBody, body_error};
-use super::decode::{self, Undecodable};
 use super::Exchange;
-use super::grpc;
-use super::headers::{
-    bodiless, delivery_mode, framing, intermediary_error, redact_headers, stored_headers,
-    strip_error_proxy_status, strip_hop_by_hop,
-};
+use super::body::{DeliveryBody, body_error};
 use super::outgoing::Outgoing;
-use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody, Relayed};
 use super::stream::StreamStart;
 use crate::config::{Delivery, Route};
 use crate::contract::{
@@ -30,6 +23,15 @@ use crate::contract::{
     classify_status, postern_outcome, should_retry_value,
 };
 use crate::guard::ReflectionGuard;
+use crate::http::message::decode::{self, Undecodable};
+use crate::http::message::grpc;
+use crate::http::message::headers::{
+    bodiless, delivery_mode, framing, intermediary_error, redact_headers, stored_headers,
+    strip_error_proxy_status, strip_hop_by_hop,
+};
+use crate::http::message::respond::{
+    self, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody, Relayed,
+};
 use crate::journal::{
     Body, Draft, Failure, HttpResult, Payload, ResponseComplete, ResponseStarted, ResultCommitted,
     Source, StoredResult, b64, sha256_tagged_digest,

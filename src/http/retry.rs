@@ -10,8 +10,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, header};
 use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 
-use super::Proxy;
 use super::Exchange;
+use super::Proxy;
 use super::inject::Injection;
 use super::intake::AgentBody;
 use crate::config::Scheme;

@@ -11,20 +11,22 @@ use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
+use super::Exchange;
 use super::body::body_error;
 use super::body::{ChannelBody, Chunk};
-use super::decode::{self, Decoder, Undecodable};
-use super::Exchange;
 use super::flushed::DeliveryEnd;
-use super::grpc::{self, GrpcEnd, Messages};
-use super::headers::stored_headers;
-use super::respond::ProxyBody;
-use super::respond::{POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME, Relayed};
 use crate::config::Route;
 use crate::contract::{
     Code, Completion, Phase, StatusResolution, classify_grpc_status, postern_outcome,
 };
 use crate::guard::{Carry, Mask, ReflectionGuard};
+use crate::http::message::decode::{self, Decoder, Undecodable};
+use crate::http::message::grpc::{self, GrpcEnd, Messages};
+use crate::http::message::headers::stored_headers;
+use crate::http::message::respond::ProxyBody;
+use crate::http::message::respond::{
+    POSTERN_DELIVERY, POSTERN_INVOCATION, POSTERN_OUTCOME, Relayed,
+};
 use crate::journal::{
     BODY_STORED, Body, Draft, Failure, HttpResult, Payload, ResponseComplete, ResultCommitted,
     Source, StoredResult, b64, sha256_tagged_digest,

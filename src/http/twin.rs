@@ -12,9 +12,9 @@ use serde_json::json;
 
 use super::Exchange;
 use super::outgoing::Outgoing;
-use super::respond::{self, ProxyBody};
 use crate::config::Route;
 use crate::contract::{Code, Envelope};
+use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::Dispatch;
 use crate::journal::{
     Claims, Failure, JournalError, KeyClaim, Refusal, ResendEvidence, State, TwinClaim, TwinEntry,

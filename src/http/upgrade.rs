@@ -16,19 +16,21 @@ use hyper_util::rt::TokioIo;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
-use super::dispatch::HeadError;
 use super::Exchange;
-use super::headers::{redact_headers, strip_hop_by_hop};
+use super::dispatch::HeadError;
 use super::outgoing::{Outgoing, Switch};
 use super::pool::Sender;
 use super::receive::{Whole, origin_committed};
 use super::relay;
-use super::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed};
 use super::tap::Tap;
 use super::upstream::{Offer, dial_offering};
 use super::wsframe::Frames;
 use crate::config::Route;
 use crate::contract::{Code, Completion, UpgradeEvidence, classify_upgrade};
+use crate::http::message::headers::{redact_headers, strip_hop_by_hop};
+use crate::http::message::respond::{
+    self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed,
+};
 use crate::journal::{
     Body, Dispatch, Draft, Failure, ResponseStarted, Source, sha256_tagged_digest,
 };

@@ -107,7 +107,8 @@ async fn connect(tcp: TcpStream, hop: &Hop, target: &Target) -> Result<Box<dyn I
     let resp = sender.send_request(req).await.map_err(broken)?;
     let status = resp.status();
     if !status.is_success() {
-        let named = crate::http::headers::intermediary_error(resp.headers()).map(|(n, _)| n);
+        let named =
+            crate::http::message::headers::intermediary_error(resp.headers()).map(|(n, _)| n);
         return Err(Refused::Status(status, named));
     }
     let upgraded = hyper::upgrade::on(resp).await.map_err(broken)?;

@@ -12,7 +12,7 @@ use crate::contract::Completion;
 use crate::guard::{REDACTED, ReflectionGuard};
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and postern's own, never forwarded.
-pub(super) const HOP_BY_HOP: &[&str] = &[
+pub(in crate::http) const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -24,7 +24,7 @@ pub(super) const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
-pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(in crate::http) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -49,7 +49,7 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// The response headers worth keeping: never cookies or credentials.
-pub(super) fn stored_headers(headers: &HeaderMap) -> Vec<(String, String)> {
+pub(in crate::http) fn stored_headers(headers: &HeaderMap) -> Vec<(String, String)> {
     const SECRET: &[&str] = &[
         "set-cookie",
         "authorization",
@@ -64,7 +64,7 @@ pub(super) fn stored_headers(headers: &HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
-pub(super) fn strip_error_proxy_status(headers: &mut HeaderMap) {
+pub(in crate::http) fn strip_error_proxy_status(headers: &mut HeaderMap) {
     let has_error = headers
         .get_all(PROXY_STATUS)
         .iter()
@@ -74,7 +74,7 @@ pub(super) fn strip_error_proxy_status(headers: &mut HeaderMap) {
     }
 }
 
-pub(super) fn framing(headers: &HeaderMap, version: http::Version) -> Completion {
+pub(in crate::http) fn framing(headers: &HeaderMap, version: http::Version) -> Completion {
     if version == http::Version::HTTP_2 {
         Completion::EndStream
     } else if headers.contains_key(header::TRANSFER_ENCODING) {
@@ -88,7 +88,7 @@ pub(super) fn framing(headers: &HeaderMap, version: http::Version) -> Completion
 }
 
 /// Responses that never carry a body (RFC 9110 §6.4.1).
-pub(super) fn bodiless(method: &str, status: StatusCode) -> bool {
+pub(in crate::http) fn bodiless(method: &str, status: StatusCode) -> bool {
     method == "HEAD"
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
@@ -96,7 +96,11 @@ pub(super) fn bodiless(method: &str, status: StatusCode) -> bool {
 }
 
 /// `delivery = "auto"`: event streams and bodies declared larger than the buffer stream at once.
-pub(super) fn delivery_mode(route: Delivery, headers: &HeaderMap, buffer_limit: u64) -> Delivery {
+pub(in crate::http) fn delivery_mode(
+    route: Delivery,
+    headers: &HeaderMap,
+    buffer_limit: u64,
+) -> Delivery {
     if route != Delivery::Auto {
         return route;
     }
@@ -125,7 +129,7 @@ pub(super) fn delivery_mode(route: Delivery, headers: &HeaderMap, buffer_limit: 
 
 /// An intermediary's own error (RFC 9209): the first `Proxy-Status` member, from the
 /// origin side, with an `error` parameter. Returns its name and the member as sent.
-pub(super) fn intermediary_error(headers: &HeaderMap) -> Option<(String, String)> {
+pub(in crate::http) fn intermediary_error(headers: &HeaderMap) -> Option<(String, String)> {
     headers
         .get_all(PROXY_STATUS)
         .iter()
@@ -151,7 +155,7 @@ pub(super) fn intermediary_error(headers: &HeaderMap) -> Option<(String, String)
 
 /// The reflection guard over a header block: values redacted, headers whose name is a
 /// form of the secret dropped (a name cannot be rewritten). Returns the hits.
-pub(super) fn redact_headers(guard: &ReflectionGuard, headers: &mut HeaderMap) -> usize {
+pub(in crate::http) fn redact_headers(guard: &ReflectionGuard, headers: &mut HeaderMap) -> usize {
     if guard.is_empty() {
         return 0;
     }

@@ -270,7 +270,7 @@ enum Inner {
 }
 
 impl Decoder {
-    pub(super) fn new(coding: &str, cap: usize) -> Result<Self, Undecodable> {
+    pub(in crate::http) fn new(coding: &str, cap: usize) -> Result<Self, Undecodable> {
         let sink = Sink {
             buf: Vec::new(),
             cap,

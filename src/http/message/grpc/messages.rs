@@ -10,7 +10,7 @@
 use bytes::Bytes;
 use http::HeaderMap;
 
-use crate::http::decode::{Decoder, Undecodable};
+use crate::http::message::decode::{Decoder, Undecodable};
 
 const GRPC_ENCODING: &str = "grpc-encoding";
 /// The flag byte and the length.

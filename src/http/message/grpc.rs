@@ -26,7 +26,7 @@ use crate::journal::{Payload, StoredResult};
 
 mod messages;
 
-pub(super) use messages::Messages;
+pub(in crate::http) use messages::Messages;
 
 const GRPC_STATUS: &str = "grpc-status";
 
@@ -34,10 +34,10 @@ const GRPC_STATUS: &str = "grpc-status";
 const INTERNAL: u32 = 13;
 
 /// The diagnostic of a gRPC response that ended without its status.
-pub(super) const NO_STATUS: &str = "the gRPC response ended without a grpc-status";
+pub(in crate::http) const NO_STATUS: &str = "the gRPC response ended without a grpc-status";
 
 /// The diagnostic of a gRPC response that ended with two different statuses.
-pub(super) const CONFLICTING_STATUS: &str =
+pub(in crate::http) const CONFLICTING_STATUS: &str =
     "the gRPC response ended with conflicting grpc-status values";
 
 /// The fields that carry a call's status (gRPC's PROTOCOL-HTTP2 "Trailers").
@@ -45,7 +45,7 @@ const STATUS_FIELDS: &[&str] = &[GRPC_STATUS, "grpc-message", "grpc-status-detai
 
 /// `content-type: application/grpc`, `application/grpc+proto`, `application/grpc;…`
 /// (not `application/grpc-web…`, which carries its trailers in the body over HTTP/1.1).
-pub(super) fn is_grpc(headers: &HeaderMap) -> bool {
+pub(in crate::http) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -58,14 +58,14 @@ pub(super) fn is_grpc(headers: &HeaderMap) -> bool {
 
 /// A response head that answers a gRPC call as one: `200`, and a gRPC content type or a
 /// status of its own (trailers-only). Anything else is an HTTP answer (§1.5 decides it).
-pub(super) fn is_grpc_response(status: http::StatusCode, headers: &HeaderMap) -> bool {
+pub(in crate::http) fn is_grpc_response(status: http::StatusCode, headers: &HeaderMap) -> bool {
     status == http::StatusCode::OK && (is_grpc(headers) || headers.contains_key(GRPC_STATUS))
 }
 
 /// The gRPC call toward the origin: `te: trailers` (the hop-by-hop rules dropped the
 /// agent's). With a credential injected, messages are asked for uncompressed: the guard
 /// reads them as they come (one compressed anyway is decoded first, `Messages`).
-pub(super) fn prepare_request(headers: &mut HeaderMap, guarded: bool) {
+pub(in crate::http) fn prepare_request(headers: &mut HeaderMap, guarded: bool) {
     headers.insert(header::TE, HeaderValue::from_static("trailers"));
     if guarded {
         headers.insert("grpc-accept-encoding", HeaderValue::from_static("identity"));
@@ -74,7 +74,7 @@ pub(super) fn prepare_request(headers: &mut HeaderMap, guarded: bool) {
 
 /// A trailers-only response's status, taken out of the head: it goes to the agent as
 /// trailers, after the commit.
-pub(super) fn take_head_status(headers: &mut HeaderMap) -> HeaderMap {
+pub(in crate::http) fn take_head_status(headers: &mut HeaderMap) -> HeaderMap {
     let mut moved = HeaderMap::new();
     if !headers.contains_key(GRPC_STATUS) {
         return moved;
@@ -90,7 +90,7 @@ pub(super) fn take_head_status(headers: &mut HeaderMap) -> HeaderMap {
 }
 
 /// How a gRPC response ended: its status and the trailers for the agent.
-pub(super) struct GrpcEnd {
+pub(in crate::http) struct GrpcEnd {
     /// The origin's status: the record's `grpc_status`, which decides the outcome.
     pub status: u32,
     /// The origin's trailers (or the head's status), cleaned and guarded.
@@ -106,7 +106,7 @@ impl GrpcEnd {
     /// failure would, and `Postern-Body` as on an HTTP body. `status` stays the origin's:
     /// the origin did answer, and the record's outcome follows it (evidence
     /// `body_withheld`).
-    pub(super) fn withhold(&mut self, why: Undecodable) {
+    pub(in crate::http) fn withhold(&mut self, why: Undecodable) {
         for name in STATUS_FIELDS {
             self.trailers.remove(*name);
         }
@@ -126,7 +126,7 @@ impl GrpcEnd {
 /// The end of a gRPC response from what came after its body (`trailers`) or, for a
 /// trailers-only response, its head (`head_status`). `Err` (the diagnostic): no single
 /// `grpc-status`, so the call is not complete.
-pub(super) fn end(
+pub(in crate::http) fn end(
     head_status: HeaderMap,
     trailers: Option<HeaderMap>,
     guard: &ReflectionGuard,
@@ -169,7 +169,7 @@ fn one_status(trailers: &mut HeaderMap) -> Result<u32, &'static str> {
 }
 
 /// The agent's trailers: the origin's, then `Postern-Outcome`.
-pub(super) fn agent_trailers(end: &GrpcEnd, outcome: &str) -> HeaderMap {
+pub(in crate::http) fn agent_trailers(end: &GrpcEnd, outcome: &str) -> HeaderMap {
     let mut trailers = end.trailers.clone();
     if let Ok(v) = HeaderValue::from_str(outcome) {
         trailers.insert(POSTERN_OUTCOME, v);
@@ -178,7 +178,7 @@ pub(super) fn agent_trailers(end: &GrpcEnd, outcome: &str) -> HeaderMap {
 }
 
 /// The stored result names the status and keeps the trailers as relayed.
-pub(super) fn record_in(stored: &mut StoredResult, end: &GrpcEnd) {
+pub(in crate::http) fn record_in(stored: &mut StoredResult, end: &GrpcEnd) {
     if let Payload::Http(http) = &mut stored.payload {
         http.grpc_status = Some(end.status);
         http.trailers = super::headers::stored_headers(&end.trailers);
@@ -187,7 +187,7 @@ pub(super) fn record_in(stored: &mut StoredResult, end: &GrpcEnd) {
 
 /// A buffered body on a credentialed route as the guard must see it: every message
 /// uncompressed, or withheld (the head then says so).
-pub(super) fn for_guard(
+pub(in crate::http) fn for_guard(
     headers: &mut HeaderMap,
     body: &[u8],
     cap: u64,
