@@ -41,7 +41,7 @@ pub(super) struct Switch {
     pub agent: OnUpgrade,
     pub origin: OnUpgrade,
     pub guard: Arc<ReflectionGuard>,
-    pub limits: super::relay::Limits,
+    pub limits: super::pump::Limits,
     /// The agent's place under its busy limit, held until the relay ends.
     _busy: Busy,
 }
@@ -52,7 +52,7 @@ impl Switch {
             agent,
             origin,
             guard: ReflectionGuard::none(),
-            limits: super::relay::Limits::of(route),
+            limits: super::pump::Limits::of(route),
             _busy: busy,
         }
     }

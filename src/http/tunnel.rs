@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 use super::Proxy;
 use super::approval::watching_the_caller;
 use super::drive::bind_hop;
-use super::relay::{self, Relayed, Unread};
+use super::pump::{self, Relayed, Unread};
 use super::upstream::{Connected, connect_tcp};
 use crate::config::{Approval, Route};
 use crate::contract::{
@@ -114,8 +114,8 @@ impl Tunnel {
         } else {
             match upgrade.await {
                 Ok(agent) => {
-                    let limits = relay::Limits::of(&self.opening.route);
-                    relay::relay(TokioIo::new(agent), origin.stream, limits, &mut Unread).await
+                    let limits = pump::Limits::of(&self.opening.route);
+                    pump::relay(TokioIo::new(agent), origin.stream, limits, &mut Unread).await
                 }
                 Err(_) => Relayed::agent_gone(),
             }

@@ -20,8 +20,8 @@ use super::Exchange;
 use super::dispatch::HeadError;
 use super::outgoing::{Outgoing, Switch};
 use super::pool::Sender;
+use super::pump;
 use super::receive::{Whole, origin_committed};
-use super::relay;
 use super::tap::Tap;
 use super::upstream::{Offer, dial_offering};
 use super::wsframe::Frames;
@@ -225,7 +225,7 @@ impl Exchange {
         };
         let mut down = Frames::new(switch.guard);
         let (agent, origin) = (TokioIo::new(agent), TokioIo::new(origin));
-        let relayed = relay::relay(agent, origin, switch.limits, &mut down).await;
+        let relayed = pump::relay(agent, origin, switch.limits, &mut down).await;
         let upgrade = UpgradeEvidence {
             protocol: WEBSOCKET.into(),
             bytes_up: relayed.tunnel.bytes_up,

@@ -13,7 +13,7 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::relay::Downstream;
+use super::pump::Downstream;
 use crate::contract::FrameError;
 use crate::guard::{Mask, Paced, ReflectionGuard};
 
