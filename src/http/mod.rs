@@ -28,8 +28,8 @@ pub mod message;
 pub mod mitm;
 mod outgoing;
 mod pool;
-mod pump;
 mod receive;
+pub mod relay;
 pub mod retry;
 mod sniff;
 mod stream;
@@ -39,7 +39,6 @@ mod twin;
 mod upgrade;
 pub mod upstream;
 mod wire;
-mod wsframe;
 
 use std::sync::Arc;
 

@@ -41,7 +41,7 @@ pub(super) struct Switch {
     pub agent: OnUpgrade,
     pub origin: OnUpgrade,
     pub guard: Arc<ReflectionGuard>,
-    pub limits: super::pump::Limits,
+    pub limits: crate::http::relay::pump::Limits,
     /// The agent's place under its busy limit, held until the relay ends.
     _busy: Busy,
 }
@@ -52,7 +52,7 @@ impl Switch {
             agent,
             origin,
             guard: ReflectionGuard::none(),
-            limits: super::pump::Limits::of(route),
+            limits: crate::http::relay::pump::Limits::of(route),
             _busy: busy,
         }
     }

@@ -20,17 +20,17 @@ use super::Exchange;
 use super::dispatch::HeadError;
 use super::outgoing::{Outgoing, Switch};
 use super::pool::Sender;
-use super::pump;
 use super::receive::{Whole, origin_committed};
 use super::tap::Tap;
 use super::upstream::{Offer, dial_offering};
-use super::wsframe::Frames;
 use crate::config::Route;
 use crate::contract::{Code, Completion, UpgradeEvidence, classify_upgrade};
 use crate::http::message::headers::{redact_headers, strip_hop_by_hop};
 use crate::http::message::respond::{
     self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed,
 };
+use crate::http::relay::pump;
+use crate::http::relay::wsframe::Frames;
 use crate::journal::{
     Body, Dispatch, Draft, Failure, ResponseStarted, Source, sha256_tagged_digest,
 };
