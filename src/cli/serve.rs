@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::{CliError, Env, Home};
 use crate::admin::{self, AdminState, metrics::FrontMetrics};
 use crate::config::{self, Config};
-use crate::http::budget::Budget;
+use crate::http::deliver::budget::Budget;
 use crate::http::mitm::{Authority, CaPaths};
 use crate::http::{self as proxy_http, Proxy};
 use crate::journal::{Durability, Journal, JournalOptions, SpaceGuard, StoreError};

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use http::{Response, header};
 
-use super::budget::Reservation;
-use super::flushed::FlushWatch;
 use super::{Exchange, Inbound, Proxy};
 use crate::config::Scheme;
 use crate::contract::Code;
+use crate::http::deliver::budget::Reservation;
+use crate::http::deliver::flushed::FlushWatch;
 use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::{Accepted, Draft, Failure, Protocol};
 use crate::lifecycle::Invocation;

@@ -14,8 +14,8 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::Exchange;
-use super::budget::{Exhausted, Reservation};
 use crate::contract::Code;
+use crate::http::deliver::budget::{Exhausted, Reservation};
 use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::{Body, Draft, Failure};
 

@@ -12,13 +12,11 @@
 //! route is a `tunnel` instead: one invocation whose bytes are relayed unread. Invariant: no request byte reaches the origin
 //! before `DISPATCH_STARTED` is durable.
 mod approval;
-mod body;
-pub mod budget;
 pub mod busy;
+pub mod deliver;
 mod dispatch;
 mod drive;
 mod exchange;
-mod flushed;
 mod front;
 mod inject;
 mod intake;
@@ -26,19 +24,16 @@ mod internal;
 mod keyed;
 pub mod message;
 pub mod mitm;
-mod outgoing;
 mod pool;
 mod receive;
 pub mod relay;
 pub mod retry;
 mod sniff;
-mod stream;
 mod tap;
 mod tunnel;
 mod twin;
 mod upgrade;
 pub mod upstream;
-mod wire;
 
 use std::sync::Arc;
 
@@ -50,8 +45,8 @@ use crate::config::Config;
 use crate::journal::Journal;
 use crate::lifecycle::Invocation;
 use crate::policy::Target;
-use budget::Reservation;
-use flushed::FlushWatch;
+use deliver::budget::Reservation;
+use deliver::flushed::FlushWatch;
 use inject::Injection;
 use upstream::Hop;
 
@@ -79,7 +74,7 @@ pub struct Proxy {
     /// Reflection guards, one per credential version.
     pub guards: crate::guard::GuardCache,
     /// Memory for buffered bodies, shared by requests and responses.
-    pub budget: budget::Budget,
+    pub budget: deliver::budget::Budget,
     /// Connections each agent keeps busy (requests, tunnels, WebSockets).
     pub busy: Arc<crate::listen::BusyPerAgent>,
 }

@@ -8,10 +8,10 @@ use std::sync::Mutex;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-use super::body::{UpBody, body_error};
 use super::tap::Tap;
 use super::upstream::Hop;
 use crate::config::Route;
+use crate::http::deliver::body::{UpBody, body_error};
 use crate::journal::TlsIdentity;
 use crate::policy::Target;
 

@@ -14,15 +14,15 @@ use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
 use super::Exchange;
-use super::body::{DeliveryBody, body_error};
-use super::outgoing::Outgoing;
-use super::stream::StreamStart;
 use crate::config::{Delivery, Route};
 use crate::contract::{
     Code, Completion, Outcome, Phase, ResponseFacts, StatusResolution, classify_grpc_status,
     classify_status, postern_outcome, should_retry_value,
 };
 use crate::guard::ReflectionGuard;
+use crate::http::deliver::body::{DeliveryBody, body_error};
+use crate::http::deliver::outgoing::Outgoing;
+use crate::http::deliver::stream::StreamStart;
 use crate::http::message::decode::{self, Undecodable};
 use crate::http::message::grpc;
 use crate::http::message::headers::{

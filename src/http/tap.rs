@@ -7,8 +7,8 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 
-use super::flushed::DeliveryEnd;
 use super::upstream::Io;
+use crate::http::deliver::flushed::DeliveryEnd;
 
 pub struct Tap {
     inner: Box<dyn Io>,

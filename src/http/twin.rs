@@ -11,9 +11,9 @@ use http::{HeaderMap, HeaderValue, Response, header};
 use serde_json::json;
 
 use super::Exchange;
-use super::outgoing::Outgoing;
 use crate::config::Route;
 use crate::contract::{Code, Envelope};
+use crate::http::deliver::outgoing::Outgoing;
 use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::Dispatch;
 use crate::journal::{

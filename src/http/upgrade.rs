@@ -18,13 +18,13 @@ use tokio::sync::oneshot;
 
 use super::Exchange;
 use super::dispatch::HeadError;
-use super::outgoing::{Outgoing, Switch};
 use super::pool::Sender;
 use super::receive::{Whole, origin_committed};
 use super::tap::Tap;
 use super::upstream::{Offer, dial_offering};
 use crate::config::Route;
 use crate::contract::{Code, Completion, UpgradeEvidence, classify_upgrade};
+use crate::http::deliver::outgoing::{Outgoing, Switch};
 use crate::http::message::headers::{redact_headers, strip_hop_by_hop};
 use crate::http::message::respond::{
     self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed,

@@ -11,7 +11,6 @@ use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::Exchange;
 use super::body::body_error;
 use super::body::{ChannelBody, Chunk};
 use super::flushed::DeliveryEnd;
@@ -20,6 +19,7 @@ use crate::contract::{
     Code, Completion, Phase, StatusResolution, classify_grpc_status, postern_outcome,
 };
 use crate::guard::{Carry, Mask, ReflectionGuard};
+use crate::http::Exchange;
 use crate::http::message::decode::{self, Decoder, Undecodable};
 use crate::http::message::grpc::{self, GrpcEnd, Messages};
 use crate::http::message::headers::stored_headers;
@@ -137,7 +137,7 @@ fn nobody_needs_the_rest(plan: &StreamPlan, tally: &Tally, agent_gone: bool) -> 
 impl Exchange {
     /// Sends the head now (without `Postern-Outcome`: nothing is known yet).
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn start_stream(
+    pub(in crate::http) async fn start_stream(
         &mut self,
         route: &Route,
         status: StatusCode,
@@ -227,7 +227,11 @@ impl Exchange {
     }
 
     /// Relays the body to its framing end, commits it, then releases the stream's end.
-    pub(super) async fn pump(&mut self, mut plan: StreamPlan, mut agent_gone: bool) -> StreamEnd {
+    pub(in crate::http) async fn pump(
+        &mut self,
+        mut plan: StreamPlan,
+        mut agent_gone: bool,
+    ) -> StreamEnd {
         let mut tally = Tally {
             hasher: Sha256::new(),
             stored: Vec::new(),

@@ -233,7 +233,7 @@ impl Drop for ChannelBody {
     }
 }
 
-pub(super) fn body_error(e: &hyper::Error) -> String {
+pub(in crate::http) fn body_error(e: &hyper::Error) -> String {
     let mut text = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -280,7 +280,7 @@ impl http_body::Body for UpBody {
 }
 
 /// Puts the agent's body on the upstream request; `None` for an empty body.
-pub(super) fn attach_body(
+pub(in crate::http) fn attach_body(
     req: &mut http::Request<UpBody>,
     body: Bytes,
 ) -> Option<oneshot::Receiver<DeliveryEnd>> {

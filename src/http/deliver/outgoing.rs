@@ -15,7 +15,7 @@ use crate::http::message::respond::ProxyBody;
 use crate::listen::Busy;
 
 /// What the exchange hands back to the front.
-pub(super) enum Outgoing {
+pub(in crate::http) enum Outgoing {
     Respond(Response<ProxyBody>),
     /// A streamed response: the head goes out now, the pump feeds the body.
     Stream {
@@ -37,7 +37,7 @@ pub(super) enum Outgoing {
 }
 
 /// What runs once the agent has its `101`.
-pub(super) struct Switch {
+pub(in crate::http) struct Switch {
     pub agent: OnUpgrade,
     pub origin: OnUpgrade,
     pub guard: Arc<ReflectionGuard>,
