@@ -6,10 +6,10 @@ use tokio::sync::oneshot;
 
 use super::Exchange;
 use super::Proxy;
-use super::inject::Injection;
 use crate::config::Route;
 use crate::contract::{Code, CredentialEvidence};
 use crate::http::message::respond::{self, ProxyBody};
+use crate::http::origin::inject::Injection;
 use crate::journal::{Draft, rfc3339};
 use crate::policy::approvals::{Approvals, Held, preview};
 

@@ -10,11 +10,8 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use tokio::sync::oneshot;
 
 use super::Proxy;
-use super::inject::Injection;
 use super::intake::AgentBody;
-use super::pool::Pool;
 use super::upgrade::take_websocket;
-use super::upstream::{Hop, dial};
 use super::{Exchange, Inbound};
 use crate::config::{Approval, Config, Route};
 use crate::contract::{Code, journal_unavailable, unjournaled_refusal};
@@ -22,6 +19,9 @@ use crate::http::deliver::flushed::DeliveryEnd;
 use crate::http::deliver::outgoing::Outgoing;
 use crate::http::deliver::stream::StreamEnd;
 use crate::http::message::respond::{self, POSTERN_CREDENTIAL, ProxyBody};
+use crate::http::origin::inject::Injection;
+use crate::http::origin::pool::Pool;
+use crate::http::origin::upstream::{Hop, dial};
 use crate::journal::{Body, Draft, Failure, Preflight};
 use crate::lifecycle::Invocation;
 use crate::listen::HeldSlot;
@@ -131,7 +131,9 @@ impl Exchange {
         let mut covered = covered_headers(&parts.headers, key_header);
         match &placeholder {
             Some(placeholder::Place::Header(name)) => covered.retain(|(n, _)| n != name),
-            Some(placeholder::Place::Query(param)) => super::inject::without_param(&mut url, param),
+            Some(placeholder::Place::Query(param)) => {
+                crate::http::origin::inject::without_param(&mut url, param)
+            }
             None => {}
         }
         let fp = fingerprint(&self.method, &url, &covered, &body);

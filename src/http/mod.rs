@@ -14,26 +14,21 @@
 mod approval;
 pub mod busy;
 pub mod deliver;
-mod dispatch;
 mod drive;
 mod exchange;
 mod front;
-mod inject;
 mod intake;
 mod internal;
 mod keyed;
 pub mod message;
 pub mod mitm;
-mod pool;
-mod receive;
+pub mod origin;
 pub mod relay;
 pub mod retry;
 mod sniff;
-mod tap;
 mod tunnel;
 mod twin;
 mod upgrade;
-pub mod upstream;
 
 use std::sync::Arc;
 
@@ -47,8 +42,8 @@ use crate::lifecycle::Invocation;
 use crate::policy::Target;
 use deliver::budget::Reservation;
 use deliver::flushed::FlushWatch;
-use inject::Injection;
-use upstream::Hop;
+use origin::inject::Injection;
+use origin::upstream::Hop;
 
 pub use drive::handle_leased;
 pub use front::serve;
@@ -60,9 +55,9 @@ pub struct Proxy {
     pub live: Arc<crate::config::Live>,
     pub journal: Journal,
     pub authority: Arc<mitm::Authority>,
-    pub tls: upstream::TlsClients,
+    pub tls: origin::upstream::TlsClients,
     pub dns: Arc<crate::dns::Dns>,
-    pub pool: pool::Pool,
+    pub pool: origin::pool::Pool,
     pub vault: Arc<crate::vault::Vault>,
     pub metrics: FrontMetrics,
     /// Requests held on `approval = "required"` routes, shared with the admin API.

@@ -12,10 +12,10 @@ use tokio::sync::oneshot;
 
 use super::Exchange;
 use super::Proxy;
-use super::inject::Injection;
 use super::intake::AgentBody;
 use crate::config::Scheme;
 use crate::contract::Code;
+use crate::http::origin::inject::Injection;
 use crate::journal::{Record, StoredRequest, b64, unb64};
 use crate::lifecycle::Invocation;
 use crate::lifecycle::lease::LeaseTerms;

@@ -17,11 +17,6 @@ use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
 use super::Exchange;
-use super::dispatch::HeadError;
-use super::pool::Sender;
-use super::receive::{Whole, origin_committed};
-use super::tap::Tap;
-use super::upstream::{Offer, dial_offering};
 use crate::config::Route;
 use crate::contract::{Code, Completion, UpgradeEvidence, classify_upgrade};
 use crate::http::deliver::outgoing::{Outgoing, Switch};
@@ -29,6 +24,11 @@ use crate::http::message::headers::{redact_headers, strip_hop_by_hop};
 use crate::http::message::respond::{
     self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody, Relayed,
 };
+use crate::http::origin::dispatch::HeadError;
+use crate::http::origin::pool::Sender;
+use crate::http::origin::receive::{Whole, origin_committed};
+use crate::http::origin::tap::Tap;
+use crate::http::origin::upstream::{Offer, dial_offering};
 use crate::http::relay::pump;
 use crate::http::relay::wsframe::Frames;
 use crate::journal::{

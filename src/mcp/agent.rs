@@ -64,7 +64,7 @@ impl Agent {
     /// `ca`: postern's CA certificate (`certs/ca.pem` in its state directory).
     pub fn new(proxy: SocketAddr, authorization: &str, ca: &Path) -> Result<Self, String> {
         let mut roots = rustls::RootCertStore::empty();
-        crate::http::upstream::add_pem_roots(&mut roots, ca)
+        crate::http::origin::upstream::add_pem_roots(&mut roots, ca)
             .map_err(|e| format!("postern's CA {e}"))?;
         let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),

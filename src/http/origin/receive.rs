@@ -13,13 +13,13 @@ use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
-use super::Exchange;
 use crate::config::{Delivery, Route};
 use crate::contract::{
     Code, Completion, Outcome, Phase, ResponseFacts, StatusResolution, classify_grpc_status,
     classify_status, postern_outcome, should_retry_value,
 };
 use crate::guard::ReflectionGuard;
+use crate::http::Exchange;
 use crate::http::deliver::body::{DeliveryBody, body_error};
 use crate::http::deliver::outgoing::Outgoing;
 use crate::http::deliver::stream::StreamStart;
@@ -39,7 +39,7 @@ use crate::journal::{
 
 impl Exchange {
     /// Reads the response to its framing end, commits it, then hands it over.
-    pub(super) async fn receive(
+    pub(in crate::http) async fn receive(
         &mut self,
         route: &Route,
         resp: Response<Incoming>,
@@ -232,7 +232,7 @@ impl Exchange {
 
     /// Commits the result with its drafts. `Ok`: the `Postern-Outcome` for the agent;
     /// `Err`: what happens instead (the store failed, or the agent left).
-    pub(super) async fn commit_for_agent(
+    pub(in crate::http) async fn commit_for_agent(
         &mut self,
         drafts: Vec<Draft>,
         stored: StoredResult,
@@ -297,7 +297,7 @@ impl Exchange {
     }
 
     /// Classifies a final response head and cleans its headers for the agent.
-    pub(super) fn resolve_head(
+    pub(in crate::http) fn resolve_head(
         &self,
         route: &Route,
         status: StatusCode,
@@ -324,7 +324,7 @@ impl Exchange {
     /// The reflection guard for the response: the route's credential, and the hop's when
     /// an http request carried it to the hop in the clear. `None` if it cannot be built
     /// (nothing is relayed then).
-    pub(super) fn response_guard(&self) -> Option<Arc<ReflectionGuard>> {
+    pub(in crate::http) fn response_guard(&self) -> Option<Arc<ReflectionGuard>> {
         let hop = self.plain_hop().and_then(|h| h.credential());
         let cache = &self.proxy.guards;
         match (&self.injection, hop) {
@@ -334,7 +334,7 @@ impl Exchange {
         }
     }
 
-    pub(super) fn stored_result(
+    pub(in crate::http) fn stored_result(
         &self,
         status: u16,
         headers: &HeaderMap,
@@ -389,7 +389,7 @@ fn for_guard(
 }
 
 /// What a complete response was: digest and length of its body, and what ended it.
-pub(super) struct Whole {
+pub(in crate::http) struct Whole {
     pub digest: String,
     pub bytes: u64,
     pub completion: Completion,
@@ -398,7 +398,7 @@ pub(super) struct Whole {
 }
 
 /// `RESULT_COMMITTED` for a complete response from the origin.
-pub(super) fn origin_committed(
+pub(in crate::http) fn origin_committed(
     resolution: StatusResolution,
     status: StatusCode,
     whole: Whole,
@@ -422,7 +422,7 @@ pub(super) fn origin_committed(
 }
 
 /// A classified response head: its resolution and the reflection guard for its body.
-pub(super) struct Head {
+pub(in crate::http) struct Head {
     pub resolution: StatusResolution,
     pub guard: Arc<ReflectionGuard>,
     pub header_hits: usize,
@@ -430,7 +430,7 @@ pub(super) struct Head {
 
 /// A body read up to a limit: all of it (with its trailers, if any), or the first part
 /// and the rest still to come.
-pub(super) enum Collected {
+pub(in crate::http) enum Collected {
     Complete(Bytes, Option<HeaderMap>),
     Partial(Bytes, Incoming),
 }
@@ -438,7 +438,7 @@ pub(super) enum Collected {
 impl Exchange {
     /// Reads a response to its end or past `limit`, reserving budget as bytes arrive;
     /// without budget the rest is streamed. An idle gap, a short body or bad framing is an error.
-    pub(super) async fn collect(
+    pub(in crate::http) async fn collect(
         &mut self,
         mut body: Incoming,
         idle: Duration,

@@ -10,12 +10,12 @@ use hyper::body::Incoming;
 
 use tokio::sync::oneshot;
 
-use super::Exchange;
 use super::pool::{Conn, SendFailure, Sender};
 use super::tap::Tap;
 use super::upstream::{Dialed, Hop, dial};
 use crate::config::{Route, Scheme};
 use crate::contract::Code;
+use crate::http::Exchange;
 use crate::http::deliver::body::{UpBody, attach_body};
 use crate::http::deliver::budget::Reservation;
 use crate::http::deliver::flushed::DeliveryEnd;
@@ -27,7 +27,7 @@ use crate::journal::{Body, Dispatch, Draft, RequestSent};
 
 impl Exchange {
     /// The request toward the origin: hop-by-hop headers gone, Host set.
-    pub(super) fn upstream_request(
+    pub(in crate::http) fn upstream_request(
         &self,
         parts: &http::request::Parts,
         body: &Bytes,
@@ -79,7 +79,7 @@ impl Exchange {
     }
 
     /// `DISPATCH_STARTED` is durable before the first request byte enters the socket.
-    pub(super) async fn dispatch(
+    pub(in crate::http) async fn dispatch(
         &mut self,
         route: &Route,
         key: String,
@@ -120,7 +120,7 @@ impl Exchange {
     }
 
     /// Dispatch on a pooled connection: no setup stages, `reused_connection` as evidence.
-    pub(super) async fn dispatch_reused(
+    pub(in crate::http) async fn dispatch_reused(
         &mut self,
         route: &Route,
         key: String,
@@ -156,7 +156,7 @@ impl Exchange {
     }
 
     /// The `via` hop an http request is written to (an https one goes through its tunnel).
-    pub(super) fn plain_hop(&self) -> Option<&Hop> {
+    pub(in crate::http) fn plain_hop(&self) -> Option<&Hop> {
         self.hop
             .as_ref()
             .filter(|_| self.target.scheme == Scheme::Http)
@@ -164,13 +164,13 @@ impl Exchange {
 
     /// Who the request's bytes go to: the hop for an http origin behind one, else the
     /// origin (an https origin's TLS runs end to end through the hop's tunnel).
-    pub(super) fn written_to(&self) -> String {
+    pub(in crate::http) fn written_to(&self) -> String {
         self.plain_hop()
             .map_or_else(|| "origin".to_owned(), |h| h.evidence_name(None))
     }
 
     /// `DISPATCH_STARTED` made durable: from here on nothing is ever `not_attempted`.
-    pub(super) async fn dispatch_boundary(
+    pub(in crate::http) async fn dispatch_boundary(
         &mut self,
         drafts: Vec<Draft>,
         dispatch: Dispatch,
@@ -183,7 +183,7 @@ impl Exchange {
     }
 
     /// Sends, receives, and hands a still-usable connection back to the pool.
-    pub(super) async fn exchange_over(
+    pub(in crate::http) async fn exchange_over(
         &mut self,
         route: &Route,
         key: String,
@@ -223,7 +223,7 @@ impl Exchange {
 
     /// hyper handed the request back unwritten, which proves nothing was sent: it goes out
     /// once more, in the same generation, on a fresh connection whose stages are recorded.
-    pub(super) async fn resend_unwritten(
+    pub(in crate::http) async fn resend_unwritten(
         &mut self,
         route: &Route,
         req: Request<UpBody>,
@@ -261,7 +261,7 @@ impl Exchange {
         ))
     }
 
-    pub(super) async fn send_fresh(
+    pub(in crate::http) async fn send_fresh(
         &mut self,
         route: &Route,
         dialed: Dialed,
@@ -305,7 +305,7 @@ impl Exchange {
         }
     }
 
-    pub(super) async fn remote_failure(
+    pub(in crate::http) async fn remote_failure(
         &mut self,
         code: Code,
         diagnostic: String,
@@ -324,7 +324,7 @@ impl Exchange {
 
     /// Waits for the response head; `response_timeout` runs from the request fully written,
     /// and before that the write itself is bounded (`write_allowance`).
-    pub(super) async fn await_head(
+    pub(in crate::http) async fn await_head(
         &mut self,
         sender: &mut Sender,
         req: Request<UpBody>,
@@ -379,7 +379,7 @@ impl Exchange {
 }
 
 /// Why no response head arrived.
-pub(super) enum HeadError {
+pub(in crate::http) enum HeadError {
     /// hyper handed the request back unwritten.
     Unwritten(Box<Request<UpBody>>, String),
     /// It may have been written: the contract code and the transport's words.
@@ -387,6 +387,6 @@ pub(super) enum HeadError {
 }
 
 /// An h2 request carries an absolute URI; an HTTP/1.1 one is origin-form.
-pub(super) fn is_h2_request(req: &Request<UpBody>) -> bool {
+pub(in crate::http) fn is_h2_request(req: &Request<UpBody>) -> bool {
     req.uri().scheme().is_some()
 }

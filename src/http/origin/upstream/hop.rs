@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 
 use super::Io;
 use crate::config::Via;
-use crate::http::inject::Injection;
+use crate::http::origin::inject::Injection;
 use crate::policy::Target;
 
 /// The hop of one invocation: where it is, and the credential it gets (`basic` mode,

@@ -148,7 +148,7 @@ impl Injection {
 
 /// Removes every `param=…` from the query (names compared decoded, as the placeholder
 /// check reads them).
-pub(super) fn without_param(path_and_query: &mut String, param: &str) {
+pub(in crate::http) fn without_param(path_and_query: &mut String, param: &str) {
     let Some((path, query)) = path_and_query.split_once('?') else {
         return;
     };
