@@ -334,7 +334,7 @@ async fn serve_until_stopped(
         vault: vault.clone(),
         reloader: reloader.clone(),
         resend: Arc::new(crate::lifecycle::retry::Transports {
-            http: Arc::new(crate::http::retry::HttpResend(proxy.clone())),
+            http: Arc::new(crate::http::exchange::retry::HttpResend(proxy.clone())),
             ssh: Arc::new(crate::ssh::retry::SshResend(exec)),
         }),
     });

@@ -13,14 +13,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use super::Inbound;
 use super::Proxy;
-use super::drive;
 use super::internal;
 use super::sniff::FramingSniffer;
-use super::tunnel;
 use crate::config::{Route, Scheme};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::http::deliver::flushed::{FlushWatch, Flushed};
 use crate::http::deliver::wire::{Wire, WireView};
+use crate::http::exchange::drive;
+use crate::http::exchange::tunnel;
 use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::{Accepted, Body, Draft, Failure, Protocol, new_invocation_id};
 use crate::lifecycle::refusals::{UNAUTHENTICATED, capped_target};

@@ -11,24 +11,15 @@
 //! agent's connection `flushed` the response's end). A `CONNECT` on an `intercept = false`
 //! route is a `tunnel` instead: one invocation whose bytes are relayed unread. Invariant: no request byte reaches the origin
 //! before `DISPATCH_STARTED` is durable.
-mod approval;
-pub mod busy;
 pub mod deliver;
-mod drive;
-mod exchange;
+pub mod exchange;
 mod front;
-mod intake;
 mod internal;
-mod keyed;
 pub mod message;
 pub mod mitm;
 pub mod origin;
 pub mod relay;
-pub mod retry;
 mod sniff;
-mod tunnel;
-mod twin;
-mod upgrade;
 
 use std::sync::Arc;
 
@@ -45,9 +36,9 @@ use deliver::flushed::FlushWatch;
 use origin::inject::Injection;
 use origin::upstream::Hop;
 
-pub use drive::handle_leased;
+pub use exchange::drive::handle_leased;
+pub use exchange::keyed::POSTERN_REPLAYED;
 pub use front::serve;
-pub use keyed::POSTERN_REPLAYED;
 
 /// Everything a request needs on its way through postern.
 pub struct Proxy {

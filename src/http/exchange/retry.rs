@@ -10,11 +10,11 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, header};
 use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 
-use super::Exchange;
-use super::Proxy;
 use super::intake::AgentBody;
 use crate::config::Scheme;
 use crate::contract::Code;
+use crate::http::Exchange;
+use crate::http::Proxy;
 use crate::http::origin::inject::Injection;
 use crate::journal::{Record, StoredRequest, b64, unb64};
 use crate::lifecycle::Invocation;
@@ -28,7 +28,7 @@ impl Exchange {
     /// header the fingerprint covers is kept, in order (it leaves `Proxy-*` out), so the
     /// resent request fingerprints as the bound one; a header that cannot be kept as text
     /// marks the request not resendable.
-    pub(super) async fn keep_request(&self, parts: &http::request::Parts, body: &Bytes) {
+    pub(in crate::http) async fn keep_request(&self, parts: &http::request::Parts, body: &Bytes) {
         let journal = self.inv.journal();
         let limit = self.config.journal.max_result_bytes;
         let mut headers = Vec::with_capacity(parts.headers.len());

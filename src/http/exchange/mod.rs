@@ -1,5 +1,19 @@
-//! Making and failing an `Exchange` (its state is in `http`'s `mod.rs`, which every
-//! room shares): a new invocation for a request, or one a lease handed over.
+//! One request driven through the lifecycle, before and around the origin: validate and
+//! route (`drive`), the agent's body (`intake`), idempotency keys (`keyed`), resends
+//! (`twin`), approval, busy limits, retries the admin API asks for (`retry`), and the two
+//! other kinds of exchange: a WebSocket `upgrade` and an unread `CONNECT` `tunnel`. It
+//! computes no outcome itself: the lifecycle and `contract` do. Here: making an `Exchange`
+//! (its state is in `http`'s `mod.rs`) and failing one.
+
+pub(crate) mod approval;
+pub mod busy;
+pub(crate) mod drive;
+pub(crate) mod intake;
+pub(crate) mod keyed;
+pub mod retry;
+pub(crate) mod tunnel;
+pub(crate) mod twin;
+pub(crate) mod upgrade;
 
 use std::sync::Arc;
 

@@ -4,10 +4,10 @@
 use http::Response;
 use tokio::sync::oneshot;
 
-use super::Exchange;
-use super::Proxy;
 use crate::config::Route;
 use crate::contract::{Code, CredentialEvidence};
+use crate::http::Exchange;
+use crate::http::Proxy;
 use crate::http::message::respond::{self, ProxyBody};
 use crate::http::origin::inject::Injection;
 use crate::journal::{Draft, rfc3339};
@@ -16,7 +16,7 @@ use crate::policy::approvals::{Approvals, Held, preview};
 impl Exchange {
     /// Holds the request (after `drafts`, the preflight) until it is approved and nothing
     /// bound at preflight changed; else the refusal to answer with.
-    pub(super) async fn await_approval(
+    pub(in crate::http) async fn await_approval(
         &mut self,
         route: &Route,
         fingerprint: &str,
@@ -68,7 +68,7 @@ impl Exchange {
 /// Waits for the approval `wait` while the caller waits on `reply`. The hold goes on when
 /// the caller leaves (an approval still dispatches and stores the result), but the listing
 /// says it left, so an abandoned duplicate is not approved blindly.
-pub(super) async fn watching_the_caller<T>(
+pub(in crate::http) async fn watching_the_caller<T>(
     approvals: &Approvals,
     id: &str,
     wait: impl Future<Output = T>,

@@ -16,9 +16,9 @@ use hyper_util::rt::TokioIo;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
-use super::Exchange;
 use crate::config::Route;
 use crate::contract::{Code, Completion, UpgradeEvidence, classify_upgrade};
+use crate::http::Exchange;
 use crate::http::deliver::outgoing::{Outgoing, Switch};
 use crate::http::message::headers::{redact_headers, strip_hop_by_hop};
 use crate::http::message::respond::{
@@ -40,7 +40,7 @@ const WEBSOCKET: &str = "websocket";
 const EXTENSIONS: &str = "sec-websocket-extensions";
 
 /// The agent's side of a WebSocket handshake, taken from its request before the body is.
-pub(super) fn take_websocket(parts: &mut http::request::Parts) -> Option<OnUpgrade> {
+pub(in crate::http) fn take_websocket(parts: &mut http::request::Parts) -> Option<OnUpgrade> {
     let asks = parts.version == http::Version::HTTP_11
         && parts.method == Method::GET
         && lists(&parts.headers, header::UPGRADE, WEBSOCKET)
@@ -61,7 +61,7 @@ fn lists(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
 
 impl Exchange {
     /// Connects, dispatches the handshake, and commits a `101` (else receives as usual).
-    pub(super) async fn websocket(
+    pub(in crate::http) async fn websocket(
         &mut self,
         route: &Route,
         parts: &http::request::Parts,
@@ -217,7 +217,7 @@ impl Exchange {
 
     /// After the agent got its `101`: bytes both ways until the relay ends, then what it
     /// carried is recorded with the delivery.
-    pub(super) async fn relay_switched(&mut self, switch: Switch) {
+    pub(in crate::http) async fn relay_switched(&mut self, switch: Switch) {
         let _place = self.agent_slot.take();
         let (Ok(agent), Ok(origin)) = (switch.agent.await, switch.origin.await) else {
             self.inv.delivery_failed().await;

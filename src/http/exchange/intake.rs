@@ -13,8 +13,8 @@ use http::{HeaderMap, HeaderValue, Response, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::Exchange;
 use crate::contract::Code;
+use crate::http::Exchange;
 use crate::http::deliver::budget::{Exhausted, Reservation};
 use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::{Body, Draft, Failure};
@@ -53,14 +53,14 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
 
 /// The body of the request an exchange sends: the agent's, still arriving, or one kept in
 /// the journal (a retried invocation's).
-pub(super) enum AgentBody {
+pub(in crate::http) enum AgentBody {
     Incoming(Incoming),
     Kept(Bytes),
 }
 
 impl Exchange {
     /// Reads the agent's body whole; on failure records it and answers with the envelope.
-    pub(super) async fn intake(
+    pub(in crate::http) async fn intake(
         &mut self,
         body: AgentBody,
         headers: &HeaderMap,

@@ -10,9 +10,9 @@
 use http::{HeaderMap, HeaderValue, Response, header};
 use serde_json::json;
 
-use super::Exchange;
 use crate::config::Route;
 use crate::contract::{Code, Envelope};
+use crate::http::Exchange;
 use crate::http::deliver::outgoing::Outgoing;
 use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::Dispatch;
@@ -36,12 +36,12 @@ const MAX_REJUDGE: usize = 3;
 
 /// What the resend check leaves for preflight: the evidence it journals (a resend sent
 /// anyway) and the slot claim riding its write (in `Exchange::twin`).
-pub(super) type Resend = Result<Option<ResendEvidence>, Response<ProxyBody>>;
+pub(in crate::http) type Resend = Result<Option<ResendEvidence>, Response<ProxyBody>>;
 
 impl Exchange {
     /// SPEC §3.7, before the idempotency key and preflight. Answers now (nothing sent), or
     /// goes on: as a new invocation claiming the slot, or as the twin's next generation.
-    pub(super) async fn resend_check(
+    pub(in crate::http) async fn resend_check(
         &mut self,
         route: &Route,
         headers: &HeaderMap,
@@ -130,7 +130,7 @@ impl Exchange {
     /// Records the preflight drafts with the index claims riding them (the key binding's
     /// and the twin slot's). A slot another request took meanwhile is judged again
     /// against that request; a key held by another is its `ATTEMPT_IN_PROGRESS`.
-    pub(super) async fn record_claims(
+    pub(in crate::http) async fn record_claims(
         &mut self,
         drafts: Vec<crate::journal::Draft>,
         key: Option<KeyClaim>,
@@ -168,7 +168,7 @@ impl Exchange {
 
     /// The dispatch boundary on a pooled connection with the twin slot claimed in the same
     /// write; a lost slot is judged again, as in `record_claims`.
-    pub(super) async fn claimed_boundary(
+    pub(in crate::http) async fn claimed_boundary(
         &mut self,
         route: &Route,
         dispatch: Dispatch,

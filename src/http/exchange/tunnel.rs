@@ -20,13 +20,13 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 
-use super::Proxy;
 use super::approval::watching_the_caller;
 use super::drive::bind_hop;
 use crate::config::{Approval, Route};
 use crate::contract::{
     Code, Completion, Envelope, StatusResolution, classify_tunnel, journal_unavailable,
 };
+use crate::http::Proxy;
 use crate::http::message::respond::{self, POSTERN_INVOCATION, ProxyBody};
 use crate::http::origin::upstream::{Connected, connect_tcp};
 use crate::http::relay::pump::{self, Relayed, Unread};
@@ -44,7 +44,7 @@ use crate::policy::fingerprint;
 const CONNECT: &str = "CONNECT";
 
 /// A `CONNECT` that matched a tunnel route.
-pub(super) struct Opening {
+pub(in crate::http) struct Opening {
     pub agent: String,
     pub route: Route,
     pub target: Target,
@@ -53,7 +53,7 @@ pub(super) struct Opening {
 /// Serves the `CONNECT`: the invocation runs in its own task (an agent that leaves cannot
 /// cut its record short) and answers through a channel; it holds the connection's `slot`,
 /// so the tunnel counts under `[proxy] max_connections`.
-pub(super) async fn open(
+pub(in crate::http) async fn open(
     proxy: Arc<Proxy>,
     opening: Opening,
     mut req: Request<Incoming>,

@@ -8,12 +8,12 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use serde_json::json;
 
-use super::Exchange;
 use crate::config::{Idempotency, Route};
 use crate::contract::{
     Code, Envelope, FailureContext, OperationFacts, Outcome, Phase, ResponseFacts, Retry,
     classify_status, postern_outcome, resolve_failure, should_retry_value,
 };
+use crate::http::Exchange;
 use crate::http::message::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody};
 use crate::journal::{Failure, KeySlot, Payload, State, StoredResult, unb64};
 use crate::lifecycle::idempotency::{KeyBinding, KeyContract, KeyedRequest, Turn, bind, take_turn};
@@ -26,7 +26,7 @@ pub const POSTERN_REPLAYED: &str = "postern-replayed";
 const MAX_KEY_BYTES: usize = 255;
 
 /// The key this exchange dispatches with.
-pub(super) struct KeyUse {
+pub(in crate::http) struct KeyUse {
     pub request: KeyedRequest,
     pub contract: KeyContract,
     /// The window an earlier dispatch of the key opened (a leased generation).
@@ -34,7 +34,7 @@ pub(super) struct KeyUse {
 }
 
 /// What the key means for this request: go on (with or without a key), or answer now.
-pub(super) type Keyed = Result<Option<KeyUse>, Response<ProxyBody>>;
+pub(in crate::http) type Keyed = Result<Option<KeyUse>, Response<ProxyBody>>;
 
 fn contract_of(c: &Idempotency) -> KeyContract {
     KeyContract {
@@ -48,7 +48,7 @@ impl Exchange {
     /// Resolves the key before anything is journaled. A first use goes on as this
     /// exchange's invocation; a known key replays, refuses, or swaps in a new generation
     /// of its invocation (`self.inv`).
-    pub(super) async fn keyed(
+    pub(in crate::http) async fn keyed(
         &mut self,
         route: &Route,
         c: &Idempotency,
@@ -157,7 +157,7 @@ impl Exchange {
     }
 
     /// The key's evidence, safe-until and index claim for this invocation's preflight.
-    pub(super) fn bind_key(&self, key_use: &KeyUse) -> KeyBinding {
+    pub(in crate::http) fn bind_key(&self, key_use: &KeyUse) -> KeyBinding {
         bind(
             &self.proxy.journal,
             &key_use.request,
@@ -192,7 +192,7 @@ impl Exchange {
 
     /// The key's (or resend twin's) invocation is resolved: its stored result, under its own id, marked
     /// `Postern-Replayed: true`. Nothing is dispatched and nothing is journaled.
-    pub(super) fn replay(&self, route: &Route, state: &State) -> Response<ProxyBody> {
+    pub(in crate::http) fn replay(&self, route: &Route, state: &State) -> Response<ProxyBody> {
         let id = &state.record.invocation_id;
         let stored = self.proxy.journal.result(id).ok().flatten();
         let mut resp = match stored.as_ref().and_then(replayable) {

@@ -9,12 +9,12 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
 use tokio::sync::oneshot;
 
-use super::Proxy;
 use super::intake::AgentBody;
 use super::upgrade::take_websocket;
 use super::{Exchange, Inbound};
 use crate::config::{Approval, Config, Route};
 use crate::contract::{Code, journal_unavailable, unjournaled_refusal};
+use crate::http::Proxy;
 use crate::http::deliver::flushed::DeliveryEnd;
 use crate::http::deliver::outgoing::Outgoing;
 use crate::http::deliver::stream::StreamEnd;
@@ -30,7 +30,7 @@ use crate::policy::{
 };
 
 impl Exchange {
-    pub(super) async fn run(
+    pub(in crate::http) async fn run(
         &mut self,
         parts: http::request::Parts,
         body: AgentBody,
@@ -463,7 +463,7 @@ fn credential_failure(config: &Config, credential: &str, code: Code) -> Failure 
 
 /// The route's `via` hop with its `via_credential` fetched, refused like any credential
 /// that cannot be had.
-pub(super) fn bind_hop(
+pub(in crate::http) fn bind_hop(
     config: &Config,
     vault: &crate::vault::Vault,
     route: &Route,
