@@ -255,7 +255,7 @@ const SYSTEM_SSH_CONFIG: &str = "/etc/ssh/ssh_config";
 /// trusts postern too; the jail's ssh_config over the system one, so plain `ssh host` goes
 /// through postern's SSH front as `GIT_SSH_COMMAND` does.
 fn system_binds() -> Vec<(String, PathBuf)> {
-    let mut binds: Vec<(String, PathBuf)> = crate::http::mitm::SYSTEM_CA_STORES
+    let mut binds: Vec<(String, PathBuf)> = crate::http::agent::mitm::SYSTEM_CA_STORES
         .iter()
         .filter(|p| Path::new(p).is_file())
         .map(|p| (files::BUNDLE.to_owned(), PathBuf::from(p)))

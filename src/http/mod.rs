@@ -1,25 +1,25 @@
 //! The HTTP(S) proxy: what is specific to HTTP around the shared invocation lifecycle
-//! (`crate::lifecycle`).
+//! (`crate::lifecycle`). Its rooms, in the order a request goes down them:
 //!
-//! A request's path: `front` (absolute-form or `CONNECT` + `mitm` TLS, agent identity) →
-//! `drive`: validate and route (before DNS or secrets), `intake` the body, preflight,
-//! `approval` → `upstream` connection setup (through the route's `via` hop, if any) or a
-//! `pool`ed connection → `dispatch`:
-//! `DISPATCH_STARTED` durable, request written (`tap`/`body` observe it) → `receive`:
-//! head classified, body to its framing end (or `stream`ed; a `grpc` call to its trailers),
-//! `guard`ed, `RESULT_COMMITTED` with the result → delivery (`RESULT_DELIVERED` once the
-//! agent's connection `flushed` the response's end). A `CONNECT` on an `intercept = false`
-//! route is a `tunnel` instead: one invocation whose bytes are relayed unread. Invariant: no request byte reaches the origin
-//! before `DISPATCH_STARTED` is durable.
+//! - `agent`: the listener, identity, `CONNECT` + TLS interception → hands an `Inbound` on;
+//! - `exchange`: validate and route (before DNS or secrets), the body, keys, resends,
+//!   approval, preflight — or a `tunnel` / WebSocket `upgrade` instead;
+//! - `origin`: connect (through a `via` hop) or a pooled connection, `DISPATCH_STARTED`
+//!   durable, the request written, the response read, guarded and `RESULT_COMMITTED`;
+//! - `deliver`: what goes back to the agent, buffered or streamed, `RESULT_DELIVERED`
+//!   once the agent's connection flushed its end;
+//! - under them, shared: `relay` (bytes both ways after a handover) and `message`
+//!   (header rules, postern's own answers, content codings, gRPC framing).
+//!
+//! A room imports only rooms below it; `Proxy` and `Exchange`, which all of them carry,
+//! live here. Invariant: no request byte reaches the origin before `DISPATCH_STARTED` is
+//! durable.
+pub mod agent;
 pub mod deliver;
 pub mod exchange;
-mod front;
-mod internal;
 pub mod message;
-pub mod mitm;
 pub mod origin;
 pub mod relay;
-mod sniff;
 
 use std::sync::Arc;
 
@@ -36,16 +36,16 @@ use deliver::flushed::FlushWatch;
 use origin::inject::Injection;
 use origin::upstream::Hop;
 
+pub use agent::front::serve;
 pub use exchange::drive::handle_leased;
 pub use exchange::keyed::POSTERN_REPLAYED;
-pub use front::serve;
 
 /// Everything a request needs on its way through postern.
 pub struct Proxy {
     /// The config in force; an exchange keeps the snapshot it started with.
     pub live: Arc<crate::config::Live>,
     pub journal: Journal,
-    pub authority: Arc<mitm::Authority>,
+    pub authority: Arc<agent::mitm::Authority>,
     pub tls: origin::upstream::TlsClients,
     pub dns: Arc<crate::dns::Dns>,
     pub pool: origin::pool::Pool,

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use serde_json::json;
 
-use super::Proxy;
+use crate::http::Proxy;
 use crate::http::message::respond::{self, ProxyBody};
 
 pub const HOST: &str = "postern.internal";

@@ -11,12 +11,12 @@ use http::{Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
-use super::Inbound;
-use super::Proxy;
 use super::internal;
 use super::sniff::FramingSniffer;
 use crate::config::{Route, Scheme};
 use crate::contract::{Code, unjournaled_refusal};
+use crate::http::Inbound;
+use crate::http::Proxy;
 use crate::http::deliver::flushed::{FlushWatch, Flushed};
 use crate::http::deliver::wire::{Wire, WireView};
 use crate::http::exchange::drive;
