@@ -37,8 +37,6 @@ use origin::inject::Injection;
 use origin::upstream::Hop;
 
 pub use agent::front::serve;
-pub use exchange::drive::handle_leased;
-pub use exchange::keyed::POSTERN_REPLAYED;
 
 /// Everything a request needs on its way through postern.
 pub struct Proxy {

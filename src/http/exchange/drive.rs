@@ -23,7 +23,6 @@ use crate::http::origin::inject::Injection;
 use crate::http::origin::pool::Pool;
 use crate::http::origin::upstream::{Hop, dial};
 use crate::journal::{Body, Draft, Failure, Preflight};
-use crate::lifecycle::Invocation;
 use crate::listen::HeldSlot;
 use crate::policy::{
     covered_headers, denial_field, fingerprint, match_route, placeholder, route_is_built,
@@ -390,20 +389,6 @@ pub async fn handle(proxy: Arc<Proxy>, inbound: Inbound) -> Response<ProxyBody> 
     };
     let mut ex = Exchange::new(proxy, &inbound);
     ex.busy = Some(busy);
-    run_spawned(ex, inbound).await
-}
-
-/// Runs `inbound` as the next dispatch of a generation leased with
-/// `lifecycle::Invocation::lease` (e.g. by `postern retry`), instead of a new invocation:
-/// preflight (binding the credential anew, the route's idempotency key as recorded),
-/// approval, dispatch and commit, all in that generation. A request whose fingerprint
-/// differs from the recorded one is `FINGERPRINT_CHANGED` and sends nothing.
-pub async fn handle_leased(
-    proxy: Arc<Proxy>,
-    inbound: Inbound,
-    leased: Invocation,
-) -> Response<ProxyBody> {
-    let ex = Exchange::for_inbound(proxy, &inbound, leased);
     run_spawned(ex, inbound).await
 }
 

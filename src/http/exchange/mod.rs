@@ -47,7 +47,7 @@ impl Exchange {
         Self::for_inbound(proxy, inbound, inv)
     }
 
-    /// This request as the dispatch of `inv` (a fresh invocation, or a leased generation).
+    /// This request as the dispatch of `inv`.
     pub(super) fn for_inbound(proxy: Arc<Proxy>, inbound: &Inbound, inv: Invocation) -> Self {
         let request = &inbound.request;
         let mut ex = Self::on(
