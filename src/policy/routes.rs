@@ -399,7 +399,7 @@ fn connect_specificity(r: &Route) -> (bool, usize, bool) {
     (s.exact_host, s.host_len, s.explicit_agents)
 }
 
-/// A tunnel route (`intercept = false`) serves whole `CONNECT`s (`http::tunnel`), never a
+/// A tunnel route (`intercept = false`) serves whole `CONNECT`s (`http::exchange::tunnel`), never a
 /// request postern reads.
 pub fn route_is_built(route: &Route, scheme: Scheme) -> bool {
     route.intercept || scheme == Scheme::Http
