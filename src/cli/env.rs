@@ -140,8 +140,8 @@ pub fn placeholder_lines(config: &Config, agent: Option<&str>) -> Vec<String> {
                 place.field()
             ));
         }
-        for name in &cred.placeholder_env {
-            out.push(export(name, &cred.placeholder));
+        for (name, value) in vars_of(cred, &place) {
+            out.push(export(&name, &value));
         }
     }
     out
@@ -151,12 +151,29 @@ pub fn placeholder_lines(config: &Config, agent: Option<&str>) -> Vec<String> {
 pub fn placeholder_vars(config: &Config, agent: Option<&str>) -> Vec<(String, String)> {
     injected(config, agent)
         .into_iter()
-        .flat_map(|(cred, _)| {
-            cred.placeholder_env
-                .iter()
-                .map(|name| (name.clone(), cred.placeholder.clone()))
-        })
+        .flat_map(|(cred, place)| vars_of(cred, &place))
         .collect()
+}
+
+/// An AWS SDK wants a secret key beside its key id to sign at all; postern re-signs, so
+/// any value does (SPEC §3.8).
+const AWS_SECRET_FILLER: &str = "postern-signs-at-the-egress-hop";
+
+/// The variables one credential exports: its placeholder under each `placeholder_env`
+/// name, and for SigV4 the secret key filler.
+fn vars_of(
+    cred: &crate::config::Credential,
+    place: &crate::policy::placeholder::Place,
+) -> Vec<(String, String)> {
+    let mut vars: Vec<(String, String)> = cred
+        .placeholder_env
+        .iter()
+        .map(|name| (name.clone(), cred.placeholder.clone()))
+        .collect();
+    if matches!(place, crate::policy::placeholder::Place::Sigv4 { .. }) {
+        vars.push(("AWS_SECRET_ACCESS_KEY".into(), AWS_SECRET_FILLER.into()));
+    }
+    vars
 }
 
 /// The credentials the agent's routes inject (every route's without an agent) that have

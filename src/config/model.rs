@@ -131,11 +131,24 @@ pub struct Credential {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Inject {
-    Header { name: String, format: String },
-    Basic { user: String },
-    Query { param: String },
+    Header {
+        name: String,
+        format: String,
+    },
+    Basic {
+        user: String,
+    },
+    Query {
+        param: String,
+    },
     SshKey,
     SshPassword,
+    /// SPEC §3.8: the agent's SDK signs with the placeholder as its access key id; postern
+    /// re-signs with the real key pair. `region`/`service` pin the scope when set.
+    AwsSigv4 {
+        region: Option<String>,
+        service: Option<String>,
+    },
 }
 
 impl Inject {
@@ -146,6 +159,7 @@ impl Inject {
             Self::Query { .. } => "query",
             Self::SshKey => "ssh_key",
             Self::SshPassword => "ssh_password",
+            Self::AwsSigv4 { .. } => "aws_sigv4",
         }
     }
 }

@@ -80,6 +80,15 @@ pub struct RawInject {
     pub query: Option<String>,
     pub ssh_key: Option<bool>,
     pub ssh_password: Option<bool>,
+    pub aws_sigv4: Option<RawSigv4>,
+}
+
+/// `inject = { aws_sigv4 = {} }`, optionally pinning the signing scope (SPEC §3.8).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSigv4 {
+    pub region: Option<String>,
+    pub service: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

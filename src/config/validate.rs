@@ -431,11 +431,12 @@ fn credential(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> Option<Crede
         inj.query.is_some(),
         inj.ssh_key == Some(true),
         inj.ssh_password == Some(true),
+        inj.aws_sigv4.is_some(),
     ];
     if modes.iter().filter(|m| **m).count() != 1 {
         c.bad(
             &path,
-            "name exactly one mode: header, basic, query, ssh_key or ssh_password",
+            "name exactly one mode: header, basic, query, ssh_key, ssh_password or aws_sigv4",
         );
         return None;
     }
@@ -463,6 +464,11 @@ fn credential(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> Option<Crede
         }
     } else if let Some(q) = &inj.query {
         Inject::Query { param: q.clone() }
+    } else if let Some(a) = &inj.aws_sigv4 {
+        Inject::AwsSigv4 {
+            region: a.region.clone(),
+            service: a.service.clone(),
+        }
     } else if inj.ssh_key == Some(true) {
         Inject::SshKey
     } else {
@@ -513,7 +519,13 @@ fn distinct_placeholders(c: &mut Checker<'_>, credentials: &[Credential]) {
 
 /// Variable names only: `postern env` prints `export NAME=<placeholder>`.
 fn placeholder_env(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> Vec<String> {
-    let names = cr.placeholder_env.clone().unwrap_or_default();
+    // An AWS SDK reads its access key id from the environment (SPEC §3.8).
+    let aws = cr
+        .inject
+        .aws_sigv4
+        .is_some()
+        .then(|| vec!["AWS_ACCESS_KEY_ID".to_owned()]);
+    let names = cr.placeholder_env.clone().or(aws).unwrap_or_default();
     for (j, name) in names.iter().enumerate() {
         let first_ok = name
             .bytes()

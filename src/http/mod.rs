@@ -113,6 +113,9 @@ struct Exchange {
     busy: Option<crate::listen::Busy>,
     /// The twin slot this request claims with its preflight (SPEC §3.7 resends).
     twin: Option<crate::journal::TwinClaim>,
+    /// The route signs with SigV4: postern's own answers also name their code as AWS SDKs
+    /// read it (SPEC §3.8).
+    aws_route: bool,
 }
 
 impl Proxy {

@@ -8,6 +8,7 @@ mod fingerprint;
 mod path;
 pub mod placeholder;
 mod routes;
+pub mod sigv4;
 
 pub use agents::{AgentAuth, acts_now, authenticate, authenticate_pair};
 pub use fingerprint::{covered_headers, fingerprint};

@@ -6,6 +6,7 @@
 use base64::Engine;
 use http::HeaderMap;
 
+use super::sigv4;
 use crate::config::{Credential, Inject};
 
 /// Where an inject mode puts the secret.
@@ -15,6 +16,12 @@ pub enum Place {
     Header(String),
     /// A query parameter.
     Query(String),
+    /// An AWS SigV4 signature's key id, in `Authorization` or a presigned query's
+    /// `X-Amz-Credential`, inside the pinned scope if any (SPEC §3.8).
+    Sigv4 {
+        region: Option<String>,
+        service: Option<String>,
+    },
 }
 
 impl Place {
@@ -23,6 +30,10 @@ impl Place {
             Inject::Header { name, .. } => Some(Self::Header(name.to_ascii_lowercase())),
             Inject::Basic { .. } => Some(Self::Header("authorization".into())),
             Inject::Query { param } => Some(Self::Query(param.clone())),
+            Inject::AwsSigv4 { region, service } => Some(Self::Sigv4 {
+                region: region.clone(),
+                service: service.clone(),
+            }),
             Inject::SshKey | Inject::SshPassword => None,
         }
     }
@@ -32,6 +43,7 @@ impl Place {
         match self {
             Self::Header(name) => format!("headers.{name}"),
             Self::Query(param) => format!("query.{param}"),
+            Self::Sigv4 { .. } => "headers.authorization".into(),
         }
     }
 }
@@ -86,6 +98,11 @@ fn values_at(place: &Place, headers: &HeaderMap, path_and_query: &str) -> Vec<Ve
             .map(|v| v.as_bytes().to_vec())
             .collect(),
         Place::Query(param) => query_values(path_and_query, param),
+        Place::Sigv4 { .. } => {
+            let mut values = values_at(&Place::Header("authorization".into()), headers, "");
+            values.extend(query_values(path_and_query, "X-Amz-Credential"));
+            values
+        }
     }
 }
 
@@ -112,6 +129,9 @@ pub fn same_name(raw: &str, param: &str) -> bool {
 /// and a space before it (`Bearer p`, `token p`), or Basic credentials with it as password.
 fn is_placeholder(place: &Place, value: &[u8], placeholder: &str) -> bool {
     let p = placeholder.as_bytes();
+    if let Place::Sigv4 { region, service } = place {
+        return sigv4_names(value, placeholder, region.as_deref(), service.as_deref());
+    }
     if value == p {
         return true;
     }
@@ -138,6 +158,21 @@ fn is_placeholder(place: &Place, value: &[u8], placeholder: &str) -> bool {
                 Some(decoded[colon + 1..] == *p)
             })
             .unwrap_or(false)
+}
+
+/// A SigV4 `Authorization` or `X-Amz-Credential` value signed with the placeholder as its
+/// key id, inside the pinned scope.
+fn sigv4_names(
+    value: &[u8],
+    placeholder: &str,
+    region: Option<&str>,
+    service: Option<&str>,
+) -> bool {
+    let scope = match value.starts_with(sigv4::ALGORITHM.as_bytes()) {
+        true => sigv4::Signed::parse(value).map(|s| s.scope),
+        false => sigv4::query_scope(value),
+    };
+    scope.is_some_and(|s| s.key_id == placeholder && s.within(region, service))
 }
 
 /// RFC 9110 token characters (an auth-scheme is a token).
@@ -315,5 +350,44 @@ mod tests {
             presented(&both, Some(&b), &h, "/"),
             Ok(Presented::Placeholder)
         );
+    }
+
+    #[test]
+    fn a_sigv4_signature_with_the_placeholder_inside_the_pinned_scope_is_taken() {
+        let pinned = Inject::AwsSigv4 {
+            region: Some("us-east-1".into()),
+            service: None,
+        };
+        let c = cred("aws", pinned);
+        let auth = |key: &str, region: &str| {
+            format!(
+                "AWS4-HMAC-SHA256 Credential={key}/20261206/{region}/s3/aws4_request, \
+                 SignedHeaders=host;x-amz-date, Signature=abc"
+            )
+        };
+        let ok = auth("postern:aws", "us-east-1");
+        assert_eq!(
+            check(&c, &[("authorization", &ok)], "/"),
+            Ok(Presented::Placeholder)
+        );
+        let query = "/k?X-Amz-Credential=postern%3Aaws%2F20261206%2Fus-east-1%2Fs3%2Faws4_request";
+        assert_eq!(check(&c, &[], query), Ok(Presented::Placeholder));
+        let field = Err("headers.authorization".to_owned());
+        for (key, region) in [
+            ("AKIAREALKEY000000001", "us-east-1"),
+            ("postern:aws", "eu-west-1"),
+        ] {
+            let value = auth(key, region);
+            assert_eq!(
+                check(&c, &[("authorization", &value)], "/"),
+                field,
+                "{value}"
+            );
+        }
+        assert_eq!(
+            check(&c, &[("authorization", "Bearer postern:aws")], "/"),
+            field
+        );
+        assert_eq!(check(&c, &[], "/"), Ok(Presented::Nothing));
     }
 }

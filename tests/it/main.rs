@@ -4,6 +4,7 @@
 mod admin_api;
 mod approvals;
 mod audit;
+mod aws;
 mod cli;
 mod crash;
 mod crash_http;

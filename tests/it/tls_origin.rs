@@ -39,6 +39,12 @@ pub struct Minted {
 }
 
 pub fn mint(name: &str) -> Minted {
+    mint_names(&[name])
+}
+
+/// One leaf for several names (one origin standing in for several hosts).
+pub fn mint_names(names: &[&str]) -> Minted {
+    let name = names[0];
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::default();
     ca_params
@@ -48,7 +54,8 @@ pub fn mint(name: &str) -> Minted {
     let ca_cert = ca_params.self_signed(&ca_key).unwrap();
     let issuer = Issuer::new(ca_params, ca_key);
     let leaf_key = KeyPair::generate().unwrap();
-    let mut leaf = CertificateParams::new(vec![name.to_string()]).unwrap();
+    let sans: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let mut leaf = CertificateParams::new(sans).unwrap();
     leaf.distinguished_name.push(DnType::CommonName, name);
     let leaf = leaf.signed_by(&leaf_key, &issuer).unwrap();
     Minted {

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use super::intake::AgentBody;
 use super::upgrade::take_websocket;
 use super::{Exchange, Inbound};
-use crate::config::{Approval, Config, Route};
+use crate::config::{Approval, Config, Inject, Route};
 use crate::contract::{Code, journal_unavailable, unjournaled_refusal};
 use crate::http::Proxy;
 use crate::http::deliver::flushed::DeliveryEnd;
@@ -24,6 +24,7 @@ use crate::http::origin::pool::Pool;
 use crate::http::origin::upstream::{Hop, dial};
 use crate::journal::{Body, Draft, Failure, Preflight};
 use crate::listen::HeldSlot;
+use crate::policy::sigv4;
 use crate::policy::{
     covered_headers, denial_field, fingerprint, match_route, placeholder, route_is_built,
 };
@@ -109,6 +110,7 @@ impl Exchange {
             Ok(r) => r,
             Err(r) => return Outgoing::Respond(self.refused(r).await),
         };
+        self.aws_route = signs_aws(&config, route);
         let credential = match select_credential(route, &parts.headers) {
             Ok(c) => c,
             Err(r) => return Outgoing::Respond(self.refused(r).await),
@@ -132,6 +134,14 @@ impl Exchange {
             Some(placeholder::Place::Header(name)) => covered.retain(|(n, _)| n != name),
             Some(placeholder::Place::Query(param)) => {
                 crate::http::origin::inject::without_param(&mut url, param)
+            }
+            // What an AWS SDK changes between its own tries is left out: its retry of a
+            // lost call is a resend (SPEC §3.8).
+            Some(placeholder::Place::Sigv4 { .. }) => {
+                covered.retain(|(n, _)| !sigv4::CHANGED_BETWEEN_TRIES.contains(n));
+                for param in sigv4::QUERY_PARAMS {
+                    crate::http::origin::inject::without_param(&mut url, param);
+                }
             }
             None => {}
         }
@@ -170,7 +180,9 @@ impl Exchange {
         let mut drafts = Vec::new();
         let mut refusal = None;
         if let Some(cred_id) = credential {
-            match Injection::resolve(&config, &self.proxy.vault, cred_id) {
+            let bound = Injection::resolve(&config, &self.proxy.vault, cred_id)
+                .and_then(|i| i.takes(&parts.headers).map(|()| i));
+            match bound {
                 Ok(injection) => {
                     preflight.credential = Some(injection.evidence());
                     drafts.push(Draft::observed(Body::PreflightValidated(preflight)));
@@ -371,6 +383,12 @@ impl Exchange {
             Ok(placeholder::Presented::Placeholder) => {
                 Ok(used.and_then(|c| placeholder::Place::of(&c.inject)))
             }
+            // postern re-signs what the agent's SDK signed; it does not choose what to sign.
+            Ok(placeholder::Presented::Nothing)
+                if used.is_some_and(|c| matches!(c.inject, Inject::AwsSigv4 { .. })) =>
+            {
+                Err(refuse(Code::MalformedRequest, "headers.authorization"))
+            }
             Ok(placeholder::Presented::Nothing) => Ok(None),
             Err(field) => Err(Refuse {
                 code: Code::ForbiddenHeader,
@@ -465,6 +483,14 @@ pub(in crate::http) fn bind_hop(
         return Err(Failure::of(Code::InjectionModeUnsupported));
     }
     Ok(Some(Hop::new(via.clone(), Some(injection))))
+}
+
+/// Whether one of the route's credentials is `aws_sigv4`.
+fn signs_aws(config: &Config, route: &Route) -> bool {
+    config
+        .credentials
+        .iter()
+        .any(|c| route.credentials.contains(&c.id) && matches!(c.inject, Inject::AwsSigv4 { .. }))
 }
 
 fn refuse(code: Code, field: &'static str) -> Refuse {

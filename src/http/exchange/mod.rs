@@ -99,6 +99,7 @@ impl Exchange {
             agent_slot: None,
             busy: None,
             twin: None,
+            aws_route: false,
         }
     }
 
@@ -106,6 +107,9 @@ impl Exchange {
     pub(super) fn with_added_key(&self, mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
         if let Some((name, value)) = &self.added_key {
             resp.headers_mut().insert(name.clone(), value.clone());
+        }
+        if self.aws_route {
+            respond::name_code_for_aws(resp.headers_mut());
         }
         resp
     }

@@ -1,7 +1,7 @@
 //! Responses postern writes itself: the envelope with `Proxy-Status` and `Postern-Outcome`.
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 
 use crate::contract::{Code, Envelope, should_retry_value};
@@ -150,4 +150,20 @@ pub fn explain_in_reason(mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
         resp.extensions_mut().insert(phrase);
     }
     resp
+}
+
+/// On a SigV4 route: an answer postern wrote itself (it has `Proxy-Status`) also names its
+/// code in `x-amzn-ErrorType`, where AWS SDKs read an error's code (SPEC §3.8).
+pub fn name_code_for_aws(headers: &mut HeaderMap) {
+    if !headers.contains_key(PROXY_STATUS) {
+        return;
+    }
+    let code = headers
+        .get(POSTERN_OUTCOME)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').find_map(|f| f.trim().strip_prefix("code=")))
+        .and_then(|c| HeaderValue::from_str(c).ok());
+    if let Some(code) = code {
+        headers.insert("x-amzn-errortype", code);
+    }
 }

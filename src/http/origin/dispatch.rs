@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use tokio::sync::oneshot;
 
 use super::pool::{Conn, SendFailure, Sender};
+use super::sigv4;
 use super::tap::Tap;
 use super::upstream::{Dialed, Hop, dial};
 use crate::config::{Route, Scheme};
@@ -53,25 +54,36 @@ impl Exchange {
         if self.grpc && h2 {
             crate::http::message::grpc::prepare_request(&mut headers, self.injection.is_some());
         }
-        let uri = if h2 {
-            format!("{}://{}{path_and_query}", "https", self.target.authority())
-        } else if let Some(hop) = self.plain_hop() {
-            // An http origin behind a hop: absolute form, and the hop's credential.
-            hop.authorize(&mut headers);
-            format!("http://{}{path_and_query}", self.target.authority())
-        } else {
-            path_and_query
-        };
-        let mut builder = Request::builder().method(parts.method.clone()).uri(uri);
+        let authority = self.target.authority();
         if !h2 {
-            headers.insert(
-                header::HOST,
-                HeaderValue::from_str(&self.target.authority()).ok()?,
-            );
+            headers.insert(header::HOST, HeaderValue::from_str(&authority).ok()?);
         }
         if body.is_empty() && matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         }
+        if let Some(injection) = &self.injection {
+            let leaving = sigv4::Outgoing {
+                method: parts.method.as_str(),
+                scheme: match self.target.scheme {
+                    Scheme::Https => "https",
+                    Scheme::Http => "http",
+                },
+                authority: &authority,
+                path_and_query: &path_and_query,
+                body,
+            };
+            injection.sign(&leaving, &mut headers)?;
+        }
+        let uri = if h2 {
+            format!("{}://{authority}{path_and_query}", "https")
+        } else if let Some(hop) = self.plain_hop() {
+            // An http origin behind a hop: absolute form, and the hop's credential.
+            hop.authorize(&mut headers);
+            format!("http://{authority}{path_and_query}")
+        } else {
+            path_and_query
+        };
+        let mut builder = Request::builder().method(parts.method.clone()).uri(uri);
         if let Some(h) = builder.headers_mut() {
             *h = headers;
         }

@@ -4,7 +4,11 @@
 use base64::Engine;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::SystemTime;
+
+use super::sigv4::{self, KeyPair};
+use crate::policy::sigv4::Scope;
 
 use crate::guard::{GuardCache, ReflectionGuard, pct_reserved};
 
@@ -17,6 +21,9 @@ pub struct Injection {
     pub id: String,
     inject: Inject,
     secret: Secret,
+    /// `aws_sigv4`: the key pair the vault entry holds, and the scope it last signed for.
+    aws: Option<KeyPair>,
+    signed: OnceLock<Scope>,
 }
 
 impl Injection {
@@ -35,10 +42,18 @@ impl Injection {
             VaultError::Missing(_) => Code::CredentialMissing,
             VaultError::DecryptFailed | VaultError::File(_) => Code::CredentialDecryptFailed,
         })?;
+        let aws = match cred.inject {
+            Inject::AwsSigv4 { .. } => {
+                Some(KeyPair::parse(&secret.value).ok_or(Code::InjectionModeUnsupported)?)
+            }
+            _ => None,
+        };
         let injection = Self {
             id: cred.id.clone(),
             inject: cred.inject.clone(),
             secret,
+            aws,
+            signed: OnceLock::new(),
         };
         // A value a header cannot carry (CR, LF, NUL) is refused at preflight, not sent.
         let mut probe = (HeaderMap::new(), String::new());
@@ -86,9 +101,31 @@ impl Injection {
                 path_and_query.push('=');
                 path_and_query.push_str(&pct(value));
             }
+            // Signed last, over the request as it leaves (`sign`).
+            Inject::AwsSigv4 { .. } => {}
             Inject::SshKey | Inject::SshPassword => return None,
         }
         Some(())
+    }
+
+    /// `aws_sigv4`: replaces the agent's signature with the real key pair's, once every
+    /// header postern sets is in place. Other modes: nothing to do.
+    pub fn sign(&self, req: &sigv4::Outgoing<'_>, headers: &mut HeaderMap) -> Option<()> {
+        let Some(keys) = &self.aws else {
+            return Some(());
+        };
+        let scope = sigv4::resign(keys, req, headers, SystemTime::now()).ok()?;
+        let _ = self.signed.set(scope);
+        Some(())
+    }
+
+    /// Whether this request can carry the credential: a SigV4 upload signed chunk by chunk
+    /// cannot yet (`INJECTION_MODE_UNSUPPORTED`, refused before anything is sent).
+    pub fn takes(&self, headers: &HeaderMap) -> Result<(), Code> {
+        match self.aws.is_none() || sigv4::payload_supported(headers) {
+            true => Ok(()),
+            false => Err(Code::InjectionModeUnsupported),
+        }
     }
 
     /// The `Proxy-Authorization` value for a `via` hop (`basic` mode only).
@@ -128,10 +165,26 @@ impl Injection {
     /// The guard against echoes of this secret and of the value it is injected as.
     /// `None` only if the automaton cannot be built (the response is then not relayed).
     pub fn guard(&self, cache: &GuardCache) -> Option<Arc<ReflectionGuard>> {
-        cache.get(&self.id, self.secret.version, || self.build_guard())
+        cache.get(&self.guard_id(), self.secret.version, || self.build_guard())
+    }
+
+    /// A SigV4 guard also holds the key derived for the scope signed, so it is kept per scope.
+    fn guard_id(&self) -> String {
+        match self.signed.get() {
+            Some(s) => format!("{}/{}/{}", self.id, s.region, s.service),
+            None => self.id.clone(),
+        }
     }
 
     fn build_guard(&self) -> Option<ReflectionGuard> {
+        if let Some(keys) = &self.aws {
+            let secrets = keys.secrets(self.signed.get());
+            let pairs: Vec<(&[u8], &[u8])> = secrets
+                .iter()
+                .map(|s| (s.as_slice(), s.as_slice()))
+                .collect();
+            return ReflectionGuard::for_each(&pairs);
+        }
         ReflectionGuard::new(self.secret.value.as_bytes(), self.injected().as_bytes())
     }
 
@@ -141,7 +194,10 @@ impl Injection {
         match &self.inject {
             Inject::Header { format, .. } => format.replace("{secret}", value),
             Inject::Basic { user } => format!("{user}:{value}"),
-            Inject::Query { .. } | Inject::SshKey | Inject::SshPassword => value.clone(),
+            Inject::Query { .. }
+            | Inject::SshKey
+            | Inject::SshPassword
+            | Inject::AwsSigv4 { .. } => value.clone(),
         }
     }
 }

@@ -7,5 +7,6 @@ pub(crate) mod dispatch;
 pub(crate) mod inject;
 pub(crate) mod pool;
 pub(crate) mod receive;
+pub(crate) mod sigv4;
 pub(crate) mod tap;
 pub mod upstream;

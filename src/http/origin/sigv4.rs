@@ -1,0 +1,191 @@
+//! AWS SigV4 re-signed at the egress hop (SPEC §3.8). The agent's SDK signs with the
+//! credential's placeholder as its access key id; postern signs the same request again with
+//! the real key pair: the headers the agent signed (as they leave postern), the payload hash
+//! it declared, a fresh `X-Amz-Date`, and the session token when the entry has one. The
+//! signing is the AWS SDK for Rust's own (`aws-sigv4`).
+
+use std::time::SystemTime;
+
+use aws_credential_types::Credentials;
+use aws_sigv4::http_request::{
+    PercentEncodingMode, SignableBody, SignableRequest, SigningSettings, UriPathNormalizationMode,
+    sign,
+};
+use aws_sigv4::sign::v4;
+use http::{HeaderMap, HeaderValue, header};
+use serde::Deserialize;
+
+use crate::policy::sigv4::{Scope, Signed};
+
+/// The vault entry of an `aws_sigv4` credential.
+#[derive(Deserialize)]
+pub struct KeyPair {
+    access_key_id: String,
+    secret_access_key: String,
+    session_token: Option<String>,
+}
+
+impl std::fmt::Debug for KeyPair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyPair([redacted])")
+    }
+}
+
+impl KeyPair {
+    /// `{"access_key_id", "secret_access_key", "session_token"?}`; `None` otherwise.
+    pub fn parse(entry: &str) -> Option<Self> {
+        let keys: Self = serde_json::from_str(entry).ok()?;
+        let filled = |v: &str| !v.is_empty() && v.bytes().all(|b| b.is_ascii_graphic());
+        let ok = filled(&keys.access_key_id)
+            && filled(&keys.secret_access_key)
+            && keys.session_token.as_deref().is_none_or(filled);
+        ok.then_some(keys)
+    }
+
+    /// What the reflection guard keeps from coming back: the secret key, the session token
+    /// (it travels in a header), and the signing key derived for `scope` on `date`.
+    pub fn secrets(&self, scope: Option<&Scope>) -> Vec<Vec<u8>> {
+        let mut out = vec![self.secret_access_key.as_bytes().to_vec()];
+        out.extend(self.session_token.iter().map(|t| t.as_bytes().to_vec()));
+        if let Some(s) = scope {
+            let key = v4::generate_signing_key(
+                &self.secret_access_key,
+                SystemTime::now(),
+                &s.region,
+                &s.service,
+            );
+            out.push(key.as_ref().to_vec());
+        }
+        out
+    }
+}
+
+/// One request as it leaves postern, to be signed.
+pub struct Outgoing<'r> {
+    pub method: &'r str,
+    pub scheme: &'r str,
+    /// The `Host` postern sends (the route's authority, default port left out).
+    pub authority: &'r str,
+    pub path_and_query: &'r str,
+    pub body: &'r [u8],
+}
+
+/// Replaces the agent's signature in `headers` with one made with `keys`. `Err` says why
+/// the request cannot be signed (it is then not sent).
+pub fn resign(
+    keys: &KeyPair,
+    req: &Outgoing<'_>,
+    headers: &mut HeaderMap,
+    now: SystemTime,
+) -> Result<Scope, &'static str> {
+    let agent = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| Signed::parse(v.as_bytes()))
+        .ok_or("the request carries no SigV4 signature to re-sign")?;
+    for name in [
+        header::AUTHORIZATION.as_str(),
+        "x-amz-date",
+        "x-amz-security-token",
+    ] {
+        headers.remove(name);
+    }
+    let signed = signed_pairs(&agent, headers, req.authority)?;
+    let payload = payload(headers, req.body)?;
+    let uri = format!("{}://{}{}", req.scheme, req.authority, req.path_and_query);
+    let signable = SignableRequest::new(
+        req.method,
+        uri,
+        signed.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+        payload,
+    )
+    .map_err(|_| "the request cannot be put in SigV4's canonical form")?;
+    let identity = Credentials::new(
+        keys.access_key_id.clone(),
+        keys.secret_access_key.clone(),
+        keys.session_token.clone(),
+        None,
+        "postern",
+    )
+    .into();
+    let params = v4::SigningParams::builder()
+        .identity(&identity)
+        .region(&agent.scope.region)
+        .name(&agent.scope.service)
+        .time(now)
+        .settings(settings(&agent.scope.service))
+        .build()
+        .map_err(|_| "the signing parameters are incomplete")?
+        .into();
+    let (instructions, _) = sign(signable, &params)
+        .map_err(|_| "the request could not be signed")?
+        .into_parts();
+    for (name, value) in instructions.headers() {
+        let mut v = HeaderValue::from_str(value).map_err(|_| "a signed value is not a header")?;
+        v.set_sensitive(true);
+        let name = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| "a signed name is not a header")?;
+        headers.insert(name, v);
+    }
+    Ok(agent.scope)
+}
+
+/// The headers the agent signed, as postern sends them (one it removed is no longer
+/// signed); `host` is the authority postern sends.
+fn signed_pairs(
+    agent: &Signed,
+    headers: &HeaderMap,
+    authority: &str,
+) -> Result<Vec<(String, String)>, &'static str> {
+    let mut pairs = vec![("host".to_owned(), authority.to_owned())];
+    for name in &agent.signed_headers {
+        if matches!(
+            name.as_str(),
+            "host" | "x-amz-date" | "x-amz-security-token"
+        ) {
+            continue;
+        }
+        for value in headers.get_all(name.as_str()) {
+            let v = value
+                .to_str()
+                .map_err(|_| "a signed header is not visible ASCII")?;
+            pairs.push((name.clone(), v.to_owned()));
+        }
+    }
+    Ok(pairs)
+}
+
+/// The payload hash the agent declared (`x-amz-content-sha256`), else the body's own.
+fn payload<'b>(headers: &HeaderMap, body: &'b [u8]) -> Result<SignableBody<'b>, &'static str> {
+    let Some(declared) = headers.get("x-amz-content-sha256") else {
+        return Ok(SignableBody::Bytes(body));
+    };
+    let declared = declared
+        .to_str()
+        .map_err(|_| "x-amz-content-sha256 is not ASCII")?;
+    match declared {
+        "UNSIGNED-PAYLOAD" => Ok(SignableBody::UnsignedPayload),
+        "STREAMING-UNSIGNED-PAYLOAD-TRAILER" => Ok(SignableBody::StreamingUnsignedPayloadTrailer),
+        hex if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Ok(SignableBody::Precomputed(hex.to_ascii_lowercase()))
+        }
+        _ => Err(
+            "a signed streaming upload (STREAMING-AWS4-HMAC-SHA256-PAYLOAD) is not re-signed yet",
+        ),
+    }
+}
+
+/// Whether `payload` takes the hash this request declares.
+pub fn payload_supported(headers: &HeaderMap) -> bool {
+    payload(headers, &[]).is_ok()
+}
+
+/// S3 signs the path as sent; every other service normalizes it and encodes it twice.
+fn settings(service: &str) -> SigningSettings {
+    let mut s = SigningSettings::default();
+    s.excluded_headers = None;
+    if service == "s3" {
+        s.percent_encoding_mode = PercentEncodingMode::Single;
+        s.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+    }
+    s
+}
