@@ -310,3 +310,50 @@ fn an_agents_own_key_pair_on_a_sigv4_route_is_forbidden_and_nothing_is_sent() {
     assert_eq!(run.out["code"], "FORBIDDEN_HEADER", "{}", run.out);
     assert!(s.origin.seen().is_empty(), "nothing reached the origin");
 }
+
+#[test]
+fn what_postern_cannot_re_sign_yet_is_refused_before_anything_is_sent() {
+    let s = setup("ok");
+    let proxy = s
+        .daemon
+        .proxy
+        .replace("http://", "http://agent:tok-0123456789abcdef@");
+    let bundle = s.home.root().join("certs/bundle.pem");
+    let url = format!("https://{BEDROCK_HOST}/model/m/invoke");
+    let signed_by = |key: &str| {
+        format!(
+            "Authorization: AWS4-HMAC-SHA256 Credential={key}/20261206/us-east-1/bedrock/aws4_request, \
+             SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature=00"
+        )
+    };
+    let post = |headers: &[String]| {
+        let mut args = vec!["--proxy", &proxy, "--cacert", bundle.to_str().unwrap()];
+        args.extend(["-X", "POST", "-d", "{}"]);
+        for h in headers {
+            args.extend(["-H", h.as_str()]);
+        }
+        args.push(&url);
+        crate::support::curl(&args)
+    };
+    let chunked = "x-amz-content-sha256: STREAMING-AWS4-HMAC-SHA256-PAYLOAD".to_owned();
+    for (headers, status, code) in [
+        (vec![], 400, "MALFORMED_REQUEST"),
+        (
+            vec![signed_by("postern:aws"), chunked],
+            500,
+            "INJECTION_MODE_UNSUPPORTED",
+        ),
+        (
+            vec![signed_by("AKIAAGENTSOWNKEY0001")],
+            403,
+            "FORBIDDEN_HEADER",
+        ),
+    ] {
+        let (got, body, head) = post(&headers);
+        assert_eq!(got, status, "{code}: {body}");
+        assert!(body.contains(code), "{code}: {body}");
+        let named = format!("x-amzn-errortype: {}", code.to_ascii_lowercase());
+        assert!(head.to_ascii_lowercase().contains(&named), "{code}: {head}");
+    }
+    assert!(s.origin.seen().is_empty(), "nothing reached the origin");
+}

@@ -119,10 +119,10 @@ impl Injection {
         Some(())
     }
 
-    /// Whether this request can carry the credential: a SigV4 upload signed chunk by chunk
-    /// cannot yet (`INJECTION_MODE_UNSUPPORTED`, refused before anything is sent).
+    /// Whether this request can carry the credential: a presigned SigV4 query or an upload
+    /// signed chunk by chunk cannot yet (`INJECTION_MODE_UNSUPPORTED`, nothing sent).
     pub fn takes(&self, headers: &HeaderMap) -> Result<(), Code> {
-        match self.aws.is_none() || sigv4::payload_supported(headers) {
+        match self.aws.is_none() || sigv4::signable(headers) {
             true => Ok(()),
             false => Err(Code::InjectionModeUnsupported),
         }

@@ -174,9 +174,13 @@ fn payload<'b>(headers: &HeaderMap, body: &'b [u8]) -> Result<SignableBody<'b>, 
     }
 }
 
-/// Whether `payload` takes the hash this request declares.
-pub fn payload_supported(headers: &HeaderMap) -> bool {
-    payload(headers, &[]).is_ok()
+/// Whether `resign` can sign this request: a header-form signature (a presigned query is
+/// not re-signed yet) over a payload hash it takes.
+pub fn signable(headers: &HeaderMap) -> bool {
+    let signed = headers
+        .get(header::AUTHORIZATION)
+        .is_some_and(|v| Signed::parse(v.as_bytes()).is_some());
+    signed && payload(headers, &[]).is_ok()
 }
 
 /// S3 signs the path as sent; every other service normalizes it and encodes it twice.
