@@ -236,9 +236,33 @@ impl Drop for Postern {
 const BENCH_VAULT_KEY: &str = "bench-vault-key";
 
 /// `Bearer <token>` injected on the route, so the reflection guard scans every byte.
-const CREDENTIAL: &str = "[[credentials]]\nid = \"bench\"\nsecret = \"bench-token\"\ninject = { header = \"Authorization\", format = \"Bearer {secret}\" }\n";
+/// A credential a benchmark route injects: its config and its vault entry's value.
+struct BenchCredential {
+    toml: &'static str,
+    secret: &'static [u8],
+}
 
-fn set_bench_secret(home: &std::path::Path) {
+const HEADER: BenchCredential = BenchCredential {
+    toml: "[[credentials]]\nid = \"bench\"\nsecret = \"bench-token\"\ninject = { header = \"Authorization\", format = \"Bearer {secret}\" }\n",
+    secret: b"bench-secret-7f3a9c0d1e2b\n",
+};
+
+const SIGV4: BenchCredential = BenchCredential {
+    toml: "[[credentials]]\nid = \"bench\"\nsecret = \"bench-token\"\ninject = { aws_sigv4 = {} }\n",
+    secret: br#"{"access_key_id":"AKIABENCHKEY00000001","secret_access_key":"bench-secret-key-7f3a9c0d1e2b"}"#,
+};
+
+/// What an AWS SDK sends on a SigV4 route: a signature made with the placeholder.
+const SIGNED_WITH_PLACEHOLDER: &[(&str, &str)] = &[
+    (
+        "authorization",
+        "AWS4-HMAC-SHA256 Credential=postern:bench/20261206/us-east-1/bedrock/aws4_request, SignedHeaders=content-type;host;x-amz-date, Signature=00",
+    ),
+    ("x-amz-date", "20261206T000000Z"),
+    ("content-type", "application/json"),
+];
+
+fn set_bench_secret(home: &std::path::Path, value: &[u8]) {
     let mut child = Command::new(postern_bin())
         .args(["secret", "set", "bench-token"])
         .env("POSTERN_HOME", home)
@@ -252,7 +276,7 @@ fn set_bench_secret(home: &std::path::Path) {
         .stdin
         .take()
         .unwrap()
-        .write_all(b"bench-secret-7f3a9c0d1e2b\n")
+        .write_all(value)
         .unwrap();
     assert!(child.wait().unwrap().success());
 }
@@ -262,7 +286,7 @@ fn start_postern(origin: &Origin, durability: &str) -> Postern {
 }
 
 fn start_postern_with(origin: &Origin, durability: &str, credential: bool) -> Postern {
-    start_postern_journal(origin, durability, credential, "", "")
+    start_postern_journal(origin, durability, credential.then_some(&HEADER), "", "")
 }
 
 /// A postern with `journal` added to its `[journal]` table and `route` to its route
@@ -270,24 +294,24 @@ fn start_postern_with(origin: &Origin, durability: &str, credential: bool) -> Po
 fn start_postern_journal(
     origin: &Origin,
     durability: &str,
-    credential: bool,
+    credential: Option<&BenchCredential>,
     journal: &str,
     route: &str,
 ) -> Postern {
     let home = tempfile::tempdir().unwrap();
-    if credential {
-        set_bench_secret(&home.path().join("home"));
+    if let Some(c) = credential {
+        set_bench_secret(&home.path().join("home"), c.secret);
     }
     let ca_file = home.path().join("upstream-ca.pem");
     std::fs::write(&ca_file, &origin.ca_pem).unwrap();
     let config = format!(
         "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[journal]\ndurability = \"{durability}\"\n{journal}\
          {}[[routes]]\nid = \"bench\"\nmatch = {{ host = \"origin.test\", port = {} }}\nresolve = \"{}\"\nupstream_ca = \"{}\"\n{route}{}",
-        if credential { CREDENTIAL } else { "" },
+        credential.map_or("", |c| c.toml),
         origin.addr.port(),
         origin.addr,
         ca_file.display(),
-        if credential {
+        if credential.is_some() {
             "credential = \"bench\"\n"
         } else {
             ""
@@ -394,6 +418,18 @@ async fn load(
     concurrency: usize,
     post: bool,
 ) -> Cell {
+    load_with(target, via, tls, concurrency, post, &[]).await
+}
+
+/// `load`, each request also carrying `headers`.
+async fn load_with(
+    target: SocketAddr,
+    via: Option<SocketAddr>,
+    tls: tokio_rustls::TlsConnector,
+    concurrency: usize,
+    post: bool,
+    headers: &'static [(&'static str, &'static str)],
+) -> Cell {
     // Connections are opened and warmed (first upstream connection, leaf certificate)
     // before the clock starts, on every path alike.
     let ready = Arc::new(tokio::sync::Barrier::new(concurrency + 1));
@@ -405,11 +441,14 @@ async fn load(
             let mut sender = connect(target, via, &tls).await;
             let body = Bytes::from(vec![b'x'; 1024]);
             let request = || {
-                Request::builder()
+                let mut r = Request::builder()
                     .method(if post { "POST" } else { "GET" })
                     .uri("/bench")
-                    .header("host", format!("origin.test:{}", target.port()))
-                    .body(Full::new(if post { body.clone() } else { Bytes::new() }))
+                    .header("host", format!("origin.test:{}", target.port()));
+                for (name, value) in headers {
+                    r = r.header(*name, *value);
+                }
+                r.body(Full::new(if post { body.clone() } else { Bytes::new() }))
                     .unwrap()
             };
             for _ in 0..WARMUP_REQUESTS {
@@ -535,6 +574,9 @@ fn main() {
     if std::env::var("POSTERN_BENCH_ONLY").is_ok_and(|only| only == "soak") {
         return soak();
     }
+    if std::env::var("POSTERN_BENCH_ONLY").is_ok_and(|only| only == "credentials") {
+        return credential_cost();
+    }
     let rt = runtime();
     let origin = start_origin(&rt);
     let direct_tls = tls_client(origin.ca_pem.as_bytes());
@@ -654,6 +696,41 @@ fn main() {
 /// `\u00e9`, `\"`), of nothing but percent-escapes (its worst case), of prose, of
 /// base64 in groups and of an `xxd` dump, of whitespace runs (a hostile origin's padding);
 /// then a private key's guard (RSA-4096 size).
+/// `POSTERN_BENCH_ONLY=credentials`: a POST of 1 KiB through a static-header credential
+/// and through a SigV4 one postern re-signs, CPU per request side by side (SPEC §3.8).
+fn credential_cost() {
+    let rt = runtime();
+    let origin = start_origin(&rt);
+    println!("| credential | concurrency | req/s | p50 | p99 | postern CPU s / 1000 req |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (name, cred, headers) in [
+        ("header (static)", &HEADER, &[][..]),
+        ("aws_sigv4 (re-signed)", &SIGV4, SIGNED_WITH_PLACEHOLDER),
+    ] {
+        let p = start_postern_journal(&origin, "fsync", Some(cred), "", "");
+        let tls = tls_client(&std::fs::read(&p.ca).unwrap());
+        for concurrency in [1usize, 8] {
+            let cpu0 = cpu_seconds(p.child.id());
+            let cell = rt.block_on(load_with(
+                origin.addr,
+                Some(p.proxy),
+                tls.clone(),
+                concurrency,
+                true,
+                headers,
+            ));
+            let cpu = cpu_seconds(p.child.id()) - cpu0;
+            println!(
+                "| {name} | {concurrency} | {:.0} | {} | {} | {:.3} |",
+                cell.per_sec,
+                us(cell.p50),
+                us(cell.p99),
+                cpu / (cell.served.max(1) as f64 / 1000.0)
+            );
+        }
+    }
+}
+
 /// `POSTERN_BENCH_ONLY=guard` runs only this.
 fn guard_cost() {
     use postern::guard::ReflectionGuard;
@@ -796,7 +873,7 @@ fn soak() {
     let origin = start_origin(&rt);
     let retention = format!("event_retention = \"{events}\"\nresult_retention = \"{results}\"\n");
     let route = format!("resend_window = \"{window}\"\n");
-    let p = start_postern_journal(&origin, &durability, false, &retention, &route);
+    let p = start_postern_journal(&origin, &durability, None, &retention, &route);
     let journal = p._home.path().join("home/journal");
     let tls = tls_client(&std::fs::read(&p.ca).unwrap());
     let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));

@@ -12,7 +12,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Headers whose values are printed in full (they change meaning, or vary).
-MEANING = {"stripe-account", "openai-organization", "openai-project", "anthropic-version",
+MEANING = {"amz-sdk-request", "x-amz-date", "stripe-account", "openai-organization", "openai-project", "anthropic-version",
            "anthropic-beta", "stripe-version", "idempotency-key", "authorization"}
 
 
@@ -100,13 +100,58 @@ def node_openai_chat(base, timeout):
         raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr else "failed")
 
 
+def py_boto3_invoke_model(base, timeout):
+    import boto3
+    from botocore.config import Config
+    cfg = Config(read_timeout=timeout) if timeout else None
+    c = boto3.client("bedrock-runtime", endpoint_url=base, region_name="us-east-1",
+                     aws_access_key_id="postern:aws", aws_secret_access_key="filler", config=cfg)
+    c.invoke_model(modelId="anthropic.claude-3-haiku-20240307-v1:0", body=b'{"prompt":"hi"}',
+                   contentType="application/json")
+
+
+def py_boto3_put_object(base, timeout):
+    import boto3
+    from botocore.config import Config
+    cfg = Config(read_timeout=timeout, s3={"addressing_style": "path"}) if timeout else \
+        Config(s3={"addressing_style": "path"})
+    c = boto3.client("s3", endpoint_url=base, region_name="us-east-1",
+                     aws_access_key_id="postern:aws", aws_secret_access_key="filler", config=cfg)
+    c.put_object(Bucket="b", Key="k", Body=b"hello")
+
+
+NODE_AWS = r"""
+const {BedrockRuntimeClient, InvokeModelCommand} = require('@aws-sdk/client-bedrock-runtime');
+// HTTP/1.1 (the client's default handler is HTTP/2, which capture.py does not speak);
+// retries live in the client's middleware, not in the handler.
+const {NodeHttpHandler} = require('@smithy/node-http-handler');
+const base = process.argv[1]; const timeout = Number(process.argv[2]) || undefined;
+const c = new BedrockRuntimeClient({region: 'us-east-1', endpoint: base,
+  credentials: {accessKeyId: 'postern:aws', secretAccessKey: 'filler'},
+  requestHandler: new NodeHttpHandler(timeout ? {requestTimeout: timeout * 1000} : {})});
+c.send(new InvokeModelCommand({modelId: 'anthropic.claude-3-haiku-20240307-v1:0',
+  body: '{"prompt":"hi"}', contentType: 'application/json'}))
+  .then(() => process.exit(0), e => { console.error(String(e)); process.exit(1); });
+"""
+
+
+def node_aws_invoke_model(base, timeout):
+    r = subprocess.run(["node", "-e", NODE_AWS, base, str(timeout or 0)],
+                       cwd=os.path.join(HERE, "node"), capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr else "failed")
+
+
 CALLS = [("python openai chat.completions", py_openai_chat),
          ("python openai responses", py_openai_responses),
          ("python anthropic messages", py_anthropic),
          ("python stripe Customer.create", py_stripe_global),
          ("python stripe StripeClient.customers.create", py_stripe_client),
          ("node openai chat.completions", node_openai_chat),
-         ("python stripe agent resend (2 calls, same key, 0 SDK retries)", py_stripe_resend)]
+         ("python stripe agent resend (2 calls, same key, 0 SDK retries)", py_stripe_resend),
+         ("python boto3 bedrock-runtime invoke_model", py_boto3_invoke_model),
+         ("python boto3 s3 put_object", py_boto3_put_object),
+         ("node aws-sdk v3 bedrock-runtime InvokeModel", node_aws_invoke_model)]
 MODES = [("500", None), ("close", None), ("stall:5", 1.0)]
 
 
@@ -136,9 +181,11 @@ def run_one(label, base, timeout):
 def main():
     if sys.argv[1:2] == ["--one"]:
         return run_one(*sys.argv[2:5])
+    only = os.environ.get("MEASURE_ONLY")
+    calls = [c for c in CALLS if not only or only in c[0]]
     out_dir = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp()
     report = []
-    for label, fn in CALLS:
+    for label, fn in calls:
         for mode, timeout in MODES:
             path = os.path.join(out_dir, f"{label.replace(' ', '_')}.{mode}.jsonl")
             open(path, "w").close()
