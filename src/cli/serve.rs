@@ -309,6 +309,7 @@ async fn serve_until_stopped(
         failed_logins: crate::lifecycle::refusals::RefusalRate::failed_logins(),
         refusals: crate::lifecycle::refusals::RefusalRate::refusals(),
         guards: Default::default(),
+        minter: Default::default(),
         busy,
     });
     let reload_counter = admin::reload::ReloadCounter::default();

@@ -149,6 +149,38 @@ pub enum Inject {
         region: Option<String>,
         service: Option<String>,
     },
+    /// SPEC §3.8: postern mints a short-lived access token from the vault entry's grant
+    /// material and injects it; the agent sends the placeholder where it goes.
+    OAuth2(OAuth2),
+}
+
+/// A minted credential: how postern asks for the token, and where the token goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OAuth2 {
+    pub grant: Grant,
+    /// `https://…`, matched by some route (its `resolve`, `upstream_ca`, timeouts apply).
+    pub token_url: String,
+    pub scope: Option<String>,
+    pub audience: Option<String>,
+    /// The header the token goes in (default `Authorization`).
+    pub header: String,
+    /// Its value, with `{token}` for the token (default `Bearer {token}`).
+    pub format: String,
+}
+
+/// The OAuth2 grant postern mints with. Built so far: `client_credentials`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// RFC 6749 §4.4: the vault entry is `{"client_id","client_secret"}`.
+    ClientCredentials,
+}
+
+impl Grant {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ClientCredentials => "client_credentials",
+        }
+    }
 }
 
 impl Inject {
@@ -160,6 +192,7 @@ impl Inject {
             Self::SshKey => "ssh_key",
             Self::SshPassword => "ssh_password",
             Self::AwsSigv4 { .. } => "aws_sigv4",
+            Self::OAuth2(_) => "oauth2",
         }
     }
 }

@@ -81,6 +81,19 @@ pub struct RawInject {
     pub ssh_key: Option<bool>,
     pub ssh_password: Option<bool>,
     pub aws_sigv4: Option<RawSigv4>,
+    pub oauth2: Option<RawOAuth2>,
+}
+
+/// `inject = { oauth2 = { grant = "…", token_url = "https://…", … } }` (SPEC §3.8).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOAuth2 {
+    pub grant: String,
+    pub token_url: String,
+    pub scope: Option<String>,
+    pub audience: Option<String>,
+    pub header: Option<String>,
+    pub format: Option<String>,
 }
 
 /// `inject = { aws_sigv4 = {} }`, optionally pinning the signing scope (SPEC §3.8).

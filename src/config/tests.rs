@@ -185,6 +185,68 @@ inject = { basic = { user = "u" } }
 }
 
 #[test]
+fn an_oauth2_credential_names_a_built_grant_and_a_routed_https_token_url() {
+    let cred = |id: &str, o: &str| {
+        format!(
+            "[[credentials]]\nid = \"{id}\"\nsecret = \"s\"\ninject = {{ oauth2 = {{ {o} }} }}\n"
+        )
+    };
+    let route = "[[routes]]\nid = \"idp\"\nagents = []\nmatch = { host = \"idp.test\" }\n";
+    let good = cred(
+        "ok",
+        r#"grant = "client_credentials", token_url = "https://idp.test/oauth/token""#,
+    );
+    let c = parse(&format!("{good}{route}"), None, &env).map_err(|e| e.to_string());
+    let c = c.unwrap_or_else(|e| panic!("{e}"));
+    let Inject::OAuth2(o) = &c.credentials[0].inject else {
+        panic!("oauth2 mode");
+    };
+    assert_eq!(
+        (o.header.as_str(), o.format.as_str()),
+        ("Authorization", "Bearer {token}")
+    );
+    assert!(paths(&good).contains(&"credentials[0].inject.oauth2.token_url".to_owned()));
+    let text = [
+        cred(
+            "a",
+            r#"grant = "password", token_url = "https://idp.test/t""#,
+        ),
+        cred(
+            "b",
+            r#"grant = "jwt_bearer", token_url = "https://idp.test/t""#,
+        ),
+        cred(
+            "c",
+            r#"grant = "client_credentials", token_url = "http://idp.test/t""#,
+        ),
+        cred(
+            "d",
+            r#"grant = "client_credentials", token_url = "https://idp.test/t", format = "Bearer""#,
+        ),
+    ]
+    .concat();
+    let problems = parse(&format!("{text}{route}"), None, &env)
+        .err()
+        .map(|e| e.0)
+        .unwrap_or_default();
+    let found: Vec<(&str, &str)> = problems
+        .iter()
+        .map(|p| (p.path.as_str(), p.message.as_str()))
+        .collect();
+    let paths: Vec<&str> = found.iter().map(|(p, _)| *p).collect();
+    assert_eq!(
+        paths,
+        [
+            "credentials[0].inject.oauth2.grant",
+            "credentials[1].inject.oauth2.grant",
+            "credentials[2].inject.oauth2.token_url",
+            "credentials[3].inject.oauth2.format",
+        ]
+    );
+    assert!(found[1].1.contains("not built yet"), "{found:?}");
+}
+
+#[test]
 fn placeholders_are_long_distinct_and_their_variables_are_names() {
     let text = r#"
 [[credentials]]

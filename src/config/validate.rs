@@ -17,6 +17,7 @@ use crate::journal::Durability;
 /// Shortest agent or admin token accepted (SPEC §3.1).
 pub const MIN_TOKEN_CHARS: usize = 16;
 
+mod oauth2;
 mod ssh_target;
 mod tunnel;
 mod via;
@@ -290,6 +291,7 @@ pub fn parse(
         ssh_targets,
         ..config
     };
+    oauth2::token_routes(&mut c, &config);
     if config.agents.is_empty() && agents.is_empty() && !config.proxy.listen.ip().is_loopback() {
         c.bad(
             "proxy.listen",
@@ -432,11 +434,12 @@ fn credential(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> Option<Crede
         inj.ssh_key == Some(true),
         inj.ssh_password == Some(true),
         inj.aws_sigv4.is_some(),
+        inj.oauth2.is_some(),
     ];
     if modes.iter().filter(|m| **m).count() != 1 {
         c.bad(
             &path,
-            "name exactly one mode: header, basic, query, ssh_key, ssh_password or aws_sigv4",
+            "name exactly one mode: header, basic, query, ssh_key, ssh_password, aws_sigv4 or oauth2",
         );
         return None;
     }
@@ -464,6 +467,8 @@ fn credential(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> Option<Crede
         }
     } else if let Some(q) = &inj.query {
         Inject::Query { param: q.clone() }
+    } else if let Some(o) = &inj.oauth2 {
+        Inject::OAuth2(oauth2::inject(c, &path, o)?)
     } else if let Some(a) = &inj.aws_sigv4 {
         Inject::AwsSigv4 {
             region: a.region.clone(),

@@ -144,6 +144,8 @@ pub enum Code {
     /// An identical resend of an invocation that may have run (SPEC §3.7): nothing sent.
     ResendRefused,
     ResultStoreFailed,
+    /// A minted credential's token endpoint failed (SPEC §3.8): the request was not sent.
+    CredentialMintFailed,
 }
 
 str_enum!(Code {
@@ -188,6 +190,7 @@ str_enum!(Code {
     ResultDeliveryFailed => "RESULT_DELIVERY_FAILED",
     ResendRefused => "RESEND_REFUSED",
     ResultStoreFailed => "RESULT_STORE_FAILED",
+    CredentialMintFailed => "CREDENTIAL_MINT_FAILED",
 });
 
 /// A code's phase: fixed, or whatever the invocation had reached.
@@ -218,6 +221,9 @@ pub enum RetryRule {
     BudgetExhausted,
     /// `PROXY_TUNNEL_REFUSED`: after_correction for the hop's 403/407, else backoff.
     HopRefusal,
+    /// `CREDENTIAL_MINT_FAILED`: after_correction when the token endpoint answered `4xx`
+    /// (the grant or its material is wrong), else backoff.
+    MintFailure,
 }
 
 /// The row of SPEC §1.4 for one code.
@@ -285,6 +291,7 @@ impl Code {
             | BrokerRestarted
             | UpstreamHopError => (P::Fixed(Phase::RemoteExecution), UNK, R::ComputedUnknown),
             ProxyTunnelRefused => (P::Fixed(Phase::ConnectionSetup), NA, R::HopRefusal),
+            CredentialMintFailed => (P::Fixed(Phase::CredentialInjection), NA, R::MintFailure),
             BrokerRestartedBeforeDispatch => (P::Reached, NA, R::Fixed(Retry::Backoff)),
             RetryBudgetExhausted => (P::Reached, O::Own, R::BudgetExhausted),
             RemoteExecRejected => (
@@ -341,7 +348,8 @@ impl Code {
             | SshHostKeyMismatch
             | SshAuthFailed
             | SshChannelFailed
-            | ProxyTunnelRefused => 502,
+            | ProxyTunnelRefused
+            | CredentialMintFailed => 502,
             RemoteOutcomeUnknown
             | RemoteResultIncomplete
             | CallerCancelled
@@ -364,9 +372,10 @@ impl Code {
             | UnknownCredential => "http_request_error",
             IdempotencyMismatch | AttemptInProgress | FingerprintChanged | RetryBudgetExhausted
             | ResendRefused => "proxy_internal_response",
-            VaultLocked | JournalUnavailable | BrokerRestartedBeforeDispatch => {
-                "proxy_internal_error"
-            }
+            VaultLocked
+            | JournalUnavailable
+            | BrokerRestartedBeforeDispatch
+            | CredentialMintFailed => "proxy_internal_error",
             CredentialMissing | InjectionModeUnsupported | CredentialDecryptFailed => {
                 "proxy_configuration_error"
             }
@@ -438,6 +447,9 @@ impl Code {
                 "An identical earlier request may have run; reconcile it before sending again."
             }
             ResultStoreFailed => "The remote completed but its result could not be stored.",
+            CredentialMintFailed => {
+                "The credential's token endpoint did not issue an access token; nothing was sent."
+            }
         }
     }
 }

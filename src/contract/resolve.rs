@@ -52,7 +52,9 @@ pub struct FailureContext {
     pub operation: OperationFacts,
     /// The time of the failure, unix milliseconds.
     pub now_ms: i64,
-    /// The status a `via` hop answered a refused `CONNECT` with (`PROXY_TUNNEL_REFUSED`).
+    /// The status a `via` hop answered a refused `CONNECT` with (`PROXY_TUNNEL_REFUSED`), or
+    /// a token endpoint answered a failed mint with (`CREDENTIAL_MINT_FAILED`, evidence
+    /// `token_status`).
     pub hop_status: Option<u16>,
 }
 
@@ -116,6 +118,7 @@ pub fn resolve_failure(code: Code, ctx: &FailureContext) -> Resolution {
     // then apply as to any other (a later generation's refusal stays `unknown`).
     let rule = match row.retry {
         RetryRule::HopRefusal => RetryRule::Fixed(hop_refusal_retry(ctx.hop_status)),
+        RetryRule::MintFailure => RetryRule::Fixed(mint_failure_retry(ctx.hop_status)),
         other => other,
     };
     let retry = match rule {
@@ -136,6 +139,7 @@ pub fn resolve_failure(code: Code, ctx: &FailureContext) -> Resolution {
         RetryRule::BudgetExhausted => Retry::AfterCorrection,
         // Mapped to `Fixed` above.
         RetryRule::HopRefusal => hop_refusal_retry(ctx.hop_status),
+        RetryRule::MintFailure => mint_failure_retry(ctx.hop_status),
     };
     Resolution {
         code,
@@ -150,6 +154,15 @@ pub fn resolve_failure(code: Code, ctx: &FailureContext) -> Resolution {
 const fn hop_refusal_retry(hop_status: Option<u16>) -> Retry {
     match hop_status {
         Some(403 | 407) => Retry::AfterCorrection,
+        _ => Retry::Backoff,
+    }
+}
+
+/// SPEC §1.4 `CREDENTIAL_MINT_FAILED`: a token endpoint that answered `4xx` refuses the
+/// grant until its material or config changes; no answer, a `5xx` or a bad body may pass.
+const fn mint_failure_retry(token_status: Option<u16>) -> Retry {
+    match token_status {
+        Some(400..=499) => Retry::AfterCorrection,
         _ => Retry::Backoff,
     }
 }
@@ -228,6 +241,28 @@ mod tests {
             assert_eq!(
                 (r.phase, r.outcome, r.retry),
                 (Phase::ConnectionSetup, Outcome::NotAttempted, retry),
+                "{status:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_failed_mint_asks_for_correction_only_when_the_token_endpoint_answered_4xx() {
+        for (status, retry) in [
+            (Some(400), Retry::AfterCorrection),
+            (Some(401), Retry::AfterCorrection),
+            (Some(500), Retry::Backoff),
+            (Some(503), Retry::Backoff),
+            (None, Retry::Backoff),
+        ] {
+            let ctx = FailureContext {
+                hop_status: status,
+                ..ctx(false)
+            };
+            let r = resolve_failure(Code::CredentialMintFailed, &ctx);
+            assert_eq!(
+                (r.phase, r.outcome, r.retry),
+                (Phase::CredentialInjection, Outcome::NotAttempted, retry),
                 "{status:?}"
             );
         }

@@ -57,6 +57,8 @@ pub struct Proxy {
     pub refusals: crate::lifecycle::refusals::RefusalRate,
     /// Reflection guards, one per credential version.
     pub guards: crate::guard::GuardCache,
+    /// OAuth2 access tokens minted for credentials (SPEC §3.8), one in flight per credential.
+    pub minter: origin::mint::Minter,
     /// Memory for buffered bodies, shared by requests and responses.
     pub budget: deliver::budget::Budget,
     /// Connections each agent keeps busy (requests, tunnels, WebSockets).

@@ -421,9 +421,11 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             p.closed = true;
         }
         Body::Failed(f) => {
-            let hop_status = f
-                .evidence
-                .get("hop_status")
+            // A hop's refusal, or the token endpoint's answer to a failed mint: both decide
+            // whether a correction is needed before a retry (SPEC §1.4).
+            let hop_status = ["hop_status", "token_status"]
+                .iter()
+                .find_map(|k| f.evidence.get(*k))
                 .and_then(serde_json::Value::as_u64)
                 .and_then(|s| u16::try_from(s).ok());
             r.evidence.extra.extend(f.evidence);

@@ -30,6 +30,7 @@ impl Place {
             Inject::Header { name, .. } => Some(Self::Header(name.to_ascii_lowercase())),
             Inject::Basic { .. } => Some(Self::Header("authorization".into())),
             Inject::Query { param } => Some(Self::Query(param.clone())),
+            Inject::OAuth2(o) => Some(Self::Header(o.header.to_ascii_lowercase())),
             Inject::AwsSigv4 { region, service } => Some(Self::Sigv4 {
                 region: region.clone(),
                 service: service.clone(),

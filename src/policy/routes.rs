@@ -244,6 +244,37 @@ pub fn match_route<'a>(
         .max_by_key(|r| specificity(r))
 }
 
+/// A token endpoint's URL as a target: `https` only (the client secret travels in it),
+/// with a host and no userinfo or fragment.
+pub fn token_target(url: &str) -> Result<Target, &'static str> {
+    let uri: http::Uri = url.parse().map_err(|_| "is not a URL")?;
+    if uri.scheme_str() != Some("https") {
+        return Err("must be an https:// URL (the client secret is sent to it)");
+    }
+    let authority = uri.authority().ok_or("has no host")?;
+    if authority.as_str().contains('@') || url.contains('#') {
+        return Err("must not carry userinfo or a fragment");
+    }
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    Target::new(Scheme::Https, authority.host(), authority.port_u16(), path)
+        .map_err(|_| "is not a valid destination")
+}
+
+/// The route postern's own token request (SPEC §3.8) goes through: `POST target`, whoever
+/// the route's agents are (the token endpoint is postern's to call, not an agent's).
+pub fn match_token_route<'a>(config: &'a Config, target: &Target) -> Option<&'a Route> {
+    config
+        .routes
+        .iter()
+        .filter(|r| {
+            host_matches(&r.matcher.host, &target.host)
+                && mismatches(r, "", target, "POST")
+                    .iter()
+                    .all(|d| matches!(d, Dimension::Agent))
+        })
+        .max_by_key(|r| specificity(r))
+}
+
 /// What a `ROUTE_DENIED` asks the agent to correct: the one dimension of the closest
 /// route for this host that did not match, else the host.
 pub fn denial_field(config: &Config, agent: &str, target: &Target, method: &str) -> &'static str {

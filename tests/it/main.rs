@@ -24,6 +24,7 @@ mod jail;
 mod limits;
 mod mcp;
 mod mcp_stdio;
+mod oauth2;
 mod origins;
 mod precedence;
 mod reflection;

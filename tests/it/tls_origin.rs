@@ -130,7 +130,7 @@ pub fn counting(h2: bool, pause: Duration, status: u16, body: Bytes) -> Counting
     Counting { origin, tls }
 }
 
-type Handler = Arc<
+pub type Handler = Arc<
     dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Response<TestBody>> + Send>>
         + Send
         + Sync,
@@ -161,7 +161,7 @@ pub fn acceptor(name: &str, alpn: &[&[u8]], dir: &Path) -> (tokio_rustls::TlsAcc
 
 /// Serves `service` over TLS as `name` (a leaf of a fresh CA) with these ALPN protocols,
 /// counting connections in `connections`.
-fn serve_tls(
+pub fn serve_tls(
     name: &str,
     alpn: &[&[u8]],
     connections: Arc<AtomicUsize>,
@@ -260,9 +260,9 @@ async fn echo(req: Request<Incoming>) -> Response<TestBody> {
     resp
 }
 
-type TestBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+pub type TestBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
-fn full(bytes: Bytes) -> TestBody {
+pub fn full(bytes: Bytes) -> TestBody {
     Full::new(bytes)
         .map_err(|never: Infallible| -> std::io::Error { match never {} })
         .boxed()

@@ -244,6 +244,14 @@ impl Exchange {
         {
             return Outgoing::Respond(resp);
         }
+        // A minted credential's token, after any approval wait (a token minted before a long
+        // wait could expire in it) and before anything is sent (SPEC §3.8).
+        if let Some(injection) = self.injection.as_mut()
+            && let Err(f) = injection.mint(&self.proxy, &config).await
+        {
+            let failure = f.failure(&injection.id);
+            return Outgoing::Respond(self.fail(std::mem::take(&mut drafts), failure).await);
+        }
         if let Some(agent) = self.agent_upgrade.take() {
             if !drafts.is_empty() && self.inv.record(drafts).await.is_err() {
                 return Outgoing::Respond(self.fallback(Code::JournalUnavailable));

@@ -7,12 +7,13 @@ use http::{HeaderMap, HeaderName, HeaderValue, header};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
+use super::mint::{self, Ask, ClientMaterial, MintFailure, Minter, Token};
 use super::sigv4::{self, KeyPair};
 use crate::policy::sigv4::Scope;
 
 use crate::guard::{GuardCache, ReflectionGuard, pct_reserved};
 
-use crate::config::{Config, Inject};
+use crate::config::{Config, Inject, OAuth2};
 use crate::contract::{Code, CredentialEvidence};
 use crate::vault::{Secret, Vault, VaultError};
 
@@ -24,6 +25,10 @@ pub struct Injection {
     /// `aws_sigv4`: the key pair the vault entry holds, and the scope it last signed for.
     aws: Option<KeyPair>,
     signed: OnceLock<Scope>,
+    /// `oauth2`: the grant material the vault entry holds, and the token minted for this
+    /// request (`mint`), which `apply` injects.
+    oauth: Option<(OAuth2, ClientMaterial)>,
+    token: Option<Token>,
 }
 
 impl Injection {
@@ -48,13 +53,26 @@ impl Injection {
             }
             _ => None,
         };
+        let oauth = match &cred.inject {
+            Inject::OAuth2(o) => Some((
+                o.clone(),
+                ClientMaterial::parse(&secret.value).ok_or(Code::InjectionModeUnsupported)?,
+            )),
+            _ => None,
+        };
         let injection = Self {
             id: cred.id.clone(),
             inject: cred.inject.clone(),
             secret,
             aws,
             signed: OnceLock::new(),
+            oauth,
+            token: None,
         };
+        if injection.oauth.is_some() {
+            // Its token is checked when minted (`mint::read_answer`).
+            return Ok(injection);
+        }
         // A value a header cannot carry (CR, LF, NUL) is refused at preflight, not sent.
         let mut probe = (HeaderMap::new(), String::new());
         injection
@@ -103,9 +121,53 @@ impl Injection {
             }
             // Signed last, over the request as it leaves (`sign`).
             Inject::AwsSigv4 { .. } => {}
+            // Never sent without its token: `mint` comes first.
+            Inject::OAuth2(o) => {
+                let token = self.token.as_ref()?;
+                let name = HeaderName::from_bytes(o.header.as_bytes()).ok()?;
+                let mut v =
+                    HeaderValue::from_str(&o.format.replace("{token}", &token.value)).ok()?;
+                v.set_sensitive(true);
+                headers.insert(name, v);
+            }
             Inject::SshKey | Inject::SshPassword => return None,
         }
         Some(())
+    }
+
+    /// `oauth2`: the access token this request carries, kept or minted now (SPEC §3.8).
+    /// Other modes: nothing to do.
+    pub async fn mint(
+        &mut self,
+        proxy: &crate::http::Proxy,
+        config: &Config,
+    ) -> Result<(), MintFailure> {
+        let Some((oauth, material)) = &self.oauth else {
+            return Ok(());
+        };
+        let ask = Ask {
+            credential: &self.id,
+            version: self.secret.version,
+            oauth,
+            material,
+        };
+        self.token = Some(proxy.minter.token(proxy, config, &ask).await?);
+        Ok(())
+    }
+
+    /// The origin answered `401` to this request: its minted token is dropped, so the next
+    /// request mints anew (SPEC §3.8). Other modes: nothing to do.
+    pub fn refused_by_origin(&self, minter: &Minter) {
+        let (Some((oauth, material)), Some(token)) = (&self.oauth, &self.token) else {
+            return;
+        };
+        let ask = Ask {
+            credential: &self.id,
+            version: self.secret.version,
+            oauth,
+            material,
+        };
+        minter.forget(&mint::slot_key(&ask), token.serial);
     }
 
     /// `aws_sigv4`: replaces the agent's signature with the real key pair's, once every
@@ -170,6 +232,10 @@ impl Injection {
 
     /// A SigV4 guard also holds the key derived for the scope signed, so it is kept per scope.
     fn guard_id(&self) -> String {
+        if let Some(t) = &self.token {
+            // A minted token is a secret of its own: one guard per token.
+            return format!("{}#{}", self.id, t.serial);
+        }
         match self.signed.get() {
             Some(s) => format!("{}/{}/{}", self.id, s.region, s.service),
             None => self.id.clone(),
@@ -185,6 +251,22 @@ impl Injection {
                 .collect();
             return ReflectionGuard::for_each(&pairs);
         }
+        if let Some((_, material)) = &self.oauth {
+            // The client secret (never sent to the origin, but an origin may know it) and
+            // the token, raw and as injected.
+            let secret = material.secret().as_bytes();
+            let token = self
+                .token
+                .as_ref()
+                .map(|t| t.value.to_string())
+                .unwrap_or_default();
+            let injected = self.injected();
+            let mut pairs: Vec<(&[u8], &[u8])> = vec![(secret, secret)];
+            if !token.is_empty() {
+                pairs.push((token.as_bytes(), injected.as_bytes()));
+            }
+            return ReflectionGuard::for_each(&pairs);
+        }
         ReflectionGuard::new(self.secret.value.as_bytes(), self.injected().as_bytes())
     }
 
@@ -194,6 +276,10 @@ impl Injection {
         match &self.inject {
             Inject::Header { format, .. } => format.replace("{secret}", value),
             Inject::Basic { user } => format!("{user}:{value}"),
+            Inject::OAuth2(o) => match &self.token {
+                Some(t) => o.format.replace("{token}", &t.value),
+                None => String::new(),
+            },
             Inject::Query { .. }
             | Inject::SshKey
             | Inject::SshPassword

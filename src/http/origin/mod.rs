@@ -5,6 +5,7 @@
 
 pub(crate) mod dispatch;
 pub(crate) mod inject;
+pub(crate) mod mint;
 pub(crate) mod pool;
 pub(crate) mod receive;
 pub(crate) mod sigv4;

@@ -309,6 +309,12 @@ impl Exchange {
             idempotent: route.idempotent_methods.contains(&self.method),
         };
         let resolution = classify_status(facts, &route.status_outcomes)?;
+        if status == StatusCode::UNAUTHORIZED
+            && let Some(injection) = &self.injection
+        {
+            // The origin no longer takes the minted token: the next request mints anew.
+            injection.refused_by_origin(&self.proxy.minter);
+        }
         strip_hop_by_hop(headers);
         strip_error_proxy_status(headers);
         // No guard for a credentialed route: nothing is relayed (the caller fails it).
