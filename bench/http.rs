@@ -272,12 +272,7 @@ fn set_bench_secret(home: &std::path::Path, value: &[u8]) {
         .spawn()
         .unwrap();
     use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(value)
-        .unwrap();
+    child.stdin.take().unwrap().write_all(value).unwrap();
     assert!(child.wait().unwrap().success());
 }
 

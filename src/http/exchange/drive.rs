@@ -453,9 +453,12 @@ struct Refuse {
 fn credential_failure(config: &Config, credential: &str, code: Code) -> Failure {
     let mut failure = Failure::of(code);
     if code == Code::InjectionModeUnsupported {
-        failure.diagnostic = Some(format!(
-            "credential {credential}: its secret holds bytes an HTTP header cannot carry (CR, LF, NUL or other control characters)"
-        ));
+        let inject = config
+            .credentials
+            .iter()
+            .find(|c| c.id == credential)
+            .map(|c| &c.inject);
+        failure.diagnostic = Some(format!("credential {credential}: {}", unsupported(inject)));
     }
     if code == Code::CredentialMissing {
         failure.diagnostic = config
@@ -470,6 +473,24 @@ fn credential_failure(config: &Config, credential: &str, code: Code) -> Failure 
             });
     }
     failure
+}
+
+/// Why a credential cannot be injected here, by its mode.
+fn unsupported(inject: Option<&Inject>) -> &'static str {
+    match inject {
+        Some(Inject::AwsSigv4 { .. }) => {
+            "its vault entry must be JSON {\"access_key_id\", \"secret_access_key\", \"session_token\"?}, and the request signed in its Authorization header (a presigned URL or an upload signed chunk by chunk is not re-signed yet)"
+        }
+        Some(Inject::OAuth2(_)) => {
+            "its vault entry must be JSON {\"client_id\", \"client_secret\"}"
+        }
+        Some(Inject::SshKey | Inject::SshPassword) => {
+            "an SSH credential cannot be put on an HTTP request"
+        }
+        _ => {
+            "its secret holds bytes an HTTP header cannot carry (CR, LF, NUL or other control characters)"
+        }
+    }
 }
 
 /// The route's `via` hop with its `via_credential` fetched, refused like any credential
