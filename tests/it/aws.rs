@@ -357,3 +357,37 @@ fn what_postern_cannot_re_sign_yet_is_refused_before_anything_is_sent() {
     }
     assert!(s.origin.seen().is_empty(), "nothing reached the origin");
 }
+
+#[test]
+fn a_presigned_url_made_with_the_placeholder_is_re_signed_in_its_query() {
+    let s = setup("ok");
+    // boto3 presigns S3 URLs with SigV2 unless told SigV4 (an ordinary AWS config setting).
+    let aws_config = s.home.dir.path().join("aws-config");
+    std::fs::write(
+        &aws_config,
+        "[default]\ns3 =\n    signature_version = s3v4\n",
+    )
+    .unwrap();
+    let run = s.boto3(
+        "presigned",
+        &[("AWS_CONFIG_FILE", aws_config.to_str().unwrap())],
+    );
+    assert_eq!(run.out["ok"], true, "{}", run.all);
+    assert_eq!(
+        run.out["url_key"], true,
+        "the agent signed with the placeholder"
+    );
+    assert_eq!(run.out["body"], "fetched by a presigned URL");
+    let seen = s.origin.seen();
+    let get = seen.last().unwrap();
+    assert!(
+        get["path"].as_str().unwrap().contains("X-Amz-Signature="),
+        "{get}"
+    );
+    assert_eq!(get["key_id"], KEY_ID, "{get}");
+    assert_eq!(
+        get["verified"], true,
+        "botocore verifies the query signature: {get}"
+    );
+    s.assert_no_secret(&run);
+}

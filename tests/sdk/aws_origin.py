@@ -15,7 +15,9 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from botocore.auth import S3SigV4Auth, SigV4Auth
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.compat import HTTPHeaders
 from botocore.credentials import Credentials
@@ -58,6 +60,36 @@ def expected_signature(handler, body, region, service, signed):
     return auth.signature(auth.string_to_sign(request, canonical), request)
 
 
+def presigned_ok(handler):
+    """A presigned request (SigV4 in the query), checked with botocore's query signer."""
+    split = urlsplit(handler.path)
+    params = parse_qsl(split.query, keep_blank_values=True)
+    given = dict(params)
+    key_id, date, region, service, _ = given["X-Amz-Credential"].rsplit("/", 4)
+    if key_id != KEYS["access_key_id"]:
+        return key_id, False
+    if given.get("X-Amz-Security-Token") != KEYS.get("session_token"):
+        return key_id, False
+    signed = given["X-Amz-SignedHeaders"].split(";")
+    creds = Credentials(KEYS["access_key_id"], KEYS["secret_access_key"], KEYS.get("session_token"))
+
+    class Verifier(S3SigV4QueryAuth):
+        def headers_to_sign(self, request):
+            out = HTTPHeaders()
+            for name in signed:
+                out[name] = request.headers[name]
+            return out
+
+    rest = urlencode([(k, v) for k, v in params if k != "X-Amz-Signature"])
+    request = AWSRequest(method=handler.command,
+                         url="https://%s%s?%s" % (handler.headers["Host"], split.path, rest),
+                         headers={k: v for k, v in handler.headers.items()})
+    request.context["timestamp"] = given["X-Amz-Date"]
+    auth = Verifier(creds, service, region, expires=int(given["X-Amz-Expires"]))
+    canonical = auth.canonical_request(request)
+    return key_id, given["X-Amz-Signature"] == auth.signature(auth.string_to_sign(request, canonical), request)
+
+
 def unchunk(body):
     """An aws-chunked body's data (S3 uploads with a trailing checksum)."""
     out, rest = b"", body
@@ -85,12 +117,15 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length)
         parsed = parse_authorization(self.headers.get("Authorization", ""))
         verified, key_id = False, None
-        if parsed:
+        token_ok = self.headers.get("X-Amz-Security-Token") == KEYS.get("session_token")
+        if "X-Amz-Signature=" in self.path:
+            key_id, verified = presigned_ok(self)
+            token_ok = True
+        elif parsed:
             key_id, region, service, signed, signature = parsed
             verified = key_id == KEYS["access_key_id"] and signature == expected_signature(
                 self, body, region, service, signed
             )
-        token_ok = self.headers.get("X-Amz-Security-Token") == KEYS.get("session_token")
         entry = dict(
             method=self.command,
             host=self.headers.get("Host"),
@@ -114,9 +149,9 @@ class Handler(BaseHTTPRequestHandler):
                                {"Content-Type": "application/json"})
         if self.command == "PUT":
             data = unchunk(body) if "aws-chunked" in self.headers.get("Content-Encoding", "") else body
-            OBJECTS[self.path] = data
+            OBJECTS[urlsplit(self.path).path] = data
             return self.answer(200, b"", {"ETag": '"%s"' % hashlib.md5(data).hexdigest()})
-        data = OBJECTS.get(self.path)
+        data = OBJECTS.get(urlsplit(self.path).path)
         if data is None:
             return self.answer(404, b"<Error><Code>NoSuchKey</Code></Error>", {})
         return self.answer(200, data, {"Content-Type": "application/octet-stream"})

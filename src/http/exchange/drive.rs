@@ -180,8 +180,10 @@ impl Exchange {
         let mut drafts = Vec::new();
         let mut refusal = None;
         if let Some(cred_id) = credential {
-            let bound = Injection::resolve(&config, &self.proxy.vault, cred_id)
-                .and_then(|i| i.takes(&parts.headers).map(|()| i));
+            let bound = Injection::resolve(&config, &self.proxy.vault, cred_id).and_then(|i| {
+                i.takes(&parts.headers, &self.target.path_and_query)
+                    .map(|()| i)
+            });
             match bound {
                 Ok(injection) => {
                     preflight.credential = Some(injection.evidence());

@@ -69,10 +69,9 @@ impl Exchange {
                     Scheme::Http => "http",
                 },
                 authority: &authority,
-                path_and_query: &path_and_query,
                 body,
             };
-            injection.sign(&leaving, &mut headers)?;
+            injection.sign(&leaving, &mut path_and_query, &mut headers)?;
         }
         let uri = if h2 {
             format!("{}://{authority}{path_and_query}", "https")

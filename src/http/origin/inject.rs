@@ -172,19 +172,24 @@ impl Injection {
 
     /// `aws_sigv4`: replaces the agent's signature with the real key pair's, once every
     /// header postern sets is in place. Other modes: nothing to do.
-    pub fn sign(&self, req: &sigv4::Outgoing<'_>, headers: &mut HeaderMap) -> Option<()> {
+    pub fn sign(
+        &self,
+        req: &sigv4::Outgoing<'_>,
+        path_and_query: &mut String,
+        headers: &mut HeaderMap,
+    ) -> Option<()> {
         let Some(keys) = &self.aws else {
             return Some(());
         };
-        let scope = sigv4::resign(keys, req, headers, SystemTime::now()).ok()?;
+        let scope = sigv4::resign(keys, req, path_and_query, headers, SystemTime::now()).ok()?;
         let _ = self.signed.set(scope);
         Some(())
     }
 
-    /// Whether this request can carry the credential: a presigned SigV4 query or an upload
-    /// signed chunk by chunk cannot yet (`INJECTION_MODE_UNSUPPORTED`, nothing sent).
-    pub fn takes(&self, headers: &HeaderMap) -> Result<(), Code> {
-        match self.aws.is_none() || sigv4::signable(headers) {
+    /// Whether this request can carry the credential: a SigV4 upload signed chunk by chunk
+    /// cannot yet (`INJECTION_MODE_UNSUPPORTED`, nothing sent).
+    pub fn takes(&self, headers: &HeaderMap, path_and_query: &str) -> Result<(), Code> {
+        match self.aws.is_none() || sigv4::signable(headers, path_and_query) {
             true => Ok(()),
             false => Err(Code::InjectionModeUnsupported),
         }

@@ -4,18 +4,21 @@
 //! it declared, a fresh `X-Amz-Date`, and the session token when the entry has one. The
 //! signing is the AWS SDK for Rust's own (`aws-sigv4`).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use aws_credential_types::Credentials;
 use aws_sigv4::http_request::{
-    PercentEncodingMode, SignableBody, SignableRequest, SigningSettings, UriPathNormalizationMode,
-    sign,
+    PercentEncodingMode, SignableBody, SignableRequest, SignatureLocation, SigningSettings,
+    UriPathNormalizationMode, sign,
 };
 use aws_sigv4::sign::v4;
 use http::{HeaderMap, HeaderValue, header};
 use serde::Deserialize;
 
-use crate::policy::sigv4::{Scope, Signed};
+use super::inject::without_param;
+use crate::guard::pct_reserved;
+use crate::policy::placeholder::query_values;
+use crate::policy::sigv4::{ALGORITHM, QUERY_PARAMS, Scope, Signed, query_scope};
 
 /// The vault entry of an `aws_sigv4` credential.
 #[derive(Deserialize)]
@@ -66,21 +69,26 @@ pub struct Outgoing<'r> {
     pub scheme: &'r str,
     /// The `Host` postern sends (the route's authority, default port left out).
     pub authority: &'r str,
-    pub path_and_query: &'r str,
     pub body: &'r [u8],
 }
 
-/// Replaces the agent's signature in `headers` with one made with `keys`. `Err` says why
-/// the request cannot be signed (it is then not sent).
+/// How the agent signed: in `Authorization`, or a presigned query valid for `expires`.
+enum Form {
+    Header,
+    Query { expires: Duration },
+}
+
+/// Replaces the agent's signature — in `headers`, or in the query of `path_and_query` —
+/// with one made with `keys`. `Err` says why the request cannot be signed (it is then not
+/// sent).
 pub fn resign(
     keys: &KeyPair,
     req: &Outgoing<'_>,
+    path_and_query: &mut String,
     headers: &mut HeaderMap,
     now: SystemTime,
 ) -> Result<Scope, &'static str> {
-    let agent = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| Signed::parse(v.as_bytes()))
+    let (agent, form) = agent_signature(headers, path_and_query)
         .ok_or("the request carries no SigV4 signature to re-sign")?;
     for name in [
         header::AUTHORIZATION.as_str(),
@@ -89,9 +97,18 @@ pub fn resign(
     ] {
         headers.remove(name);
     }
+    if matches!(form, Form::Query { .. }) {
+        for param in QUERY_PARAMS {
+            without_param(path_and_query, param);
+        }
+    }
     let signed = signed_pairs(&agent, headers, req.authority)?;
-    let payload = payload(headers, req.body)?;
-    let uri = format!("{}://{}{}", req.scheme, req.authority, req.path_and_query);
+    let payload = match form {
+        Form::Header => payload(headers, req.body)?,
+        // A presigned request's payload is never signed.
+        Form::Query { .. } => SignableBody::UnsignedPayload,
+    };
+    let uri = format!("{}://{}{path_and_query}", req.scheme, req.authority);
     let signable = SignableRequest::new(
         req.method,
         uri,
@@ -112,7 +129,7 @@ pub fn resign(
         .region(&agent.scope.region)
         .name(&agent.scope.service)
         .time(now)
-        .settings(settings(&agent.scope.service))
+        .settings(settings(&agent.scope.service, &form))
         .build()
         .map_err(|_| "the signing parameters are incomplete")?
         .into();
@@ -126,7 +143,54 @@ pub fn resign(
             .map_err(|_| "a signed name is not a header")?;
         headers.insert(name, v);
     }
+    for (name, value) in instructions.params() {
+        let sep = if path_and_query.contains('?') {
+            '&'
+        } else {
+            '?'
+        };
+        path_and_query.push(sep);
+        path_and_query.push_str(name);
+        path_and_query.push('=');
+        path_and_query.push_str(&pct_reserved(value.as_bytes(), b""));
+    }
     Ok(agent.scope)
+}
+
+/// What the agent signed and how: its `Authorization`, else a presigned query naming the
+/// algorithm, the credential, the signed headers and how long it is valid.
+fn agent_signature(headers: &HeaderMap, path_and_query: &str) -> Option<(Signed, Form)> {
+    if let Some(v) = headers.get(header::AUTHORIZATION) {
+        return Signed::parse(v.as_bytes()).map(|s| (s, Form::Header));
+    }
+    let one = |name: &str| {
+        let mut values = query_values(path_and_query, name);
+        (values.len() == 1).then(|| values.pop()).flatten()
+    };
+    if one("X-Amz-Algorithm")? != ALGORITHM.as_bytes() {
+        return None;
+    }
+    let scope = query_scope(&one("X-Amz-Credential")?)?;
+    let signed = String::from_utf8(one("X-Amz-SignedHeaders")?).ok()?;
+    let signed_headers: Vec<String> = signed.split(';').map(str::to_ascii_lowercase).collect();
+    let expires: u64 = std::str::from_utf8(&one("X-Amz-Expires")?)
+        .ok()?
+        .parse()
+        .ok()?;
+    // SigV4 caps a presigned request at seven days.
+    if expires == 0 || expires > 604_800 || signed_headers.iter().any(String::is_empty) {
+        return None;
+    }
+    let form = Form::Query {
+        expires: Duration::from_secs(expires),
+    };
+    Some((
+        Signed {
+            scope,
+            signed_headers,
+        },
+        form,
+    ))
 }
 
 /// The headers the agent signed, as postern sends them (one it removed is no longer
@@ -174,19 +238,24 @@ fn payload<'b>(headers: &HeaderMap, body: &'b [u8]) -> Result<SignableBody<'b>, 
     }
 }
 
-/// Whether `resign` can sign this request: a header-form signature (a presigned query is
-/// not re-signed yet) over a payload hash it takes.
-pub fn signable(headers: &HeaderMap) -> bool {
-    let signed = headers
-        .get(header::AUTHORIZATION)
-        .is_some_and(|v| Signed::parse(v.as_bytes()).is_some());
-    signed && payload(headers, &[]).is_ok()
+/// Whether `resign` can sign this request: a signature in either form, over a payload hash
+/// it takes.
+pub fn signable(headers: &HeaderMap, path_and_query: &str) -> bool {
+    match agent_signature(headers, path_and_query) {
+        Some((_, Form::Header)) => payload(headers, &[]).is_ok(),
+        Some((_, Form::Query { .. })) => true,
+        None => false,
+    }
 }
 
 /// S3 signs the path as sent; every other service normalizes it and encodes it twice.
-fn settings(service: &str) -> SigningSettings {
+fn settings(service: &str, form: &Form) -> SigningSettings {
     let mut s = SigningSettings::default();
     s.excluded_headers = None;
+    if let Form::Query { expires } = form {
+        s.signature_location = SignatureLocation::QueryParams;
+        s.expires_in = Some(*expires);
+    }
     if service == "s3" {
         s.percent_encoding_mode = PercentEncodingMode::Single;
         s.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
