@@ -663,7 +663,7 @@ mod tests {
         let credential = CredentialEvidence {
             id: "c".into(),
             mode: "bearer".into(),
-            version: 2,
+            version: 2.into(),
         };
         let twin = super::TwinRef {
             code: Some(Code::RemoteTimeout),

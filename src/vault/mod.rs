@@ -14,13 +14,14 @@ use chacha20poly1305::aead::{Aead, Generate, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use serde::{Deserialize, Serialize};
 
+use crate::contract::SecretVersion;
 use crate::journal::{b64, unb64};
 
-/// A decrypted secret value. Debug never shows it.
+/// A secret value and its non-secret version. Debug never shows the value.
 #[derive(Clone)]
 pub struct Secret {
     pub value: String,
-    pub version: u64,
+    pub version: SecretVersion,
 }
 
 impl std::fmt::Debug for Secret {
@@ -233,7 +234,7 @@ impl Vault {
         let value = String::from_utf8(plain).map_err(|_| VaultError::DecryptFailed)?;
         Ok(Secret {
             value,
-            version: entry.version,
+            version: SecretVersion::Vault(entry.version),
         })
     }
 
@@ -350,7 +351,10 @@ mod tests {
         assert_eq!(v.set("gh", "canary-1").unwrap(), 1);
         assert_eq!(v.set("gh", "canary-2").unwrap(), 2);
         let s = v.get("gh").unwrap();
-        assert_eq!((s.value.as_str(), s.version), ("canary-2", 2));
+        assert_eq!(
+            (s.value.as_str(), s.version),
+            ("canary-2", SecretVersion::Vault(2))
+        );
         assert!(!format!("{s:?}").contains("canary"));
         assert_eq!(v.list().unwrap(), vec![("gh".to_owned(), 2)]);
         let raw = std::fs::read_to_string(dir.path().join("vault.json")).unwrap();
