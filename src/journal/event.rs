@@ -369,6 +369,12 @@ pub struct Failure {
     pub field: Option<String>,
 }
 
+impl From<Code> for Failure {
+    fn from(code: Code) -> Self {
+        Self::of(code)
+    }
+}
+
 impl Failure {
     pub fn of(code: Code) -> Self {
         Self {

@@ -4,6 +4,15 @@
 //! with XChaCha20-Poly1305 under its own nonce, its name and non-secret version as
 //! associated data. Names and versions are plaintext; values never leave this module
 //! except as a `SecretValue` handed to the injector.
+//!
+//! A credential's secret may come from elsewhere too (`source`: a file, an environment
+//! variable, a command); `Vault::fetch` is the one way HTTP and SSH ask for any of them.
+
+mod command;
+mod source;
+
+pub use command::CommandFailure;
+pub use source::{FileFailure, KEY_FILE, SecretError, Unavailable};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -116,6 +125,8 @@ pub struct Vault {
     path: PathBuf,
     passphrase: Option<String>,
     loaded: Mutex<Option<Loaded>>,
+    /// The other secret sources' state: the digest key, commands' last runs.
+    sources: source::Sources,
 }
 
 impl std::fmt::Debug for Vault {
@@ -165,6 +176,7 @@ impl Vault {
             path: home.join("vault.json"),
             passphrase: passphrase.filter(|p| !p.is_empty()),
             loaded: Mutex::new(None),
+            sources: source::Sources::new(home),
         }
     }
 
