@@ -11,6 +11,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{Value, json};
 
 use super::state::{AdminState, Reply, error, json_reply, not_found, storage_error};
+use crate::config::SecretSource;
 use crate::contract::{Outcome, Phase};
 use crate::journal::{Body, Draft, JournalError, Payload, Reconciliation, Record, Source, unb64};
 use crate::listen::{Guarded, IdleRoster};
@@ -160,11 +161,11 @@ fn healthz(state: &AdminState) -> Reply {
         Ok(KeyState::Opens | KeyState::Empty) => "ok",
         _ => "locked",
     };
-    let secrets = secret_names(&state.live.current());
-    let missing = state.vault.absent(&secrets).unwrap_or_default();
+    let config = state.live.current();
+    let missing = missing_names(&config, &state.vault);
     // Credentialed routes fail (VAULT_LOCKED, CREDENTIAL_MISSING) while the rest still serves:
-    // degraded, with a 200 a restart would not change. No credentials: nothing needs the vault.
-    let needs_vault = !secrets.is_empty();
+    // degraded, with a 200 a restart would not change. No vault secrets: nothing needs the vault.
+    let needs_vault = !secret_names(&config).is_empty();
     let overall = match overall {
         "ok" if (needs_vault && vault == "locked") || !missing.is_empty() => "degraded",
         other => other,
@@ -496,21 +497,36 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// One sentence per credential whose secret the vault lacks (names only, never a value).
+/// One sentence per credential whose secret is missing (a vault entry not set, a file
+/// absent, a variable unset, a command failing): names only, never a value.
 pub fn missing_secrets(config: &crate::config::Config, vault: &Vault) -> Vec<String> {
-    let absent = vault.absent(&secret_names(config)).unwrap_or_default();
-    config
-        .credentials
-        .iter()
-        .filter(|c| absent.contains(&c.secret))
-        .map(|c| {
-            format!(
-                "credential {}: secret {} is not in the vault; its requests fail with \
-                 CREDENTIAL_MISSING until `postern secret set {}`",
-                c.id, c.secret, c.secret
-            )
+    vault
+        .unavailable(config)
+        .into_iter()
+        .map(|u| match u.source {
+            SecretSource::Vault(name) => format!(
+                "credential {}: secret {name} is not in the vault; its requests fail with \
+                 CREDENTIAL_MISSING until `postern secret set {name}`",
+                u.credential
+            ),
+            _ => format!(
+                "credential {}: {}; its requests fail with CREDENTIAL_MISSING",
+                u.credential, u.why
+            ),
         })
         .collect()
+}
+
+/// `/healthz`'s `missing_secrets`: each missing secret's source label, once.
+fn missing_names(config: &crate::config::Config, vault: &Vault) -> Vec<String> {
+    let mut names: Vec<String> = vault
+        .unavailable(config)
+        .iter()
+        .map(|u| u.source.label())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// The vault entry names the configured credentials use.
@@ -518,7 +534,10 @@ pub fn secret_names(config: &crate::config::Config) -> Vec<String> {
     let mut names: Vec<String> = config
         .credentials
         .iter()
-        .map(|c| c.secret.clone())
+        .filter_map(|c| match &c.secret {
+            SecretSource::Vault(name) => Some(name.clone()),
+            _ => None,
+        })
         .collect();
     names.sort();
     names.dedup();

@@ -262,6 +262,7 @@ pub enum SecretCommand {
         name: String,
     },
     /// Names and versions only (with POSTERN_VAULT_KEY set, it is checked against the vault).
+    /// With a config, also each credential's file, env or command source, and what is missing.
     List,
     /// Remove NAME.
     Rm {
@@ -369,7 +370,8 @@ fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
         Command::Env { agent } => env::run(config, home, agent.as_deref(), env),
         Command::Secret { command } => {
             let named = env("POSTERN_HOME").is_some_and(|h| !h.is_empty());
-            secret::run(home, named, env("POSTERN_VAULT_KEY"), command)
+            let vault = (home, named, env("POSTERN_VAULT_KEY"));
+            secret::run(vault, command, config, env)
         }
         Command::SshConnect(args) => ssh::connect(config, &args, env),
         Command::SshConfig => ssh::config(config, home, env),

@@ -1,19 +1,21 @@
 //! `postern secret set NAME` (value on stdin) / `list` / `rm NAME`.
 
 use std::io::Read;
+use std::path::Path;
 use std::process::ExitCode;
 
-use super::{CliError, Home, SecretCommand};
+use super::{CliError, Env, Home, SecretCommand};
+use crate::config::{SecretSource, SecretValue};
 use crate::vault::Vault;
 
 /// `home_named`: `POSTERN_HOME` names the state directory. Without it, `./.postern` is
 /// used only where it exists: a secret set from another directory would otherwise go
 /// into a fresh vault that the running daemon never reads.
 pub fn run(
-    home: &Home,
-    home_named: bool,
-    passphrase: Option<String>,
+    (home, home_named, passphrase): (&Home, bool, Option<String>),
     command: SecretCommand,
+    config: Option<&Path>,
+    env: Env<'_>,
 ) -> Result<ExitCode, CliError> {
     super::home::not_dumpable().map_err(CliError::Failed)?;
     if !home_named && !home.root.is_dir() {
@@ -65,8 +67,12 @@ pub fn run(
                     vault.path().display()
                 );
             }
-            for (name, version) in entries {
+            for (name, version) in &entries {
                 outln!("{name}\tversion {version}");
+            }
+            if config.is_some() {
+                let config = crate::config::load_addresses(config, env)?;
+                list_sources(&vault, &config, &entries, env);
             }
         }
         SecretCommand::Rm { name } => {
@@ -78,4 +84,34 @@ pub fn run(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// With a config: one line per credential whose secret is not a vault entry listed above
+/// (`SOURCE\tversion V\tcredential ID`), or is missing (`SOURCE\tmissing: WHY\tcredential ID`).
+/// An `env:` source is looked up in this command's own environment; a command is run.
+fn list_sources(
+    vault: &Vault,
+    config: &crate::config::Config,
+    held: &[(String, u64)],
+    env: Env<'_>,
+) {
+    for c in &config.credentials {
+        let source = match &c.secret {
+            SecretSource::Vault(name) if held.iter().any(|(h, _)| h == name) => continue,
+            SecretSource::Vault(name) => {
+                outln!("{name}\tmissing: not in the vault\tcredential {}", c.id);
+                continue;
+            }
+            SecretSource::Env { name, .. } => SecretSource::Env {
+                name: name.clone(),
+                value: env(name).filter(|v| !v.is_empty()).map(SecretValue::new),
+            },
+            other => other.clone(),
+        };
+        let state = match vault.fetch(&source) {
+            Ok(secret) => format!("version {}", secret.version),
+            Err(why) => format!("missing: {why}"),
+        };
+        outln!("{}\t{state}\tcredential {}", source.label(), c.id);
+    }
 }

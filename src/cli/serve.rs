@@ -173,7 +173,8 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
 /// be added while postern runs (SPEC §5.5). Names only, never a value.
 fn check_vault(config: &Config, vault: &Vault) -> Result<(), CliError> {
     super::home::refuse_wrong_key(vault)?;
-    if !config.credentials.is_empty() && vault.key_state().ok() == Some(KeyState::NoKey) {
+    let uses_vault = !admin::secret_names(config).is_empty();
+    if uses_vault && vault.key_state().ok() == Some(KeyState::NoKey) {
         errln!(
             "postern: warning: POSTERN_VAULT_KEY is not set: the vault is locked and credentialed routes fail with VAULT_LOCKED"
         );

@@ -57,7 +57,8 @@ pub fn load_anchored(anchor: Option<&Anchor>, env: EnvLookup<'_>) -> Result<Conf
 /// an `env:` secret reference need not be set in the caller's shell, so its value is a
 /// placeholder. Never serve with a config loaded this way.
 pub fn load_addresses(path: Option<&Path>, env: EnvLookup<'_>) -> Result<Config, ConfigErrors> {
-    let placeholder = |name: &str| env(name).or_else(|| Some("(not set here)".to_owned()));
+    // As long as a token must be, so an unset variable is no "too short" problem.
+    let placeholder = |name: &str| env(name).or_else(|| Some("(not set in this shell)".to_owned()));
     load(path, &placeholder)
 }
 

@@ -119,14 +119,45 @@ pub struct Agent {
 #[derive(Debug, Clone)]
 pub struct Credential {
     pub id: String,
-    /// The vault entry's name (not its value).
-    pub secret: String,
+    /// Where the secret comes from (never its value, except an `env:` one, kept redacted).
+    pub secret: SecretSource,
     pub inject: Inject,
     /// What an agent sends where the secret goes (SPEC §3.7); not secret.
     pub placeholder: String,
     /// Environment variables an SDK reads its key from, set to the placeholder by
     /// `postern env --agent` (e.g. `OPENAI_API_KEY`).
     pub placeholder_env: Vec<String>,
+}
+
+/// A credential's `secret` (SPEC §3.8 secret sources).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    /// A vault entry's name.
+    Vault(String),
+    /// `file:PATH`: read when used, so a rewritten file counts from the next request.
+    File(PathBuf),
+    /// `env:NAME`: read when the config is (start, reload); `None` when unset or empty.
+    Env {
+        name: String,
+        value: Option<SecretValue>,
+    },
+    /// `{ command = [...], ttl = "5m" }`: run without a shell; stdout kept for `ttl`.
+    Command { argv: Vec<String>, ttl: Duration },
+}
+
+impl SecretSource {
+    /// How operators see the source: the vault name, `file:PATH`, `env:NAME` or
+    /// `command:PROGRAM` (the program only: arguments may say more than they should).
+    pub fn label(&self) -> String {
+        match self {
+            Self::Vault(name) => name.clone(),
+            Self::File(path) => format!("file:{}", path.display()),
+            Self::Env { name, .. } => format!("env:{name}"),
+            Self::Command { argv, .. } => {
+                format!("command:{}", argv.first().map_or("", String::as_str))
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -65,10 +65,19 @@ pub struct RawAgent {
 #[serde(deny_unknown_fields)]
 pub struct RawCredential {
     pub id: String,
-    pub secret: String,
+    /// A string (vault name, `file:`, `env:`) or a `{ command, ttl }` table, told apart
+    /// in `validate::secret` so each form gets its own error.
+    pub secret: toml::Value,
     pub inject: RawInject,
     pub placeholder: Option<String>,
     pub placeholder_env: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCommandSecret {
+    pub command: Vec<String>,
+    pub ttl: Option<Quantity>,
 }
 
 #[derive(Debug, Default, Deserialize)]

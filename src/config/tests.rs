@@ -570,3 +570,17 @@ fn events_are_kept_at_least_as_long_as_results() {
         std::time::Duration::from_secs(40 * 86_400)
     );
 }
+
+#[test]
+fn an_env_token_unset_in_the_callers_shell_still_gives_the_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("postern.toml");
+    let text =
+        "[admin]\nlisten = \"127.0.0.1:4129\"\n[[agents]]\nid = \"ci\"\ntoken = \"env:CI_TOKEN\"\n";
+    std::fs::write(&path, text).unwrap();
+    let config = super::load_addresses(Some(&path), &|_| None);
+    assert_eq!(
+        config.map(|c| c.admin.listen.to_string()).ok().as_deref(),
+        Some("127.0.0.1:4129")
+    );
+}

@@ -18,6 +18,7 @@ use crate::journal::Durability;
 pub const MIN_TOKEN_CHARS: usize = 16;
 
 mod oauth2;
+mod secret;
 mod ssh_target;
 mod tunnel;
 mod via;
@@ -479,15 +480,10 @@ fn credential(c: &mut Checker<'_>, i: usize, cr: &RawCredential) -> Option<Crede
     } else {
         Inject::SshPassword
     };
-    if cr.secret.is_empty() {
-        c.bad(
-            format!("credentials[{i}].secret"),
-            "must name a vault secret",
-        );
-    }
+    let secret = secret::source(c, i, &cr.secret)?;
     Some(Credential {
         id: cr.id.clone(),
-        secret: cr.secret.clone(),
+        secret,
         inject,
         placeholder: placeholder(c, i, cr),
         placeholder_env: placeholder_env(c, i, cr),

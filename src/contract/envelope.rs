@@ -136,7 +136,7 @@ pub struct IdempotencyEvidence {
 pub struct CredentialEvidence {
     pub id: String,
     pub mode: String,
-    pub version: u64,
+    pub version: super::SecretVersion,
 }
 
 impl Envelope {

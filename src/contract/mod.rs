@@ -11,6 +11,7 @@ mod resolve;
 mod status;
 mod tls;
 mod tunnel;
+mod version;
 
 pub use codes::{Code, CodeRow, Outcome, OutcomeRule, Phase, PhaseRule, Retry, RetryRule};
 pub use decide::{OperationView, RecordFacts, Verdict, decide};
@@ -32,3 +33,4 @@ pub use tls::TlsProblem;
 pub use tunnel::{
     ClosedBy, FrameError, TunnelEvidence, UpgradeEvidence, classify_tunnel, classify_upgrade,
 };
+pub use version::{DIGEST_PREFIX, DigestOf, SecretVersion};

@@ -25,6 +25,8 @@ use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
 use bytes::Bytes;
 
+use crate::contract::SecretVersion;
+
 use escaped::{Escaped, EscapedCarry};
 
 mod dump;
@@ -46,7 +48,7 @@ const MIN_PEM_LINE: usize = 16;
 /// not per request (a rotation brings a new version, hence a new guard).
 #[derive(Default)]
 pub struct GuardCache {
-    guards: Mutex<HashMap<(String, u64), Arc<ReflectionGuard>>>,
+    guards: Mutex<HashMap<(String, SecretVersion), Arc<ReflectionGuard>>>,
 }
 
 /// Credential versions kept at once; a full cache starts over.
@@ -57,7 +59,7 @@ impl GuardCache {
     pub fn get(
         &self,
         id: &str,
-        version: u64,
+        version: SecretVersion,
         build: impl FnOnce() -> Option<ReflectionGuard>,
     ) -> Option<Arc<ReflectionGuard>> {
         let key = (id.to_owned(), version);

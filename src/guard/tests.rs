@@ -256,8 +256,8 @@ proptest! {
 fn a_guard_is_built_once_per_credential_version() {
     let cache = GuardCache::default();
     let mut builds = 0;
-    let mut get = |version| {
-        cache.get("gh", version, || {
+    let mut get = |version: u64| {
+        cache.get("gh", version.into(), || {
             builds += 1;
             ReflectionGuard::new(b"tok-abcdef", b"Bearer tok-abcdef")
         })

@@ -369,6 +369,12 @@ pub struct Failure {
     pub field: Option<String>,
 }
 
+impl From<Code> for Failure {
+    fn from(code: Code) -> Self {
+        Self::of(code)
+    }
+}
+
 impl Failure {
     pub fn of(code: Code) -> Self {
         Self {
@@ -663,7 +669,7 @@ mod tests {
         let credential = CredentialEvidence {
             id: "c".into(),
             mode: "bearer".into(),
-            version: 2,
+            version: 2.into(),
         };
         let twin = super::TwinRef {
             code: Some(Code::RemoteTimeout),

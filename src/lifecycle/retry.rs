@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::contract::{
-    Code, CredentialEvidence, Envelope, OperationView, RecordFacts, Verdict, decide,
+    Code, CredentialEvidence, Envelope, OperationView, RecordFacts, SecretVersion, Verdict, decide,
 };
 use crate::journal::{Journal, Payload, Protocol, Record, StoredRequest, StoredResult};
 
@@ -315,11 +315,11 @@ async fn run_generation(
 }
 
 /// Whether the credential the invocation bound is still `offered` by its route or target,
-/// at the version it had. `now` is the version the vault holds for it now.
+/// at the version it had. `now` is the version its secret source holds now.
 pub fn credential_holds(
     bound: &CredentialEvidence,
     offered: &[String],
-    now: impl FnOnce() -> Result<u64, Code>,
+    now: impl FnOnce() -> Result<SecretVersion, Code>,
 ) -> Result<(), SnapshotChanged> {
     let changed = |why: String| Err(SnapshotChanged(why));
     if !offered.contains(&bound.id) {
@@ -349,7 +349,7 @@ mod tests {
     fn bound() -> CredentialEvidence {
         CredentialEvidence {
             id: "stripe".into(),
-            version: 2,
+            version: 2.into(),
             mode: "bearer".into(),
         }
     }
@@ -357,12 +357,35 @@ mod tests {
     #[test]
     fn a_credential_holds_only_as_it_was_bound() {
         let offered = ["stripe".to_owned()];
-        assert_eq!(credential_holds(&bound(), &offered, || Ok(2)), Ok(()));
-        let rotated = credential_holds(&bound(), &offered, || Ok(3));
+        assert_eq!(
+            credential_holds(&bound(), &offered, || Ok(2.into())),
+            Ok(())
+        );
+        let rotated = credential_holds(&bound(), &offered, || Ok(3.into()));
         assert!(matches!(rotated, Err(SnapshotChanged(w)) if w.contains("rotated")));
-        let swapped = credential_holds(&bound(), &["other".to_owned()], || Ok(2));
+        let swapped = credential_holds(&bound(), &["other".to_owned()], || Ok(2.into()));
         assert!(matches!(swapped, Err(SnapshotChanged(w)) if w.contains("no longer")));
         let gone = credential_holds(&bound(), &offered, || Err(Code::CredentialMissing));
         assert!(matches!(gone, Err(SnapshotChanged(w)) if w.contains("cannot be had")));
+    }
+
+    #[test]
+    fn a_rewritten_file_secret_counts_as_rotated() {
+        use crate::contract::DigestOf;
+        let file = |b| SecretVersion::Digest {
+            of: DigestOf::File,
+            prefix: [b; 6],
+        };
+        let bound = CredentialEvidence {
+            version: file(1),
+            ..bound()
+        };
+        let offered = ["stripe".to_owned()];
+        assert_eq!(credential_holds(&bound, &offered, || Ok(file(1))), Ok(()));
+        let rewritten = credential_holds(&bound, &offered, || Ok(file(2)));
+        assert!(
+            matches!(&rewritten, Err(SnapshotChanged(w)) if w.contains("rotated") && w.contains("file:010101010101")),
+            "{rewritten:?}"
+        );
     }
 }

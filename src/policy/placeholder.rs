@@ -212,7 +212,7 @@ mod tests {
     fn cred(id: &str, inject: Inject) -> Credential {
         Credential {
             id: id.into(),
-            secret: id.into(),
+            secret: crate::config::SecretSource::Vault(id.into()),
             inject,
             placeholder: format!("postern:{id}"),
             placeholder_env: Vec::new(),

@@ -55,7 +55,9 @@ impl Resend for SshResend {
         };
         let offered = std::slice::from_ref(&target.credential);
         credential_holds(bound, offered, || {
-            upstream::login(&config, &target, &self.0.vault).map(|l| l.evidence.version)
+            upstream::login(&config, &target, &self.0.vault)
+                .map(|l| l.evidence.version)
+                .map_err(|f| f.code)
         })
     }
 

@@ -20,8 +20,8 @@ use crate::config::{Config, Inject, SshTarget};
 use crate::contract::{Code, CredentialEvidence, Stage};
 use crate::dns::Dns;
 use crate::guard::{GuardCache, ReflectionGuard};
-use crate::journal::ConnectAttempt;
-use crate::vault::{Vault, VaultError};
+use crate::journal::{ConnectAttempt, Failure};
+use crate::vault::Vault;
 
 const MAX_TCP_ATTEMPTS: usize = 3;
 
@@ -63,19 +63,17 @@ impl Login {
     }
 }
 
-/// The target's credential from the vault: an OpenSSH private key (`ssh_key`) or a
-/// password (`ssh_password`). The code says why not (credential_injection phase).
-pub fn login(config: &Config, target: &SshTarget, vault: &Vault) -> Result<Login, Code> {
+/// The target's credential from its secret source: an OpenSSH private key (`ssh_key`) or a
+/// password (`ssh_password`). The failure says why not (credential_injection phase).
+pub fn login(config: &Config, target: &SshTarget, vault: &Vault) -> Result<Login, Failure> {
     let credential = config
         .credentials
         .iter()
         .find(|c| c.id == target.credential)
         .ok_or(Code::CredentialMissing)?;
-    let secret = vault.get(&credential.secret).map_err(|e| match e {
-        VaultError::Locked => Code::VaultLocked,
-        VaultError::Missing(_) => Code::CredentialMissing,
-        VaultError::DecryptFailed | VaultError::File(_) => Code::CredentialDecryptFailed,
-    })?;
+    let secret = vault
+        .fetch(&credential.secret)
+        .map_err(|e| e.failure(&credential.id))?;
     let evidence = CredentialEvidence {
         id: credential.id.clone(),
         version: secret.version,
@@ -87,7 +85,7 @@ pub fn login(config: &Config, target: &SshTarget, vault: &Vault) -> Result<Login
             // A value that is no private key cannot be injected as one.
             .map_err(|_| Code::InjectionModeUnsupported)?,
         Inject::SshPassword => Secret::Password(secret.value),
-        _ => return Err(Code::InjectionModeUnsupported),
+        _ => return Err(Code::InjectionModeUnsupported.into()),
     };
     Ok(Login { secret, evidence })
 }
@@ -164,8 +162,8 @@ pub async fn connect(
     vault: &Vault,
     dns: &Dns,
 ) -> Result<Upstream, SetupFailure> {
-    let login = login(config, target, vault).map_err(|code| SetupFailure {
-        code,
+    let login = login(config, target, vault).map_err(|f| SetupFailure {
+        code: f.code,
         attempts: Vec::new(),
     })?;
     connect_with(target, &login, dns).await

@@ -4,6 +4,15 @@
 //! with XChaCha20-Poly1305 under its own nonce, its name and non-secret version as
 //! associated data. Names and versions are plaintext; values never leave this module
 //! except as a `SecretValue` handed to the injector.
+//!
+//! A credential's secret may come from elsewhere too (`source`: a file, an environment
+//! variable, a command); `Vault::fetch` is the one way HTTP and SSH ask for any of them.
+
+mod command;
+mod source;
+
+pub use command::CommandFailure;
+pub use source::{FileFailure, KEY_FILE, SecretError, Unavailable};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,13 +23,14 @@ use chacha20poly1305::aead::{Aead, Generate, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use serde::{Deserialize, Serialize};
 
+use crate::contract::SecretVersion;
 use crate::journal::{b64, unb64};
 
-/// A decrypted secret value. Debug never shows it.
+/// A secret value and its non-secret version. Debug never shows the value.
 #[derive(Clone)]
 pub struct Secret {
     pub value: String,
-    pub version: u64,
+    pub version: SecretVersion,
 }
 
 impl std::fmt::Debug for Secret {
@@ -115,6 +125,8 @@ pub struct Vault {
     path: PathBuf,
     passphrase: Option<String>,
     loaded: Mutex<Option<Loaded>>,
+    /// The other secret sources' state: the digest key, commands' last runs.
+    sources: source::Sources,
 }
 
 impl std::fmt::Debug for Vault {
@@ -164,6 +176,7 @@ impl Vault {
             path: home.join("vault.json"),
             passphrase: passphrase.filter(|p| !p.is_empty()),
             loaded: Mutex::new(None),
+            sources: source::Sources::new(home),
         }
     }
 
@@ -233,7 +246,7 @@ impl Vault {
         let value = String::from_utf8(plain).map_err(|_| VaultError::DecryptFailed)?;
         Ok(Secret {
             value,
-            version: entry.version,
+            version: SecretVersion::Vault(entry.version),
         })
     }
 
@@ -350,7 +363,10 @@ mod tests {
         assert_eq!(v.set("gh", "canary-1").unwrap(), 1);
         assert_eq!(v.set("gh", "canary-2").unwrap(), 2);
         let s = v.get("gh").unwrap();
-        assert_eq!((s.value.as_str(), s.version), ("canary-2", 2));
+        assert_eq!(
+            (s.value.as_str(), s.version),
+            ("canary-2", SecretVersion::Vault(2))
+        );
         assert!(!format!("{s:?}").contains("canary"));
         assert_eq!(v.list().unwrap(), vec![("gh".to_owned(), 2)]);
         let raw = std::fs::read_to_string(dir.path().join("vault.json")).unwrap();

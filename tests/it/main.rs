@@ -34,6 +34,7 @@ mod retry;
 mod retry_hints;
 mod retry_origins;
 mod sdk;
+mod secret_sources;
 mod serve;
 mod ssh;
 mod ssh_flood;

@@ -183,6 +183,7 @@ impl Exchange {
             let bound = Injection::resolve(&config, &self.proxy.vault, cred_id).and_then(|i| {
                 i.takes(&parts.headers, &self.target.path_and_query)
                     .map(|()| i)
+                    .map_err(Failure::from)
             });
             match bound {
                 Ok(injection) => {
@@ -193,9 +194,9 @@ impl Exchange {
                     )));
                     self.injection = Some(injection);
                 }
-                Err(code) => {
+                Err(failure) => {
                     drafts.push(Draft::observed(Body::PreflightValidated(preflight)));
-                    refusal = Some(credential_failure(&config, cred_id, code));
+                    refusal = Some(credential_failure(&config, cred_id, failure));
                 }
             }
         } else {
@@ -452,27 +453,14 @@ struct Refuse {
 
 /// A credential that could not be had. The secret's name goes only to the event's internal
 /// `diagnostic` (the operator's view), never into the envelope (SPEC §1.8).
-fn credential_failure(config: &Config, credential: &str, code: Code) -> Failure {
-    let mut failure = Failure::of(code);
-    if code == Code::InjectionModeUnsupported {
+fn credential_failure(config: &Config, credential: &str, mut failure: Failure) -> Failure {
+    if failure.code == Code::InjectionModeUnsupported && failure.diagnostic.is_none() {
         let inject = config
             .credentials
             .iter()
             .find(|c| c.id == credential)
             .map(|c| &c.inject);
         failure.diagnostic = Some(format!("credential {credential}: {}", unsupported(inject)));
-    }
-    if code == Code::CredentialMissing {
-        failure.diagnostic = config
-            .credentials
-            .iter()
-            .find(|c| c.id == credential)
-            .map(|c| {
-                format!(
-                    "credential {}: secret {} is not in the vault",
-                    c.id, c.secret
-                )
-            });
     }
     failure
 }
@@ -508,8 +496,8 @@ pub(in crate::http) fn bind_hop(
     let Some(id) = &via.credential else {
         return Ok(Some(Hop::new(via.clone(), None)));
     };
-    let injection = Injection::resolve(config, vault, id)
-        .map_err(|code| credential_failure(config, id, code))?;
+    let injection =
+        Injection::resolve(config, vault, id).map_err(|f| credential_failure(config, id, f))?;
     if injection.proxy_authorization().is_none() {
         return Err(Failure::of(Code::InjectionModeUnsupported));
     }

@@ -108,7 +108,9 @@ impl Resend for HttpResend {
             return Ok(());
         };
         credential_holds(bound, &route.credentials, || {
-            Injection::resolve(config, &self.0.vault, &bound.id).map(|i| i.evidence().version)
+            Injection::resolve(config, &self.0.vault, &bound.id)
+                .map(|i| i.evidence().version)
+                .map_err(|f| f.code)
         })
     }
 

@@ -15,7 +15,8 @@ use crate::guard::{GuardCache, ReflectionGuard, pct_reserved};
 
 use crate::config::{Config, Inject, OAuth2};
 use crate::contract::{Code, CredentialEvidence};
-use crate::vault::{Secret, Vault, VaultError};
+use crate::journal::Failure;
+use crate::vault::{Secret, Vault};
 
 /// A credential bound to one invocation: id, version and mode are evidence; the value is not.
 pub struct Injection {
@@ -32,21 +33,18 @@ pub struct Injection {
 }
 
 impl Injection {
-    /// Fetches the credential's secret; each failure is one contract code.
-    pub fn resolve(config: &Config, vault: &Vault, credential_id: &str) -> Result<Self, Code> {
+    /// Fetches the credential's secret; each failure is one contract code (with the
+    /// secret source's evidence and diagnostic).
+    pub fn resolve(config: &Config, vault: &Vault, credential_id: &str) -> Result<Self, Failure> {
         let cred = config
             .credentials
             .iter()
             .find(|c| c.id == credential_id)
             .ok_or(Code::CredentialMissing)?;
         if matches!(cred.inject, Inject::SshKey | Inject::SshPassword) {
-            return Err(Code::InjectionModeUnsupported);
+            return Err(Code::InjectionModeUnsupported.into());
         }
-        let secret = vault.get(&cred.secret).map_err(|e| match e {
-            VaultError::Locked => Code::VaultLocked,
-            VaultError::Missing(_) => Code::CredentialMissing,
-            VaultError::DecryptFailed | VaultError::File(_) => Code::CredentialDecryptFailed,
-        })?;
+        let secret = vault.fetch(&cred.secret).map_err(|e| e.failure(&cred.id))?;
         let aws = match cred.inject {
             Inject::AwsSigv4 { .. } => {
                 Some(KeyPair::parse(&secret.value).ok_or(Code::InjectionModeUnsupported)?)

@@ -133,7 +133,7 @@ impl MintFailure {
 /// What one token request needs.
 pub struct Ask<'a> {
     pub credential: &'a str,
-    pub version: u64,
+    pub version: crate::contract::SecretVersion,
     pub oauth: &'a OAuth2,
     pub material: &'a ClientMaterial,
 }

@@ -442,7 +442,7 @@ fn a_retry_lease_keeps_unknown_and_counts_generations() {
 fn a_request_held_for_approval_stopped_at_credential_injection() {
     let cred = crate::contract::CredentialEvidence {
         id: "pay".into(),
-        version: 1,
+        version: 1.into(),
         mode: "header".into(),
     };
     let held = [

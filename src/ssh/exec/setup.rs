@@ -64,8 +64,7 @@ impl Run {
     /// The vault login and the guard over what the remote prints (SPEC §1.8): output
     /// that cannot be screened is never relayed, so no guard means no exec.
     fn login_and_guard(&mut self) -> Result<Login, Failure> {
-        let login =
-            upstream::login(&self.config, &self.call.target, &self.vault).map_err(Failure::of)?;
+        let login = upstream::login(&self.config, &self.call.target, &self.vault)?;
         let Some(guard) = login.guard(&self.guards) else {
             let mut f = Failure::of(Code::InjectionModeUnsupported);
             f.diagnostic = Some("the reflection guard for this credential cannot be built".into());
