@@ -270,7 +270,7 @@ fn listed_approvals(state: &AdminState) -> Vec<Value> {
         .list()
         .into_iter()
         .map(|l| {
-            let admits = |id: &str, agents: &[String]| {
+            let admits = |id: &str, agents: &crate::config::Agents| {
                 id == l.held.route && crate::policy::admits(agents, &l.held.agent)
             };
             let routed = config.routes.iter().any(|r| admits(&r.id, &r.agents))

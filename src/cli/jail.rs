@@ -271,7 +271,7 @@ fn route_ports(config: &Config, agent: Option<&str>) -> Vec<(u16, bool)> {
     let mut ports: Vec<(u16, bool)> = Vec::new();
     for r in &config.routes {
         let admits =
-            r.agents.is_empty() || agent.is_some_and(|a| crate::policy::admits(&r.agents, a));
+            r.agents.is_every() || agent.is_some_and(|a| crate::policy::admits(&r.agents, a));
         let port = r.matcher.port;
         if admits && port != 443 && port != 80 && !ports.iter().any(|(p, _)| *p == port) {
             ports.push((port, r.matcher.scheme == crate::config::Scheme::Https));

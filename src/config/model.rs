@@ -234,6 +234,41 @@ pub enum Scheme {
     Https,
 }
 
+/// Which agents a route or SSH target admits (SPEC §5.4): without `agents`, every agent;
+/// with a list, those it names — `[]` names none (a route only postern itself uses, such as
+/// an OAuth2 token endpoint).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Agents(Option<Vec<String>>);
+
+impl Agents {
+    pub fn new(listed: Option<Vec<String>>) -> Self {
+        Self(listed)
+    }
+
+    pub fn admits(&self, agent: &str) -> bool {
+        self.0.as_ref().is_none_or(|l| l.iter().any(|a| a == agent))
+    }
+
+    /// No `agents` key: every agent.
+    pub fn is_every(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The agents named (none for every agent).
+    pub fn named(&self) -> &[String] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+
+    /// Some agent is admitted by both.
+    pub fn overlap(&self, other: &Agents) -> bool {
+        match (&self.0, &other.0) {
+            (None, None) => true,
+            (None, Some(l)) | (Some(l), None) => !l.is_empty(),
+            (Some(a), Some(b)) => a.iter().any(|v| b.contains(v)),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct RouteMatch {
     pub scheme: Scheme,
@@ -269,8 +304,7 @@ pub enum Delivery {
 #[derive(Debug, Clone)]
 pub struct Route {
     pub id: String,
-    /// Empty: every agent.
-    pub agents: Vec<String>,
+    pub agents: Agents,
     /// Offered credentials; more than one means the agent picks with `Postern-Credential`.
     pub credentials: Vec<String>,
     pub matcher: RouteMatch,
@@ -359,8 +393,7 @@ pub struct SshTarget {
     pub host: String,
     pub port: u16,
     pub user: String,
-    /// Empty: every agent.
-    pub agents: Vec<String>,
+    pub agents: Agents,
     /// A credential with inject mode `ssh_key` or `ssh_password`.
     pub credential: String,
     /// The upstream host keys postern accepts (strict: anything else is refused).

@@ -50,7 +50,7 @@ match = { host = "API.example.test" }
     assert_eq!(r.matcher.port, 443);
     assert_eq!(r.matcher.host, "api.example.test");
     assert_eq!(r.matcher.path_prefix, "/");
-    assert!(r.matcher.methods.is_empty() && r.agents.is_empty() && r.credentials.is_empty());
+    assert!(r.matcher.methods.is_empty() && r.agents.is_every() && r.credentials.is_empty());
     assert_eq!(r.approval, Approval::None);
     assert_eq!(r.approval_timeout, std::time::Duration::from_secs(300));
     assert_eq!(r.retry_budget, 3);
@@ -350,7 +350,7 @@ fn ssh_target_defaults_follow_the_spec() {
     let secs = std::time::Duration::from_secs;
     assert_eq!((t.host.as_str(), t.port), ("app1.internal", 22));
     assert_eq!(t.allow, vec![SshAction::Exec]);
-    assert!(t.commands.is_empty() && t.agents.is_empty() && t.permits_command("anything"));
+    assert!(t.commands.is_empty() && t.agents.is_every() && t.permits_command("anything"));
     assert_eq!(t.approval, Approval::None);
     assert_eq!(t.approval_timeout, secs(300));
     assert_eq!(t.retry_budget, 3);

@@ -634,8 +634,8 @@ fn route(
     r: &RawRoute,
 ) -> Route {
     let p = format!("routes[{i}]");
-    let agents = r.agents.clone().unwrap_or_default();
-    refs.check_agents(c, &p, &agents);
+    let agents = Agents::new(r.agents.clone());
+    refs.check_agents(c, &p, agents.named());
     tunnel::validate(c, &p, r);
     let credentials = match (&r.credential, &r.credentials) {
         (Some(_), Some(_)) => {

@@ -146,9 +146,9 @@ fn agent_allowed(route: &Route, agent: &str) -> bool {
     admits(&route.agents, agent)
 }
 
-/// A route's or SSH target's `agents` list admits `agent` (an empty list admits every agent).
-pub fn admits(agents: &[String], agent: &str) -> bool {
-    agents.is_empty() || agents.iter().any(|a| a == agent)
+/// A route's or SSH target's `agents` admit `agent` (no list: every agent; `[]`: none).
+pub fn admits(agents: &crate::config::Agents, agent: &str) -> bool {
+    agents.admits(agent)
 }
 
 /// The config in force still has `route` (by id) and it still admits `agent`: what an
@@ -222,7 +222,7 @@ pub fn specificity(r: &Route) -> Specificity {
         host_len: m.host.len(),
         path_len: m.path_prefix.len(),
         explicit_methods: !m.methods.is_empty(),
-        explicit_agents: !r.agents.is_empty(),
+        explicit_agents: !r.agents.is_every(),
     }
 }
 
@@ -356,16 +356,13 @@ pub fn route_problems(config: &Config) -> Vec<Problem> {
 /// postern could not tell whether to relay its bytes or read them.
 fn tunnel_or_not(a: &Route, b: &Route) -> bool {
     let (ma, mb) = (&a.matcher, &b.matcher);
-    let shared = |x: &[String], y: &[String]| {
-        x.is_empty() || y.is_empty() || x.iter().any(|v| y.contains(v))
-    };
     a.intercept != b.intercept
         && ma.scheme == Scheme::Https
         && ma.scheme == mb.scheme
         && ma.port == mb.port
         && ma.host == mb.host
         && connect_specificity(a) == connect_specificity(b)
-        && shared(&a.agents, &b.agents)
+        && a.agents.overlap(&b.agents)
 }
 
 /// Both routes can match one request and neither is more specific.
@@ -380,7 +377,8 @@ fn ambiguous(a: &Route, b: &Route) -> bool {
         && ma.host == mb.host
         && ma.path_prefix == mb.path_prefix
         && shared(&ma.methods, &mb.methods)
-        && shared(&a.agents, &b.agents)
+        && (a.agents.is_every() && b.agents.is_every()
+            || shared(a.agents.named(), b.agents.named()))
 }
 
 /// The route that decides how a `CONNECT` is served (a tunnel, or interception), or `None`

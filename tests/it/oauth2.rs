@@ -386,3 +386,31 @@ fn the_client_secret_and_the_token_are_stored_nowhere() {
         }
     }
 }
+
+#[test]
+fn the_token_route_with_agents_empty_admits_no_agent() {
+    let s = setup(Mode::Issue(Some(3600)), false);
+    let ca = s.home.root().join("certs/ca.pem").display().to_string();
+    let url = format!("https://auth.test:{}/oauth/token", s.token.tls.addr.port());
+    let (_, _, head) = curl(&[
+        "--cacert",
+        &ca,
+        "-x",
+        &s.daemon.proxy,
+        "-d",
+        "grant_type=client_credentials",
+        &url,
+    ]);
+    // No route admits the agent there: its CONNECT is refused.
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    assert!(head.contains("ROUTE_DENIED"), "{head}");
+    assert_eq!(
+        s.token.hits.load(Ordering::SeqCst),
+        0,
+        "the endpoint saw nothing"
+    );
+    // postern itself still mints through that route.
+    let (status, body, _) = s.call("/v1/items/1");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(s.token.hits.load(Ordering::SeqCst), 1);
+}

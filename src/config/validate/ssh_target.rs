@@ -14,8 +14,8 @@ pub(super) fn validate(
     t: &RawSshTarget,
 ) -> SshTarget {
     let p = format!("ssh_targets[{i}]");
-    let agents = t.agents.clone().unwrap_or_default();
-    refs.check_agents(c, &p, &agents);
+    let agents = crate::config::Agents::new(t.agents.clone());
+    refs.check_agents(c, &p, agents.named());
     let credential = t.credential.clone().unwrap_or_default();
     check_credential(c, refs, credentials, &p, t.credential.as_deref());
     let secs = Duration::from_secs;
