@@ -311,6 +311,7 @@ async fn serve_until_stopped(
         refusals: crate::lifecycle::refusals::RefusalRate::refusals(),
         guards: Default::default(),
         minter: Default::default(),
+        rates: Default::default(),
         busy,
     });
     let reload_counter = admin::reload::ReloadCounter::default();

@@ -19,7 +19,7 @@ pub use diff::{ConfigDiff, diff, diff_in_force};
 pub use live::Live;
 pub use model::*;
 pub use shell_syntax::{SHELL_SYNTAX, admitted_by, shell_syntax_in};
-pub use units::{Quantity, parse_duration, parse_size};
+pub use units::{Quantity, Rate, parse_duration, parse_rate, parse_size};
 pub use validate::{ConfigErrors, EnvLookup, Problem, parse};
 
 /// The embedded default: loopback listeners, no agents, no routes.

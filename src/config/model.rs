@@ -114,6 +114,8 @@ pub struct DnsConfig {
 pub struct Agent {
     pub id: String,
     pub token: SecretValue,
+    /// Requests and SSH execs this agent may start (SPEC §5.8); `None`: unlimited.
+    pub rate_limit: Option<super::Rate>,
 }
 
 #[derive(Debug, Clone)]
@@ -330,6 +332,8 @@ pub struct Route {
     pub resend_window: Duration,
     /// `Postern-Resend: deliberate` is honoured (else ignored: the resend is judged).
     pub allow_deliberate_resend: bool,
+    /// Requests this route takes, from every agent together (SPEC §5.8); `None`: unlimited.
+    pub rate_limit: Option<super::Rate>,
 }
 
 /// A `via` hop: `http://host:port`, and the Basic credential sent to it alone.

@@ -59,6 +59,7 @@ pub struct RawDns {
 pub struct RawAgent {
     pub id: String,
     pub token: String,
+    pub rate_limit: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -168,6 +169,7 @@ pub struct RawRoute {
     pub status_outcomes: Option<BTreeMap<String, String>>,
     pub resend_window: Option<Quantity>,
     pub allow_deliberate_resend: Option<bool>,
+    pub rate_limit: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

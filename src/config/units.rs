@@ -104,3 +104,26 @@ mod tests {
         assert!(parse_size(&t("3 furlongs")).is_err());
     }
 }
+
+/// `rate_limit = "10/s"` (or `/m`, `/h`): so many per interval (SPEC §5.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub count: u32,
+    pub per: std::time::Duration,
+}
+
+pub fn parse_rate(text: &str) -> Result<Rate, String> {
+    let bad = || format!("`{text}` is not a rate: write N/s, N/m or N/h (N at least 1)");
+    let (n, unit) = text.trim().split_once('/').ok_or_else(bad)?;
+    let count: u32 = n.trim().parse().map_err(|_| bad())?;
+    let per = match unit.trim() {
+        "s" => Duration::from_secs(1),
+        "m" => Duration::from_secs(60),
+        "h" => Duration::from_secs(3600),
+        _ => return Err(bad()),
+    };
+    match count {
+        0 => Err(bad()),
+        count => Ok(Rate { count, per }),
+    }
+}

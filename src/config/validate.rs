@@ -254,9 +254,11 @@ pub fn parse(
             .enumerate()
             .filter_map(|(i, a)| {
                 let token = c.secret(&format!("agents[{i}].token"), &a.token)?;
+                let rate_limit = rate(&mut c, format!("agents[{i}].rate_limit"), &a.rate_limit);
                 Some(Agent {
                     id: a.id.clone(),
                     token,
+                    rate_limit,
                 })
             })
             .collect(),
@@ -822,5 +824,14 @@ fn route(
             Duration::from_secs(600),
         ),
         allow_deliberate_resend: r.allow_deliberate_resend.unwrap_or(true),
+        rate_limit: rate(c, format!("{p}.rate_limit"), &r.rate_limit),
     }
+}
+
+/// A `rate_limit`, checked (SPEC §5.8).
+fn rate(c: &mut Checker<'_>, path: String, text: &Option<String>) -> Option<super::Rate> {
+    let text = text.as_ref()?;
+    super::units::parse_rate(text)
+        .map_err(|why| c.bad(path, why))
+        .ok()
 }

@@ -61,6 +61,8 @@ pub struct Proxy {
     pub minter: origin::mint::Minter,
     /// Memory for buffered bodies, shared by requests and responses.
     pub budget: deliver::budget::Budget,
+    /// `rate_limit` buckets of agents and routes (SPEC §5.8).
+    pub rates: Arc<crate::lifecycle::rate_limit::RateLimits>,
     /// Connections each agent keeps busy (requests, tunnels, WebSockets).
     pub busy: Arc<crate::listen::BusyPerAgent>,
 }

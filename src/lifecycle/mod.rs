@@ -19,6 +19,7 @@
 mod approval;
 pub mod idempotency;
 pub mod lease;
+pub mod rate_limit;
 pub mod refusals;
 pub mod resources;
 pub mod retry;

@@ -27,6 +27,7 @@ mod mcp_stdio;
 mod oauth2;
 mod origins;
 mod precedence;
+mod rate_limits;
 mod reflection;
 mod reload;
 mod resend;

@@ -23,6 +23,7 @@ use crate::http::origin::inject::Injection;
 use crate::http::origin::pool::Pool;
 use crate::http::origin::upstream::{Hop, dial};
 use crate::journal::{Body, Draft, Failure, Preflight};
+use crate::lifecycle::rate_limit::{Limited, retry_after_secs};
 use crate::listen::HeldSlot;
 use crate::policy::sigv4;
 use crate::policy::{
@@ -111,6 +112,9 @@ impl Exchange {
             Err(r) => return Outgoing::Respond(self.refused(r).await),
         };
         self.aws_route = signs_aws(&config, route);
+        if let Err(resp) = self.within_rate(&config, route).await {
+            return Outgoing::Respond(resp);
+        }
         let credential = match select_credential(route, &parts.headers) {
             Ok(c) => c,
             Err(r) => return Outgoing::Respond(self.refused(r).await),
@@ -330,6 +334,29 @@ impl Exchange {
             }
         }
         self.fail(vec![], failure).await
+    }
+
+    /// SPEC §5.8: the agent's and the route's `rate_limit`, before anything else is spent.
+    async fn within_rate(
+        &mut self,
+        config: &Config,
+        route: &Route,
+    ) -> Result<(), Response<ProxyBody>> {
+        let mut limits = Vec::new();
+        let agent = config.agents.iter().find(|a| a.id == self.agent);
+        if let Some(rate) = agent.and_then(|a| a.rate_limit) {
+            limits.push((Limited::Agent(self.agent.clone()), rate));
+        }
+        if let Some(rate) = route.rate_limit {
+            limits.push((Limited::Route(route.id.clone()), rate));
+        }
+        let Err((who, wait)) = self.proxy.rates.admit(&limits) else {
+            return Ok(());
+        };
+        let mut resp = self.refused(refuse(Code::RateLimited, who.field())).await;
+        let after = HeaderValue::from(retry_after_secs(wait));
+        resp.headers_mut().insert(header::RETRY_AFTER, after);
+        Err(resp)
     }
 
     /// A leased generation dispatches the operation its invocation recorded, nothing else.
