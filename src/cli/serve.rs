@@ -283,6 +283,8 @@ async fn serve_until_stopped(
     });
     // One bound per agent over HTTP and SSH alike.
     let busy = crate::listen::BusyPerAgent::new(busy_limit(&config), front.busy.clone());
+    // One set of `rate_limit` buckets over HTTP and SSH alike.
+    let rates = Arc::new(crate::lifecycle::rate_limit::RateLimits::default());
     let ssh_front = Arc::new(crate::ssh::SshFront::new(
         live.clone(),
         journal.clone(),
@@ -290,6 +292,7 @@ async fn serve_until_stopped(
         exec.clone(),
         busy.clone(),
         front.ssh_refusals_unjournaled.clone(),
+        rates.clone(),
     ));
     let proxy = Arc::new(Proxy {
         live: live.clone(),
@@ -311,7 +314,7 @@ async fn serve_until_stopped(
         refusals: crate::lifecycle::refusals::RefusalRate::refusals(),
         guards: Default::default(),
         minter: Default::default(),
-        rates: Default::default(),
+        rates,
         busy,
     });
     let reload_counter = admin::reload::ReloadCounter::default();

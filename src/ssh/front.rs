@@ -19,6 +19,7 @@ use super::refuse::{self, Refused};
 use super::session::AgentSession;
 use crate::config::{Config, SshTarget};
 use crate::contract::{Code, Envelope, unjournaled_refusal};
+use crate::lifecycle::rate_limit::RateLimits;
 use crate::listen::Guarded;
 use crate::policy::{AgentAuth, authenticate_pair};
 
@@ -46,6 +47,8 @@ pub struct SshFront {
     /// Refusals inside sessions journaled per agent (bounded); the rest counted.
     refusals: Arc<RefusalRate>,
     refusals_unjournaled: Counter,
+    /// `rate_limit` buckets, shared with the HTTP proxy: an agent's limit covers its execs.
+    rates: Arc<RateLimits>,
 }
 
 impl SshFront {
@@ -56,6 +59,7 @@ impl SshFront {
         dispatch: Arc<dyn ExecDispatch>,
         busy: Arc<BusyPerAgent>,
         refusals_unjournaled: Counter,
+        rates: Arc<RateLimits>,
     ) -> Self {
         let server = russh::server::Config {
             keys: vec![host_key],
@@ -71,6 +75,7 @@ impl SshFront {
             busy,
             refusals: Arc::new(RefusalRate::refusals()),
             refusals_unjournaled,
+            rates,
             live,
             journal,
             dispatch,
@@ -117,7 +122,15 @@ async fn connection(front: Arc<SshFront>, stream: TcpStream) {
         return;
     };
     let _busy = busy;
+    let rate = front
+        .live
+        .current()
+        .agents
+        .iter()
+        .find(|a| a.id == agent)
+        .and_then(|a| a.rate_limit);
     let handler = AgentSession {
+        rate: rate.map(|r| (front.rates.clone(), r)),
         journal: front.journal.clone(),
         dispatch: front.dispatch.clone(),
         agent,

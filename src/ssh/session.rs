@@ -16,9 +16,11 @@ use super::dispatch::{
     AgentChannel, AgentInput, ExecCall, ExecDispatch, InputEvent, REPORT_INVOCATION_ENV,
 };
 use super::refuse::{self, Refused};
+use crate::config::Rate;
 use crate::config::{CommandRefusal, SshTarget};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Failure, Journal};
+use crate::lifecycle::rate_limit::{Limited, RateLimits, retry_after_secs};
 use crate::lifecycle::refusals::RefusalRate;
 
 /// Agent stdin messages buffered per channel before the dispatch reads them.
@@ -49,6 +51,8 @@ pub(crate) struct AgentSession {
     pub unjournaled: Counter,
     /// Refusals on this session so far.
     pub refused: u32,
+    /// The agent's `rate_limit` and the buckets it draws on, if it has one.
+    pub rate: Option<(Arc<RateLimits>, Rate)>,
 }
 
 /// Moves the channel's stdin into a queue, so the session never stalls on a full channel
@@ -121,6 +125,19 @@ impl AgentSession {
                 let _ = channel.refuse(&envelope).await;
             }
         });
+    }
+
+    /// SPEC §5.8: an exec draws on its agent's `rate_limit` like an HTTP request does.
+    fn over_rate(&self) -> Option<Failure> {
+        let (rates, rate) = self.rate.as_ref()?;
+        let limit = [(Limited::Agent(self.agent.clone()), *rate)];
+        let (who, wait) = rates.admit(&limit).err()?;
+        let mut failure = refuse::failure(Code::RateLimited, who.field());
+        let after = retry_after_secs(wait);
+        failure
+            .evidence
+            .insert("retry_after_secs".into(), after.into());
+        Some(failure)
     }
 
     /// `UNSUPPORTED_ACTION` for `method` (config accepts no `allow` value but exec).
@@ -238,6 +255,15 @@ impl russh::server::Handler for AgentSession {
                 method: "exec",
                 command: Some(command),
                 failure: command_denied(why),
+            };
+            self.refuse_channel(id, session, refusal);
+            return Ok(());
+        }
+        if let Some(failure) = self.over_rate() {
+            let refusal = Refusal {
+                method: "exec",
+                command: Some(command),
+                failure,
             };
             self.refuse_channel(id, session, refusal);
             return Ok(());

@@ -488,6 +488,38 @@ fn a_command_outside_commands_is_route_denied_naming_the_command() {
     );
 }
 
+/// SPEC §5.8: an exec draws on its agent's `rate_limit` like an HTTP request: past it the
+/// exec is `RATE_LIMITED` before any connection to the target.
+#[test]
+fn an_agents_rate_limit_covers_its_ssh_execs() {
+    let f = Front::start_with(
+        "",
+        |text| {
+            text.replace(
+                &format!("token = \"{TOKEN}\"\n"),
+                &format!("token = \"{TOKEN}\"\nrate_limit = \"2/h\"\n"),
+            )
+        },
+        &[],
+    );
+    for _ in 0..2 {
+        let out = f.ssh(TOKEN, &["--", "", "echo hi"]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "hi\n",
+            "{}",
+            stderr(&out)
+        );
+    }
+    let out = f.ssh(TOKEN, &["--", "", "echo hi"]);
+    let err = stderr(&out);
+    assert!(out.stdout.is_empty(), "{err}");
+    let env = envelope(&err);
+    assert_eq!(env["error"]["code"], "RATE_LIMITED", "{err}");
+    assert_eq!(env["error"]["field"], "agent.rate_limit", "{err}");
+    assert_eq!(env["error"]["outcome"], "not_attempted", "{err}");
+}
+
 /// A control character can only fail at the remote (sshd drops a NUL, a terminal obeys an
 /// escape): refused as malformed before any connection, so it makes no reconcile work.
 #[test]
