@@ -7,7 +7,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, header};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
-use super::mint::{self, Ask, ClientMaterial, MintFailure, Minter, Token};
+use super::mint::{self, Ask, Material, MintFailure, Minter, Token};
 use super::sigv4::{self, KeyPair};
 use crate::policy::sigv4::Scope;
 
@@ -21,13 +21,15 @@ use crate::vault::{Secret, Vault, VaultError};
 pub struct Injection {
     pub id: String,
     inject: Inject,
+    /// The vault entry's name (a minted credential's rotation writes it).
+    secret_name: String,
     secret: Secret,
     /// `aws_sigv4`: the key pair the vault entry holds, and the scope it last signed for.
     aws: Option<KeyPair>,
     signed: OnceLock<Scope>,
     /// `oauth2`: the grant material the vault entry holds, and the token minted for this
     /// request (`mint`), which `apply` injects.
-    oauth: Option<(OAuth2, ClientMaterial)>,
+    oauth: Option<(OAuth2, Material)>,
     token: Option<Token>,
 }
 
@@ -56,13 +58,15 @@ impl Injection {
         let oauth = match &cred.inject {
             Inject::OAuth2(o) => Some((
                 o.clone(),
-                ClientMaterial::parse(&secret.value).ok_or(Code::InjectionModeUnsupported)?,
+                Material::parse(o.grant, &secret.value)
+                    .map_err(|_| Code::InjectionModeUnsupported)?,
             )),
             _ => None,
         };
         let injection = Self {
             id: cred.id.clone(),
             inject: cred.inject.clone(),
+            secret_name: cred.secret.clone(),
             secret,
             aws,
             signed: OnceLock::new(),
@@ -147,6 +151,7 @@ impl Injection {
         };
         let ask = Ask {
             credential: &self.id,
+            secret: &self.secret_name,
             version: self.secret.version,
             oauth,
             material,
@@ -163,6 +168,7 @@ impl Injection {
         };
         let ask = Ask {
             credential: &self.id,
+            secret: &self.secret_name,
             version: self.secret.version,
             oauth,
             material,
@@ -252,22 +258,29 @@ impl Injection {
             return ReflectionGuard::for_each(&pairs);
         }
         if let Some((_, material)) = &self.oauth {
-            // The client secret (never sent to the origin, but an origin may know it) and
-            // the token, raw and as injected.
-            let secret = material.secret().as_bytes();
-            let token = self
-                .token
-                .as_ref()
-                .map(|t| t.value.to_string())
-                .unwrap_or_default();
-            let injected = self.injected();
-            let mut pairs: Vec<(&[u8], &[u8])> = vec![(secret, secret)];
-            if !token.is_empty() {
-                pairs.push((token.as_bytes(), injected.as_bytes()));
-            }
-            return ReflectionGuard::for_each(&pairs);
+            return self.minted_guard(material);
         }
         ReflectionGuard::new(self.secret.value.as_bytes(), self.injected().as_bytes())
+    }
+
+    /// A minted credential's guard: the client secret and refresh token (never sent to the
+    /// origin, but an origin may know them), a refresh token rotated to, the private key's
+    /// lines, and the token, raw and as injected.
+    fn minted_guard(&self, material: &Material) -> Option<ReflectionGuard> {
+        let token = self.token.as_ref();
+        let value = token.map(|t| t.value.to_string()).unwrap_or_default();
+        let rotated = token.and_then(|t| t.refresh.clone());
+        let injected = self.injected();
+        let mut pairs: Vec<(&[u8], &[u8])> = material
+            .secrets()
+            .into_iter()
+            .chain(rotated.as_deref())
+            .map(|s| (s.as_bytes(), s.as_bytes()))
+            .collect();
+        if !value.is_empty() {
+            pairs.push((value.as_bytes(), injected.as_bytes()));
+        }
+        ReflectionGuard::for_each_and_pem(&pairs, material.private_key())
     }
 
     /// The value the secret is injected as.
