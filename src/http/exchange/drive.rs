@@ -247,7 +247,7 @@ impl Exchange {
         // A minted credential's token, after any approval wait (a token minted before a long
         // wait could expire in it) and before anything is sent (SPEC §3.8).
         if let Some(injection) = self.injection.as_mut()
-            && let Err(f) = injection.mint(&self.proxy, &config).await
+            && let Err(f) = injection.mint(&self.proxy, config.clone()).await
         {
             let failure = f.failure(&injection.id);
             return Outgoing::Respond(self.fail(std::mem::take(&mut drafts), failure).await);

@@ -143,8 +143,8 @@ impl Injection {
     /// Other modes: nothing to do.
     pub async fn mint(
         &mut self,
-        proxy: &crate::http::Proxy,
-        config: &Config,
+        proxy: &Arc<crate::http::Proxy>,
+        config: Arc<Config>,
     ) -> Result<(), MintFailure> {
         let Some((oauth, material)) = &self.oauth else {
             return Ok(());

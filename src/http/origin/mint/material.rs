@@ -9,6 +9,7 @@ use serde_json::Value;
 use crate::config::Grant;
 
 /// A vault entry, parsed for its grant. Never printed.
+#[derive(Clone)]
 pub enum Material {
     /// `client_credentials`: `{"client_id","client_secret"}`.
     Client(ClientAuth),
@@ -37,12 +38,14 @@ pub enum Material {
 
 /// A client authenticating to the token endpoint; the secret is optional only for a public
 /// client's refresh (its `client_id` then goes in the form).
+#[derive(Clone)]
 pub struct ClientAuth {
     pub client_id: String,
     pub client_secret: Option<String>,
 }
 
 /// An RSA private key: the PEM (for the guard) and the key parsed from it (to sign).
+#[derive(Clone)]
 pub struct SigningKey {
     pub pem: String,
     pub key: EncodingKey,

@@ -127,6 +127,37 @@ impl Ask<'_> {
     }
 }
 
+/// An `Ask` the token request's task owns.
+struct Owned {
+    credential: String,
+    secret: String,
+    version: u64,
+    oauth: OAuth2,
+    material: Material,
+}
+
+impl Owned {
+    fn of(ask: &Ask<'_>) -> Self {
+        Self {
+            credential: ask.credential.to_owned(),
+            secret: ask.secret.to_owned(),
+            version: ask.version,
+            oauth: ask.oauth.clone(),
+            material: ask.material.clone(),
+        }
+    }
+
+    fn ask(&self) -> Ask<'_> {
+        Ask {
+            credential: &self.credential,
+            secret: &self.secret,
+            version: self.version,
+            oauth: &self.oauth,
+            material: &self.material,
+        }
+    }
+}
+
 /// Minted tokens, one slot per credential.
 #[derive(Default)]
 pub struct Minter {
@@ -136,8 +167,8 @@ pub struct Minter {
 
 #[derive(Default)]
 struct Slot {
-    /// Held by the one token request in flight; the others wait on it.
-    minting: tokio::sync::Mutex<()>,
+    /// Held by the one token request in flight (its task); the others wait on it.
+    minting: Arc<tokio::sync::Mutex<()>>,
     /// The token, when it stops being handed out, and the vault version it stands for.
     kept: Mutex<Option<Kept>>,
     /// The last failure and when it happened: a request that waited on that attempt
@@ -188,8 +219,8 @@ impl Minter {
     /// request in flight this one waited for).
     pub async fn token(
         &self,
-        proxy: &Proxy,
-        config: &Config,
+        proxy: &Arc<Proxy>,
+        config: Arc<Config>,
         ask: &Ask<'_>,
     ) -> Result<Token, MintFailure> {
         let asked = Instant::now();
@@ -197,20 +228,37 @@ impl Minter {
         if let Some(t) = slot.fresh(asked, ask.version) {
             return Ok(t);
         }
-        let _minting = slot.minting.lock().await;
+        let minting = slot.minting.clone().lock_owned().await;
         if let Some(t) = slot.fresh(Instant::now(), ask.version) {
             return Ok(t);
         }
         if let Some(f) = slot.failed_since(asked) {
             return Err(f);
         }
-        let minted = self.mint(proxy, config, ask, &slot).await;
-        if let Err(f) = &minted
-            && let Ok(mut failed) = slot.failed.lock()
-        {
-            *failed = Some((Instant::now(), f.clone()));
-        }
-        minted
+        // The token request is a task of its own, holding the slot: an agent that gives up
+        // meanwhile neither cuts it short (a refresh token the endpoint rotated would be
+        // lost, the stored one revoked by then) nor lets another request start beside it.
+        let owned = Owned::of(ask);
+        let (proxy, slot) = (proxy.clone(), slot.clone());
+        let task = tokio::spawn(async move {
+            let _minting = minting;
+            let minted = proxy
+                .minter
+                .mint(&proxy, &config, &owned.ask(), &slot)
+                .await;
+            if let Err(f) = &minted
+                && let Ok(mut failed) = slot.failed.lock()
+            {
+                *failed = Some((Instant::now(), f.clone()));
+            }
+            minted
+        });
+        task.await.unwrap_or_else(|_| {
+            Err(MintFailure::new(
+                "connection",
+                "the token request ended abnormally",
+            ))
+        })
     }
 
     /// One token request (the slot's `minting` held), its token kept.
