@@ -201,17 +201,34 @@ pub struct OAuth2 {
     pub format: String,
 }
 
-/// The OAuth2 grant postern mints with. Built so far: `client_credentials`.
+/// The OAuth2 grant postern mints with; each names the vault entry's shape (SPEC §3.8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grant {
     /// RFC 6749 §4.4: the vault entry is `{"client_id","client_secret"}`.
     ClientCredentials,
+    /// RFC 6749 §6: `{"client_id","client_secret"?,"refresh_token"}`; a rotated refresh
+    /// token is stored back as a new vault version.
+    RefreshToken,
+    /// RFC 7523: a Google service-account key file; postern signs the RS256 assertion.
+    JwtBearer,
+    /// GitHub App installation tokens: `{"app_id","installation_id","private_key"}`.
+    GithubApp,
 }
 
 impl Grant {
+    pub const ALL: [Grant; 4] = [
+        Self::ClientCredentials,
+        Self::RefreshToken,
+        Self::JwtBearer,
+        Self::GithubApp,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::ClientCredentials => "client_credentials",
+            Self::RefreshToken => "refresh_token",
+            Self::JwtBearer => "jwt_bearer",
+            Self::GithubApp => "github_app",
         }
     }
 }

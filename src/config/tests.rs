@@ -185,7 +185,7 @@ inject = { basic = { user = "u" } }
 }
 
 #[test]
-fn an_oauth2_credential_names_a_built_grant_and_a_routed_https_token_url() {
+fn an_oauth2_credential_names_a_grant_its_fields_and_a_routed_https_token_url() {
     let cred = |id: &str, o: &str| {
         format!(
             "[[credentials]]\nid = \"{id}\"\nsecret = \"s\"\ninject = {{ oauth2 = {{ {o} }} }}\n"
@@ -206,6 +206,33 @@ fn an_oauth2_credential_names_a_built_grant_and_a_routed_https_token_url() {
         ("Authorization", "Bearer {token}")
     );
     assert!(paths(&good).contains(&"credentials[0].inject.oauth2.token_url".to_owned()));
+    // Every grant SPEC §3.8 names, with the fields it takes.
+    let all = [
+        cred("cc", r#"grant = "client_credentials", token_url = "https://idp.test/t", audience = "api""#),
+        cred("rt", r#"grant = "refresh_token", token_url = "https://idp.test/t", scope = "offline""#),
+        cred("jb", r#"grant = "jwt_bearer", token_url = "https://idp.test/t", scope = "s", audience = "a""#),
+        cred("gh", r#"grant = "github_app", token_url = "https://idp.test/app/installations/7/access_tokens""#),
+    ]
+    .concat();
+    let c = parse(&format!("{all}{route}"), None, &env).map_err(|e| e.to_string());
+    let grants: Vec<&str> = c
+        .unwrap_or_else(|e| panic!("{e}"))
+        .credentials
+        .iter()
+        .filter_map(|c| match &c.inject {
+            Inject::OAuth2(o) => Some(o.grant.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        grants,
+        [
+            "client_credentials",
+            "refresh_token",
+            "jwt_bearer",
+            "github_app"
+        ]
+    );
     let text = [
         cred(
             "a",
@@ -223,6 +250,14 @@ fn an_oauth2_credential_names_a_built_grant_and_a_routed_https_token_url() {
             "d",
             r#"grant = "client_credentials", token_url = "https://idp.test/t", format = "Bearer""#,
         ),
+        cred(
+            "e",
+            r#"grant = "github_app", token_url = "https://idp.test/t", scope = "repo""#,
+        ),
+        cred(
+            "f",
+            r#"grant = "refresh_token", token_url = "https://idp.test/t", audience = "api""#,
+        ),
     ]
     .concat();
     let problems = parse(&format!("{text}{route}"), None, &env)
@@ -238,12 +273,15 @@ fn an_oauth2_credential_names_a_built_grant_and_a_routed_https_token_url() {
         paths,
         [
             "credentials[0].inject.oauth2.grant",
-            "credentials[1].inject.oauth2.grant",
+            "credentials[1].inject.oauth2.scope",
             "credentials[2].inject.oauth2.token_url",
             "credentials[3].inject.oauth2.format",
+            "credentials[4].inject.oauth2.scope",
+            "credentials[5].inject.oauth2.audience",
         ]
     );
-    assert!(found[1].1.contains("not built yet"), "{found:?}");
+    assert!(found[0].1.contains("jwt_bearer"), "{found:?}");
+    assert!(found[1].1.contains("needs a scope"), "{found:?}");
 }
 
 #[test]

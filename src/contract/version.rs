@@ -48,6 +48,17 @@ pub enum SecretVersion {
     },
 }
 
+impl SecretVersion {
+    /// A vault entry's version number; a file's, variable's or command's value has none
+    /// (0: its versions are digests, not ordered).
+    pub fn vault_number(self) -> u64 {
+        match self {
+            Self::Vault(n) => n,
+            Self::Digest { .. } => 0,
+        }
+    }
+}
+
 impl From<u64> for SecretVersion {
     fn from(n: u64) -> Self {
         Self::Vault(n)

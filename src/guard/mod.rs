@@ -170,35 +170,24 @@ impl ReflectionGuard {
     /// `xxd -p`). Short lines (the last one of a PEM often is) are left out: they would
     /// redact ordinary text.
     pub fn for_pem(pem: &str) -> Option<Self> {
-        let lines: Vec<Vec<u8>> = pem
-            .lines()
-            .map(str::trim)
-            .filter(|l| l.len() >= MIN_PEM_LINE && !l.starts_with("-----"))
-            .map(|l| l.as_bytes().to_vec())
-            .collect();
-        let mut needles = lines.clone();
-        // A JSON encoder may write `/` as `\/`.
-        let escaped: Vec<Vec<u8>> = needles
-            .iter()
-            .filter(|n| n.contains(&b'/'))
-            .map(|n| String::from_utf8_lossy(n).replace('/', "\\/").into_bytes())
-            .collect();
-        needles.extend(escaped);
-        let encoded: Vec<Vec<u8>> = lines
-            .iter()
-            .flat_map(|l| {
-                let mut e = base64_cores(l);
-                e.push(hex(l));
-                e
-            })
-            .collect();
-        needles.extend(encoded.iter().cloned());
+        Self::for_each_and_pem(&[], Some(pem))
+    }
+
+    /// One guard for `pairs` (as `for_each`) and a private key's PEM (as `for_pem`): a
+    /// minted credential's client secret, refresh token, token and signing key.
+    pub fn for_each_and_pem(pairs: &[(&[u8], &[u8])], pem: Option<&str>) -> Option<Self> {
+        let mut needles: Vec<Vec<u8>> = pairs.iter().flat_map(|(s, v)| forms(s, v)).collect();
+        let mut plain = Plain::default();
+        for (s, v) in pairs {
+            plain.extend(plain_forms(s, v));
+        }
+        if let Some(pem) = pem {
+            let (pem_needles, pem_plain) = pem_forms(pem);
+            needles.extend(pem_needles);
+            plain.extend(pem_plain);
+        }
         needles.sort();
         needles.dedup();
-        let plain = Plain {
-            forms: lines,
-            spaced: encoded,
-        };
         Self::build(needles, plain.sorted())
     }
 
@@ -455,6 +444,38 @@ impl Plain {
         }
         self
     }
+}
+
+/// A PEM's needles and plain forms (see `ReflectionGuard::for_pem`).
+fn pem_forms(pem: &str) -> (Vec<Vec<u8>>, Plain) {
+    let lines: Vec<Vec<u8>> = pem
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.len() >= MIN_PEM_LINE && !l.starts_with("-----"))
+        .map(|l| l.as_bytes().to_vec())
+        .collect();
+    let mut needles = lines.clone();
+    // A JSON encoder may write `/` as `\/`.
+    let escaped: Vec<Vec<u8>> = needles
+        .iter()
+        .filter(|n| n.contains(&b'/'))
+        .map(|n| String::from_utf8_lossy(n).replace('/', "\\/").into_bytes())
+        .collect();
+    needles.extend(escaped);
+    let encoded: Vec<Vec<u8>> = lines
+        .iter()
+        .flat_map(|l| {
+            let mut e = base64_cores(l);
+            e.push(hex(l));
+            e
+        })
+        .collect();
+    needles.extend(encoded.iter().cloned());
+    let plain = Plain {
+        forms: lines,
+        spaced: encoded,
+    };
+    (needles, plain)
 }
 
 /// What escapes in an echo decode to: the secret raw (with `+` for each space too, as a

@@ -289,6 +289,7 @@ impl Vault {
     /// Stores a value under `name`, raising its version. Returns the new version.
     pub fn set(&self, name: &str, value: &str) -> Result<u64, VaultError> {
         let pass = self.passphrase.as_deref().ok_or(VaultError::Locked)?;
+        let _lock = self.lock()?;
         let (mut file, cipher) = match self.read_file()? {
             Some(f) => {
                 let c = self.unlock(&f)?;
@@ -319,8 +320,53 @@ impl Vault {
         Ok(version)
     }
 
+    /// The daemon's write (a rotated refresh token, SPEC §3.8): `value` as the version
+    /// after `expected`, only if `expected` is still the newest (an operator's `postern
+    /// secret set` meanwhile wins). Sealed with the key the daemon already derived, so no
+    /// argon2 run; durable (file and directory synced) before it returns.
+    pub fn replace(&self, name: &str, expected: u64, value: &str) -> Result<u64, VaultError> {
+        let _lock = self.lock()?;
+        let guard = self.current()?;
+        let loaded = guard
+            .as_ref()
+            .ok_or_else(|| VaultError::Missing(name.into()))?;
+        let cipher = loaded.cipher.as_ref().ok_or(VaultError::Locked)?;
+        let now = loaded.file.secrets.get(name).map(|e| e.version);
+        if now != Some(expected) {
+            return Err(VaultError::File(format!(
+                "{name} is no longer version {expected} (now {now:?})"
+            )));
+        }
+        let version = expected + 1;
+        let sealed = seal(cipher, &aad(name, version), value.as_bytes())?;
+        let mut file = loaded.file.clone();
+        file.secrets
+            .insert(name.to_owned(), Entry { version, sealed });
+        // The guard is held across the write so a `get` meanwhile does not read half of it;
+        // the next `get` reloads the file (its stamp changed) with the same key.
+        self.write(&file)?;
+        Ok(version)
+    }
+
+    /// One writer at a time, across processes (`postern secret set` and the daemon): each
+    /// write reads the file, changes one entry and renames a new file into place, so two
+    /// at once would lose one. Released when the returned file is dropped.
+    fn lock(&self) -> Result<std::fs::File, VaultError> {
+        let path = self.path.with_extension("lock");
+        let err = |e: std::io::Error| VaultError::File(format!("{}: {e}", path.display()));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(err)?;
+        file.lock().map_err(err)?;
+        Ok(file)
+    }
+
     /// Removes `name`; false if it was not there.
     pub fn remove(&self, name: &str) -> Result<bool, VaultError> {
+        let _lock = self.lock()?;
         let Some(mut file) = self.read_file()? else {
             return Ok(false);
         };
@@ -348,7 +394,16 @@ impl Vault {
         let mut f = options.open(&tmp).map_err(err)?;
         f.write_all(&bytes).map_err(err)?;
         f.sync_all().map_err(err)?;
-        std::fs::rename(&tmp, &self.path).map_err(err)
+        std::fs::rename(&tmp, &self.path).map_err(err)?;
+        // The rename is durable only once the directory is (a crash could otherwise bring
+        // back the old file: a revoked refresh token).
+        #[cfg(unix)]
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(err)?;
+        }
+        Ok(())
     }
 }
 
@@ -380,6 +435,33 @@ mod tests {
         // Set again after a removal: the version goes on, so the value counts as rotated.
         assert_eq!(v.set("gh", "canary-3").ok(), Some(3));
         assert_eq!(v.list().ok(), Some(vec![("gh".to_owned(), 3)]));
+    }
+
+    #[test]
+    fn the_daemon_replaces_only_the_version_it_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = Vault::new(dir.path(), Some("pass".into()));
+        assert_eq!(v.set("rt", "family-1").unwrap(), 1);
+        assert_eq!(v.get("rt").unwrap().version.vault_number(), 1);
+        assert_eq!(v.replace("rt", 1, "family-2").ok(), Some(2));
+        // Another process (a fresh handle: `postern secret set`) sees it, sealed right.
+        let other = Vault::new(dir.path(), Some("pass".into()));
+        let s = other.get("rt").unwrap();
+        assert_eq!(
+            (s.value.as_str(), s.version.vault_number()),
+            ("family-2", 2)
+        );
+        // A version set meanwhile wins: the stale replace is refused.
+        assert_eq!(other.set("rt", "operator").ok(), Some(3));
+        assert!(matches!(
+            v.replace("rt", 2, "family-3"),
+            Err(VaultError::File(_))
+        ));
+        assert_eq!(v.get("rt").unwrap().value, "operator");
+        assert_eq!(
+            Vault::new(dir.path(), None).replace("rt", 3, "x").err(),
+            Some(VaultError::Locked)
+        );
     }
 
     #[test]

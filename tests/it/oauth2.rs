@@ -19,6 +19,8 @@ use serde_json::Value;
 use crate::support::{Daemon, Home, curl, free_port, get_json, secret_set, stored_text};
 use crate::tls_origin::{Handler, TlsOrigin, full, serve_tls};
 
+mod grants;
+
 const VAULT_KEY: &str = "vault-passphrase-for-oauth2-tests";
 const CLIENT_ID: &str = "agent-client";
 const CLIENT_SECRET: &str = "client-secret-canary-5f2b71/Zq";

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use super::intake::AgentBody;
 use super::upgrade::take_websocket;
 use super::{Exchange, Inbound};
-use crate::config::{Approval, Config, Inject, Route};
+use crate::config::{Approval, Config, Grant, Inject, Route};
 use crate::contract::{Code, journal_unavailable, unjournaled_refusal};
 use crate::http::Proxy;
 use crate::http::deliver::flushed::DeliveryEnd;
@@ -254,7 +254,7 @@ impl Exchange {
         // A minted credential's token, after any approval wait (a token minted before a long
         // wait could expire in it) and before anything is sent (SPEC §3.8).
         if let Some(injection) = self.injection.as_mut()
-            && let Err(f) = injection.mint(&self.proxy, &config).await
+            && let Err(f) = injection.mint(&self.proxy, config.clone()).await
         {
             let failure = f.failure(&injection.id);
             return Outgoing::Respond(self.fail(std::mem::take(&mut drafts), failure).await);
@@ -498,9 +498,20 @@ fn unsupported(inject: Option<&Inject>) -> &'static str {
         Some(Inject::AwsSigv4 { .. }) => {
             "its vault entry must be JSON {\"access_key_id\", \"secret_access_key\", \"session_token\"?}, and the request signed in its Authorization header (a presigned URL or an upload signed chunk by chunk is not re-signed yet)"
         }
-        Some(Inject::OAuth2(_)) => {
-            "its vault entry must be JSON {\"client_id\", \"client_secret\"}"
-        }
+        Some(Inject::OAuth2(o)) => match o.grant {
+            Grant::ClientCredentials => {
+                "its vault entry must be JSON {\"client_id\", \"client_secret\"}"
+            }
+            Grant::RefreshToken => {
+                "its vault entry must be JSON {\"client_id\", \"client_secret\"?, \"refresh_token\"}"
+            }
+            Grant::JwtBearer => {
+                "its vault entry must be a service-account key file: JSON with \"client_email\" and an RSA \"private_key\" in PEM"
+            }
+            Grant::GithubApp => {
+                "its vault entry must be JSON {\"app_id\", \"installation_id\", \"private_key\"} with an RSA key in PEM"
+            }
+        },
         Some(Inject::SshKey | Inject::SshPassword) => {
             "an SSH credential cannot be put on an HTTP request"
         }

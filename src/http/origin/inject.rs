@@ -7,13 +7,13 @@ use http::{HeaderMap, HeaderName, HeaderValue, header};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
-use super::mint::{self, Ask, ClientMaterial, MintFailure, Minter, Token};
+use super::mint::{self, Ask, Material, MintFailure, Minter, Token};
 use super::sigv4::{self, KeyPair};
 use crate::policy::sigv4::Scope;
 
 use crate::guard::{GuardCache, ReflectionGuard, pct_reserved};
 
-use crate::config::{Config, Inject, OAuth2};
+use crate::config::{Config, Inject, OAuth2, SecretSource};
 use crate::contract::{Code, CredentialEvidence};
 use crate::journal::Failure;
 use crate::vault::{Secret, Vault};
@@ -22,13 +22,15 @@ use crate::vault::{Secret, Vault};
 pub struct Injection {
     pub id: String,
     inject: Inject,
+    /// The vault entry's name (a minted credential's rotation writes it).
+    secret_name: String,
     secret: Secret,
     /// `aws_sigv4`: the key pair the vault entry holds, and the scope it last signed for.
     aws: Option<KeyPair>,
     signed: OnceLock<Scope>,
     /// `oauth2`: the grant material the vault entry holds, and the token minted for this
     /// request (`mint`), which `apply` injects.
-    oauth: Option<(OAuth2, ClientMaterial)>,
+    oauth: Option<(OAuth2, Material)>,
     token: Option<Token>,
 }
 
@@ -54,13 +56,18 @@ impl Injection {
         let oauth = match &cred.inject {
             Inject::OAuth2(o) => Some((
                 o.clone(),
-                ClientMaterial::parse(&secret.value).ok_or(Code::InjectionModeUnsupported)?,
+                Material::parse(o.grant, &secret.value)
+                    .map_err(|_| Code::InjectionModeUnsupported)?,
             )),
             _ => None,
         };
         let injection = Self {
             id: cred.id.clone(),
             inject: cred.inject.clone(),
+            secret_name: match &cred.secret {
+                SecretSource::Vault(name) => name.clone(),
+                _ => String::new(),
+            },
             secret,
             aws,
             signed: OnceLock::new(),
@@ -137,15 +144,16 @@ impl Injection {
     /// Other modes: nothing to do.
     pub async fn mint(
         &mut self,
-        proxy: &crate::http::Proxy,
-        config: &Config,
+        proxy: &Arc<crate::http::Proxy>,
+        config: Arc<Config>,
     ) -> Result<(), MintFailure> {
         let Some((oauth, material)) = &self.oauth else {
             return Ok(());
         };
         let ask = Ask {
             credential: &self.id,
-            version: self.secret.version,
+            secret: &self.secret_name,
+            version: self.secret.version.vault_number(),
             oauth,
             material,
         };
@@ -161,7 +169,8 @@ impl Injection {
         };
         let ask = Ask {
             credential: &self.id,
-            version: self.secret.version,
+            secret: &self.secret_name,
+            version: self.secret.version.vault_number(),
             oauth,
             material,
         };
@@ -255,22 +264,29 @@ impl Injection {
             return ReflectionGuard::for_each(&pairs);
         }
         if let Some((_, material)) = &self.oauth {
-            // The client secret (never sent to the origin, but an origin may know it) and
-            // the token, raw and as injected.
-            let secret = material.secret().as_bytes();
-            let token = self
-                .token
-                .as_ref()
-                .map(|t| t.value.to_string())
-                .unwrap_or_default();
-            let injected = self.injected();
-            let mut pairs: Vec<(&[u8], &[u8])> = vec![(secret, secret)];
-            if !token.is_empty() {
-                pairs.push((token.as_bytes(), injected.as_bytes()));
-            }
-            return ReflectionGuard::for_each(&pairs);
+            return self.minted_guard(material);
         }
         ReflectionGuard::new(self.secret.value.as_bytes(), self.injected().as_bytes())
+    }
+
+    /// A minted credential's guard: the client secret and refresh token (never sent to the
+    /// origin, but an origin may know them), a refresh token rotated to, the private key's
+    /// lines, and the token, raw and as injected.
+    fn minted_guard(&self, material: &Material) -> Option<ReflectionGuard> {
+        let token = self.token.as_ref();
+        let value = token.map(|t| t.value.to_string()).unwrap_or_default();
+        let rotated = token.and_then(|t| t.refresh.clone());
+        let injected = self.injected();
+        let mut pairs: Vec<(&[u8], &[u8])> = material
+            .secrets()
+            .into_iter()
+            .chain(rotated.as_deref())
+            .map(|s| (s.as_bytes(), s.as_bytes()))
+            .collect();
+        if !value.is_empty() {
+            pairs.push((value.as_bytes(), injected.as_bytes()));
+        }
+        ReflectionGuard::for_each_and_pem(&pairs, material.private_key())
     }
 
     /// The value the secret is injected as.
