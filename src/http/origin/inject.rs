@@ -147,32 +147,31 @@ impl Injection {
         proxy: &Arc<crate::http::Proxy>,
         config: Arc<Config>,
     ) -> Result<(), MintFailure> {
-        let Some((oauth, material)) = &self.oauth else {
+        let Some(ask) = self.ask() else {
             return Ok(());
         };
-        let ask = Ask {
+        let token = proxy.minter.token(proxy, config, &ask).await?;
+        self.token = Some(token);
+        Ok(())
+    }
+
+    /// What a token request for this credential needs (`oauth2` only).
+    fn ask(&self) -> Option<Ask<'_>> {
+        let (oauth, material) = self.oauth.as_ref()?;
+        Some(Ask {
             credential: &self.id,
             secret: &self.secret_name,
             version: self.secret.version.vault_number(),
             oauth,
             material,
-        };
-        self.token = Some(proxy.minter.token(proxy, config, &ask).await?);
-        Ok(())
+        })
     }
 
     /// The origin answered `401` to this request: its minted token is dropped, so the next
     /// request mints anew (SPEC §3.8). Other modes: nothing to do.
     pub fn refused_by_origin(&self, minter: &Minter) {
-        let (Some((oauth, material)), Some(token)) = (&self.oauth, &self.token) else {
+        let (Some(ask), Some(token)) = (self.ask(), &self.token) else {
             return;
-        };
-        let ask = Ask {
-            credential: &self.id,
-            secret: &self.secret_name,
-            version: self.secret.version.vault_number(),
-            oauth,
-            material,
         };
         minter.forget(&mint::slot_key(&ask), token.serial);
     }
