@@ -83,6 +83,14 @@ async fn handle(
             .insert("content-type", "text/event-stream".parse().unwrap());
         return Ok(r);
     }
+    if req.uri().path() == "/oauth/token" {
+        let _ = req.into_body().collect().await;
+        let token = br#"{"access_token":"bench-minted-token-5d1e","token_type":"Bearer","expires_in":3600}"#;
+        let mut r = Response::new(Full::new(Bytes::from_static(token)).boxed());
+        r.headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        return Ok(r);
+    }
     let _ = req.into_body().collect().await;
     Ok(Response::new(
         Full::new(Bytes::from_static(b"{\"ok\":true}")).boxed(),
@@ -252,6 +260,12 @@ const SIGV4: BenchCredential = BenchCredential {
     secret: br#"{"access_key_id":"AKIABENCHKEY00000001","secret_access_key":"bench-secret-key-7f3a9c0d1e2b"}"#,
 };
 
+/// `{origin_port}` is the bench origin's port, which also answers `/oauth/token`.
+const OAUTH2: BenchCredential = BenchCredential {
+    toml: "[[credentials]]\nid = \"bench\"\nsecret = \"bench-token\"\ninject = { oauth2 = { grant = \"client_credentials\", token_url = \"https://origin.test:{origin_port}/oauth/token\" } }\n",
+    secret: br#"{"client_id":"bench-client","client_secret":"bench-client-secret-7f3a"}"#,
+};
+
 /// What an AWS SDK sends on a SigV4 route: a signature made with the placeholder.
 const SIGNED_WITH_PLACEHOLDER: &[(&str, &str)] = &[
     (
@@ -302,7 +316,9 @@ fn start_postern_journal(
     let config = format!(
         "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[journal]\ndurability = \"{durability}\"\n{journal}\
          {}[[routes]]\nid = \"bench\"\nmatch = {{ host = \"origin.test\", port = {} }}\nresolve = \"{}\"\nupstream_ca = \"{}\"\n{route}{}",
-        credential.map_or("", |c| c.toml),
+        credential.map_or(String::new(), |c| c
+            .toml
+            .replace("{origin_port}", &origin.addr.port().to_string())),
         origin.addr.port(),
         origin.addr,
         ca_file.display(),
@@ -691,16 +707,24 @@ fn main() {
 /// `\u00e9`, `\"`), of nothing but percent-escapes (its worst case), of prose, of
 /// base64 in groups and of an `xxd` dump, of whitespace runs (a hostile origin's padding);
 /// then a private key's guard (RSA-4096 size).
-/// `POSTERN_BENCH_ONLY=credentials`: a POST of 1 KiB through a static-header credential
-/// and through a SigV4 one postern re-signs, CPU per request side by side (SPEC §3.8).
+/// `POSTERN_BENCH_ONLY=credentials`: a POST of 1 KiB through a static-header credential and
+/// through a SigV4 one postern re-signs, and a GET through a static header and through an
+/// OAuth2 token postern mints (once, then kept), CPU per request side by side (SPEC §3.8).
 fn credential_cost() {
     let rt = runtime();
     let origin = start_origin(&rt);
     println!("| credential | concurrency | req/s | p50 | p99 | postern CPU s / 1000 req |");
     println!("|---|---:|---:|---:|---:|---:|");
-    for (name, cred, headers) in [
-        ("header (static)", &HEADER, &[][..]),
-        ("aws_sigv4 (re-signed)", &SIGV4, SIGNED_WITH_PLACEHOLDER),
+    for (name, cred, headers, post) in [
+        ("header (static), POST 1 KiB", &HEADER, &[][..], true),
+        (
+            "aws_sigv4 (re-signed), POST 1 KiB",
+            &SIGV4,
+            SIGNED_WITH_PLACEHOLDER,
+            true,
+        ),
+        ("header (static), GET", &HEADER, &[][..], false),
+        ("oauth2 (minted), GET", &OAUTH2, &[][..], false),
     ] {
         let p = start_postern_journal(&origin, "fsync", Some(cred), "", "");
         let tls = tls_client(&std::fs::read(&p.ca).unwrap());
@@ -711,7 +735,7 @@ fn credential_cost() {
                 Some(p.proxy),
                 tls.clone(),
                 concurrency,
-                true,
+                post,
                 headers,
             ));
             let cpu = cpu_seconds(p.child.id()) - cpu0;

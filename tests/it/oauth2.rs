@@ -336,7 +336,56 @@ fn a_failing_token_endpoint_is_credential_mint_failed_and_nothing_is_sent() {
                 "{r}"
             );
         }
+        // The token request is postern's own invocation, named in the evidence.
+        let id = r["evidence"]["token_invocation"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"));
+        let (_, token) = get_json(&s.daemon.url(&format!("/v1/invocations/{id}")), &[]);
+        assert_eq!(token["agent"], "postern", "{token}");
+        let outcome = match token_status {
+            None => "not_attempted",
+            Some(400) => "rejected",
+            Some(_) => "committed",
+        };
+        assert_eq!(token["outcome"], outcome, "{what}: {token}");
     }
+}
+
+#[test]
+fn a_token_request_is_journaled_as_posterns_own_invocation_without_its_token() {
+    let s = setup(Mode::Issue(Some(3600)), false);
+    let (status, body, _) = s.call("/v1/items/1");
+    assert_eq!(status, 200, "{body}");
+    let list = s.daemon.cli(&["actions", "list", "--json"], &[]);
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+    let token = list["invocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["agent"] == "postern")
+        .unwrap_or_else(|| panic!("{list}"))
+        .clone();
+    assert_eq!(token["outcome"], "committed", "{token}");
+    assert!(
+        token["target"].as_str().unwrap().ends_with("/oauth/token"),
+        "{token}"
+    );
+    let id = token["invocation_id"].as_str().unwrap();
+    let shown = s.daemon.cli(&["actions", "show", id, "--json"], &[]);
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let kinds: Vec<&str> = shown["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap_or(""))
+        .collect();
+    let dispatched = kinds.iter().position(|k| *k == "DISPATCH_STARTED");
+    let committed = kinds.iter().position(|k| *k == "RESULT_COMMITTED");
+    assert!(dispatched.is_some() && dispatched < committed, "{kinds:?}");
+    // Its result is the head and the body's digest: the body holds the token.
+    let result = s.daemon.cli(&["result", id, "--json"], &[]);
+    let text = String::from_utf8_lossy(&result.stdout);
+    assert!(!text.contains("minted-token"), "{text}");
 }
 
 /// A slow token endpoint is bounded by its route's `response_timeout` (3 s here).

@@ -13,6 +13,7 @@
 mod grant;
 mod jwt;
 mod material;
+mod record;
 mod rotate;
 
 pub use material::Material;
@@ -24,6 +25,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use http_body_util::{BodyExt, Limited};
 use hyper_util::rt::TokioIo;
+
+use record::TokenInvocation;
 
 use super::upstream::{Offer, dial_offering};
 use crate::config::{Config, OAuth2};
@@ -71,6 +74,8 @@ pub struct MintFailure {
     pub connect_code: Option<Code>,
     /// Internal only (the journal's `diagnostic`): never the endpoint's body or a secret.
     pub diagnostic: String,
+    /// The token request's own invocation, once it was journaled.
+    pub invocation: Option<String>,
 }
 
 impl MintFailure {
@@ -80,6 +85,7 @@ impl MintFailure {
             status: None,
             connect_code: None,
             diagnostic: diagnostic.into(),
+            invocation: None,
         }
     }
 
@@ -93,6 +99,10 @@ impl MintFailure {
         if let Some(code) = self.connect_code {
             f.evidence
                 .insert("token_connect_code".into(), code.as_str().into());
+        }
+        if let Some(id) = &self.invocation {
+            f.evidence
+                .insert("token_invocation".into(), id.clone().into());
         }
         f.diagnostic = Some(format!("credential {credential}: {}", self.diagnostic));
         f
@@ -274,7 +284,7 @@ impl Minter {
             Some((m, v)) => (m, *v),
             None => (ask.material, ask.version),
         };
-        let answer = request_token(proxy, config, ask.oauth, material).await?;
+        let answer = request_token(proxy, config, ask, material).await?;
         let serial = self.serial.fetch_add(1, Ordering::Relaxed) + 1;
         // Stored before the token is handed out: a restart never presents a revoked one.
         let (version, refresh) = rotate::store(
@@ -328,19 +338,34 @@ fn margin(lifetime: Duration) -> Duration {
 }
 
 /// One token request through the token endpoint's route: its `resolve`, `upstream_ca`,
-/// `via`, `connect_timeout`; `response_timeout` bounds the answer, head and body.
+/// `via`, `connect_timeout`; `response_timeout` bounds the answer, head and body. It is
+/// journaled as postern's own invocation (`record`), named in a failure's evidence.
 async fn request_token(
     proxy: &Proxy,
     config: &Config,
-    oauth: &OAuth2,
+    ask: &Ask<'_>,
     material: &Material,
 ) -> Result<grant::Answer, MintFailure> {
+    let oauth = ask.oauth;
     let target = token_target(&oauth.token_url)
         .map_err(|why| MintFailure::new("connection", format!("token_url {why}")))?;
     let route = match_token_route(config, &target)
         .ok_or_else(|| MintFailure::new("connection", "no route matches the token_url"))?;
     let hop = crate::http::exchange::drive::bind_hop(config, &proxy.vault, route)
         .map_err(|_| MintFailure::new("connection", "the token route's via credential"))?;
+    let req = grant::token_request(
+        oauth,
+        material,
+        &target.path_and_query,
+        &target.authority(),
+        SystemTime::now(),
+    )?;
+    let mut record =
+        TokenInvocation::accept(&proxy.journal, route, &oauth.token_url, ask.credential);
+    let named = |mut m: MintFailure, record: &TokenInvocation| {
+        m.invocation = Some(record.id());
+        m
+    };
     let dialed = dial_offering(
         route,
         &target,
@@ -349,39 +374,62 @@ async fn request_token(
         hop.as_ref(),
         Offer::Http1,
     )
-    .await
-    .map_err(|f| {
-        let mut m = MintFailure::new("connection", format!("token endpoint: {}", f.code));
-        m.connect_code = Some(f.code);
-        m
-    })?;
-    let req = grant::token_request(
-        oauth,
-        material,
-        &target.path_and_query,
-        &target.authority(),
-        SystemTime::now(),
-    )?;
+    .await;
+    let dialed = match dialed {
+        Ok(d) => d,
+        Err(f) => {
+            record.not_sent(f.code).await;
+            let mut m = MintFailure::new("connection", format!("token endpoint: {}", f.code));
+            m.connect_code = Some(f.code);
+            return Err(named(m, &record));
+        }
+    };
+    if let Err(m) = record.dispatch(dialed.address, dialed.tls.clone()).await {
+        return Err(named(m, &record));
+    }
     let exchange = async {
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(dialed.stream))
             .await
-            .map_err(|e| MintFailure::new("connection", format!("HTTP handshake: {e}")))?;
+            .map_err(|e| {
+                (
+                    Code::RemoteOutcomeUnknown,
+                    MintFailure::new("connection", format!("HTTP handshake: {e}")),
+                )
+            })?;
         tokio::spawn(conn);
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| MintFailure::new("status", format!("no answer: {e}")))?;
+        let resp = sender.send_request(req).await.map_err(|e| {
+            (
+                Code::RemoteOutcomeUnknown,
+                MintFailure::new("status", format!("no answer: {e}")),
+            )
+        })?;
         let status = resp.status().as_u16();
         let body = Limited::new(resp.into_body(), MAX_TOKEN_BODY)
             .collect()
             .await
             .map(|b| b.to_bytes());
-        Ok::<_, MintFailure>((status, body))
+        Ok::<_, (Code, MintFailure)>((status, body))
     };
-    let (status, body) = tokio::time::timeout(route.response_timeout, exchange)
-        .await
-        .map_err(|_| MintFailure::new("timeout", "the token endpoint did not answer in time"))??;
+    let answered = match tokio::time::timeout(route.response_timeout, exchange).await {
+        Ok(answered) => answered,
+        Err(_) => Err((
+            Code::RemoteTimeout,
+            MintFailure::new("timeout", "the token endpoint did not answer in time"),
+        )),
+    };
+    let (status, body) = match answered {
+        Ok(a) => a,
+        Err((code, m)) => {
+            record.unanswered(code).await;
+            return Err(named(m, &record));
+        }
+    };
+    match &body {
+        Ok(b) => record.answered(status, b).await,
+        Err(_) => record.unanswered(Code::RemoteResultIncomplete).await,
+    }
     grant::read_answer(material, status, body.ok(), SystemTime::now())
+        .map_err(|m| named(m, &record))
 }
 
 /// `application/x-www-form-urlencoded` value: everything but unreserved characters escaped.
