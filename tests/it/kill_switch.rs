@@ -146,7 +146,7 @@ fn a_suspended_agent_is_refused_before_anything_is_sent_and_resume_lifts_it() {
     let again = agents(&s.daemon, &["suspend", "a"]);
     assert!(again.contains("already suspended"), "{again}");
     let list = agents(&s.daemon, &["list"]);
-    assert!(list.contains(&format!("a  SUSPENDED since")), "{list}");
+    assert!(list.contains("a  SUSPENDED since"), "{list}");
     assert!(
         list.contains(&sus) && list.contains("runaway loop"),
         "{list}"
@@ -333,4 +333,54 @@ fn an_ssh_exec_of_a_suspended_agent_is_refused() {
         "{}",
         stderr(&out)
     );
+}
+
+/// A session opened before the suspension (an OpenSSH control master keeps it) runs no new
+/// exec: each is refused on its channel, before any connection to the target.
+#[test]
+fn an_exec_in_a_session_opened_before_the_suspension_is_refused() {
+    let f = Front::start_with("", |text| text, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = format!("ControlPath={}", dir.path().join("cm").display());
+    let master = [
+        "-o",
+        "ControlMaster=yes",
+        "-o",
+        &path,
+        "-o",
+        "ControlPersist=60",
+        "-f",
+        "-N",
+        "--",
+        "",
+    ];
+    let out = f.ssh(SSH_TOKEN, &master);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reuse = ["-o", "ControlMaster=no", "-o", &path, "--", "", "echo hi"];
+    let out = f.ssh(SSH_TOKEN, &reuse);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hi\n",
+        "{}",
+        stderr(&out)
+    );
+
+    let said = f.daemon.cli(&["agents", "suspend", "ci"], &[]);
+    assert!(said.status.success(), "{}", stderr(&said));
+    let out = f.ssh(SSH_TOKEN, &reuse);
+    let err = stderr(&out);
+    assert!(out.stdout.is_empty(), "{err}");
+    assert_eq!(envelope(&err)["error"]["code"], "AGENT_SUSPENDED", "{err}");
+    // Refused on the kept session's channel (an `exec` record), not at a new preamble.
+    let out = f.daemon.cli(&["actions", "list", "--json"], &[]);
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let refused: Vec<&Value> = list["invocations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["code"] == "AGENT_SUSPENDED")
+        .collect();
+    assert_eq!(refused.len(), 1, "{list}");
+    assert_eq!(refused[0]["method"], "exec", "{list}");
+    let _ = f.ssh(SSH_TOKEN, &["-o", &path, "-O", "exit", "--", ""]);
 }
