@@ -125,6 +125,14 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
             answer(state, id, Verdict::Approve).await
         }
         (&Method::POST, ["v1", "approvals", id, "deny"]) => answer(state, id, Verdict::Deny).await,
+        (&Method::GET, ["v1", "agents"]) => super::agents::list(state),
+        (&Method::POST, ["v1", "agents", id, verb @ ("suspend" | "resume")]) => {
+            let (id, suspend) = (percent_decode(id), *verb == "suspend");
+            match read_json(req).await {
+                Ok(body) => super::agents::switch(state, &id, &body, suspend).await,
+                Err(r) => r,
+            }
+        }
         (&Method::POST, ["v1", "reload"]) => match state.reloader.reload().await {
             Ok(report) => json_reply(StatusCode::OK, &report),
             Err(problems) => json_reply(StatusCode::UNPROCESSABLE_ENTITY, &problems),

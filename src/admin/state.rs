@@ -22,6 +22,8 @@ pub struct AdminState {
     /// The config in force: the admin token and the credentials `/healthz` checks.
     pub live: Arc<crate::config::Live>,
     pub approvals: Arc<Approvals>,
+    /// The kill switch (SPEC §5.8): `POST /v1/agents/{id}/suspend|resume`.
+    pub suspended: Arc<crate::lifecycle::suspended::Suspended>,
     pub vault: Arc<Vault>,
     /// `POST /v1/reload` (and SIGHUP).
     pub reloader: Arc<super::reload::Reloader>,
@@ -58,10 +60,11 @@ pub(super) fn storage_error() -> Reply {
 }
 
 pub(super) fn not_found(id: &str) -> Reply {
-    let msg = if ["act_", "rld_", "prn_"].iter().any(|p| id.starts_with(p)) {
+    let prefixes = ["act_", "rld_", "prn_", "sus_", "rsm_"];
+    let msg = if prefixes.iter().any(|p| id.starts_with(p)) {
         "No invocation with this id."
     } else {
-        "Invocation ids look like act_<ULID> (reloads rld_<ULID>, retention cuts prn_<ULID>)."
+        "Invocation ids look like act_<ULID> (reloads rld_<ULID>, retention cuts prn_<ULID>, suspensions sus_<ULID>, resumes rsm_<ULID>)."
     };
     error(StatusCode::NOT_FOUND, "INVOCATION_NOT_FOUND", msg)
 }

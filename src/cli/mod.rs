@@ -18,6 +18,7 @@ macro_rules! errln {
     }};
 }
 
+mod agents;
 mod client;
 #[cfg(feature = "failpoints")]
 mod drill;
@@ -198,6 +199,14 @@ pub enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// The kill switch: list agents, suspend one (every new request refused, its held
+    /// approvals denied) or resume it.
+    Agents {
+        #[command(subcommand)]
+        command: agents::AgentsCommand,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// The requests waiting for an operator's approval: method, target, body preview.
     Approvals {
         /// Print the admin API's JSON.
@@ -330,7 +339,7 @@ pub fn main() -> ExitCode {
     let home = Home::from_env(&env);
     if cli.admin.is_some() && !talks_to_daemon(&cli.command) {
         errln!(
-            "error: --admin is only for the commands that talk to the daemon (actions, result, decide, reconcile, approve, deny, approvals, audit)"
+            "error: --admin is only for the commands that talk to the daemon (actions, result, decide, reconcile, approve, deny, approvals, agents, audit)"
         );
         return ExitCode::from(2);
     }
@@ -416,6 +425,7 @@ fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
         Command::Approve { id, admin } => operator::answer(&target(admin), &id.id, true),
         Command::Deny { id, admin } => operator::answer(&target(admin), &id.id, false),
         Command::Approvals { json, admin } => operator::approvals(&target(admin), json),
+        Command::Agents { command, admin } => agents::run(&target(admin), command),
         Command::Audit {
             command: AuditCommand::Verify { json },
             admin,

@@ -12,6 +12,7 @@ use crate::http::agent::mitm::{Authority, CaPaths};
 use crate::http::deliver::budget::Budget;
 use crate::http::{self as proxy_http, Proxy};
 use crate::journal::{Durability, Journal, JournalOptions, SpaceGuard, StoreError};
+use crate::lifecycle::suspended::Suspended;
 use crate::listen::{self, Guarded};
 use crate::vault::{KeyState, Vault};
 
@@ -285,6 +286,10 @@ async fn serve_until_stopped(
     let busy = crate::listen::BusyPerAgent::new(busy_limit(&config), front.busy.clone());
     // One set of `rate_limit` buckets over HTTP and SSH alike.
     let rates = Arc::new(crate::lifecycle::rate_limit::RateLimits::default());
+    // The kill switch's set as the journal left it: a suspension survives a restart.
+    let suspended = Suspended::load(&journal, &approvals)
+        .map_err(|e| CliError::Failed(format!("cannot read the suspended agents: {e}")))?;
+    let suspended = Arc::new(suspended);
     let ssh_front = Arc::new(crate::ssh::SshFront::new(
         live.clone(),
         journal.clone(),
@@ -292,7 +297,7 @@ async fn serve_until_stopped(
         exec.clone(),
         busy.clone(),
         front.ssh_refusals_unjournaled.clone(),
-        rates.clone(),
+        (rates.clone(), suspended.clone()),
     ));
     let proxy = Arc::new(Proxy {
         live: live.clone(),
@@ -315,6 +320,7 @@ async fn serve_until_stopped(
         guards: Default::default(),
         minter: Default::default(),
         rates,
+        suspended: suspended.clone(),
         busy,
     });
     let reload_counter = admin::reload::ReloadCounter::default();
@@ -337,6 +343,7 @@ async fn serve_until_stopped(
         journal: journal.clone(),
         live: live.clone(),
         approvals: approvals.clone(),
+        suspended,
         vault: vault.clone(),
         reloader: reloader.clone(),
         resend: Arc::new(crate::lifecycle::retry::Transports {

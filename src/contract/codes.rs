@@ -112,6 +112,8 @@ pub enum Code {
     FingerprintChanged,
     AttemptInProgress,
     JournalUnavailable,
+    /// An operator suspended the agent (SPEC §5.8 kill switch): nothing of it is sent.
+    AgentSuspended,
     /// The agent's share of a limit is in use (SPEC §5.9 rate limits; the buffer budget).
     RateLimited,
     VaultLocked,
@@ -161,6 +163,7 @@ str_enum!(Code {
     FingerprintChanged => "FINGERPRINT_CHANGED",
     AttemptInProgress => "ATTEMPT_IN_PROGRESS",
     JournalUnavailable => "JOURNAL_UNAVAILABLE",
+    AgentSuspended => "AGENT_SUSPENDED",
     RateLimited => "RATE_LIMITED",
     VaultLocked => "VAULT_LOCKED",
     CredentialMissing => "CREDENTIAL_MISSING",
@@ -246,7 +249,7 @@ impl Code {
         let (phase, outcome, retry) = match self {
             AgentUnauthenticated | InvalidTarget | RouteDenied | UnsupportedAction
             | PayloadLimit | UnknownCredential | ForbiddenHeader | MalformedRequest
-            | IdempotencyMismatch | FingerprintChanged => (
+            | IdempotencyMismatch | FingerprintChanged | AgentSuspended => (
                 P::Fixed(Phase::Validation),
                 NA,
                 R::Fixed(Retry::AfterCorrection),
@@ -331,7 +334,9 @@ impl Code {
         use Code::*;
         match self {
             AgentUnauthenticated => 407,
-            RouteDenied | ForbiddenHeader | ApprovalDenied | ApprovalTimeout => 403,
+            RouteDenied | ForbiddenHeader | ApprovalDenied | ApprovalTimeout | AgentSuspended => {
+                403
+            }
             InvalidTarget | UnsupportedAction | MalformedRequest | UnknownCredential => 400,
             PayloadLimit => 413,
             RateLimited => 429,
@@ -367,7 +372,7 @@ impl Code {
         use Code::*;
         match self {
             AgentUnauthenticated | RouteDenied | ForbiddenHeader | ApprovalDenied
-            | ApprovalTimeout | RateLimited => "http_request_denied",
+            | ApprovalTimeout | RateLimited | AgentSuspended => "http_request_denied",
             InvalidTarget | UnsupportedAction | MalformedRequest | PayloadLimit
             | UnknownCredential => "http_request_error",
             IdempotencyMismatch | AttemptInProgress | FingerprintChanged | RetryBudgetExhausted
@@ -414,6 +419,9 @@ impl Code {
             FingerprintChanged => "The request changed between approval and dispatch.",
             AttemptInProgress => "Another attempt of this invocation is in progress.",
             JournalUnavailable => "The journal cannot record new dispatches right now.",
+            AgentSuspended => {
+                "An operator suspended this agent; nothing is sent until it is resumed."
+            }
             RateLimited => "This agent is over a limit right now; retry after a pause.",
             VaultLocked => "The vault is locked; no credential can be injected.",
             CredentialMissing => "The route's credential has no secret in the vault.",

@@ -590,6 +590,7 @@ mod tests {
             (Code::UpstreamHopError, 502, "http_response_incomplete"),
             (Code::JournalUnavailable, 503, "proxy_internal_error"),
             (Code::RateLimited, 429, "http_request_denied"),
+            (Code::AgentSuspended, 403, "http_request_denied"),
             (Code::CredentialMintFailed, 502, "proxy_internal_error"),
         ];
         for (code, status, kind) in pinned {

@@ -315,6 +315,7 @@ mod tests {
             (ResendRefused, Validation, NotAttempted, Reconcile),
             (JournalUnavailable, Validation, NotAttempted, Backoff),
             (RateLimited, Validation, NotAttempted, Backoff),
+            (AgentSuspended, Validation, NotAttempted, AfterCorrection),
             (
                 VaultLocked,
                 CredentialInjection,

@@ -63,6 +63,8 @@ pub struct Proxy {
     pub budget: deliver::budget::Budget,
     /// `rate_limit` buckets of agents and routes (SPEC §5.8).
     pub rates: Arc<crate::lifecycle::rate_limit::RateLimits>,
+    /// Agents an operator suspended (SPEC §5.8 kill switch), shared with the SSH front.
+    pub suspended: Arc<crate::lifecycle::suspended::Suspended>,
     /// Connections each agent keeps busy (requests, tunnels, WebSockets).
     pub busy: Arc<crate::listen::BusyPerAgent>,
 }

@@ -699,6 +699,8 @@ fn kind_code(kind: EventKind) -> u8 {
         RetryLeased => 16,
         ConfigReloaded => 17,
         JournalPruned => 18,
+        AgentSuspended => 19,
+        AgentResumed => 20,
     }
 }
 

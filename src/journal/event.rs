@@ -36,6 +36,10 @@ pub enum EventKind {
     ConfigReloaded,
     /// The daemon's own: events before a checkpoint were pruned (retention).
     JournalPruned,
+    /// The daemon's own: an operator suspended an agent (SPEC §5.8 kill switch).
+    AgentSuspended,
+    /// The daemon's own: an operator lifted an agent's suspension.
+    AgentResumed,
 }
 
 impl EventKind {
@@ -58,6 +62,8 @@ impl EventKind {
         Self::RetryLeased,
         Self::ConfigReloaded,
         Self::JournalPruned,
+        Self::AgentSuspended,
+        Self::AgentResumed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -80,6 +86,8 @@ impl EventKind {
             Self::RetryLeased => "RETRY_LEASED",
             Self::ConfigReloaded => "CONFIG_RELOADED",
             Self::JournalPruned => "JOURNAL_PRUNED",
+            Self::AgentSuspended => "AGENT_SUSPENDED",
+            Self::AgentResumed => "AGENT_RESUMED",
         }
     }
 
@@ -140,6 +148,8 @@ pub enum Body {
     RetryLeased(Lease),
     ConfigReloaded(ConfigReload),
     JournalPruned(Checkpoint),
+    AgentSuspended(AgentSwitch),
+    AgentResumed(AgentSwitch),
 }
 
 impl Body {
@@ -163,6 +173,8 @@ impl Body {
             Self::RetryLeased(_) => EventKind::RetryLeased,
             Self::ConfigReloaded(_) => EventKind::ConfigReloaded,
             Self::JournalPruned(_) => EventKind::JournalPruned,
+            Self::AgentSuspended(_) => EventKind::AgentSuspended,
+            Self::AgentResumed(_) => EventKind::AgentResumed,
         }
     }
 
@@ -189,6 +201,7 @@ impl Body {
             Self::RetryLeased(d) => serde_json::to_vec(d),
             Self::ConfigReloaded(d) => serde_json::to_vec(d),
             Self::JournalPruned(d) => serde_json::to_vec(d),
+            Self::AgentSuspended(d) | Self::AgentResumed(d) => serde_json::to_vec(d),
         };
         let json = json.unwrap_or_default();
         debug_assert_eq!(
@@ -406,6 +419,17 @@ pub struct ConfigReload {
     pub problems: Vec<String>,
     /// `applied` or `refused`.
     pub result: String,
+}
+
+/// `AGENT_SUSPENDED` / `AGENT_RESUMED`: an operator's kill switch (SPEC §5.8), chained under
+/// its own id (`sus_<ULID>` / `rsm_<ULID>`), source `operator_attested`.
+// Fields in key order: journal data is written straight from them (`Body::data_json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentSwitch {
+    pub agent: String,
+    /// Why, as the operator put it (`--note`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// `JOURNAL_PRUNED` and the checkpoint row beside it: the events up to `seq` were pruned

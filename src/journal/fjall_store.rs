@@ -20,6 +20,7 @@ use super::projection::{State, replay};
 use super::request::StoredRequest;
 use super::result::StoredResult;
 use super::store::{Cut, EventStore, IndexEntries, RawEvent, StoreError, StoredRow, WriteSet};
+use super::suspensions::Suspension;
 use super::twins::TwinEntry;
 use crate::contract::is_resolved;
 
@@ -43,6 +44,8 @@ pub struct FjallStore {
     checkpoints: Keyspace,
     /// Events a retention cut kept aside (records not settled): id, seq → event.
     islands: Keyspace,
+    /// Suspended agents (SPEC §5.8 kill switch): agent id → `Suspension`.
+    suspended: Keyspace,
     /// Entries in `keys` and `twins`: counted at open, moved by every write.
     key_count: AtomicI64,
     twin_count: AtomicI64,
@@ -194,6 +197,7 @@ impl FjallStore {
             twin_expiry: ks_small("resend_twin_expiry")?,
             checkpoints: ks_small("checkpoints")?,
             islands: ks_small("islands")?,
+            suspended: ks_small("suspended_agents")?,
             key_count: AtomicI64::new(0),
             twin_count: AtomicI64::new(0),
             db,
@@ -292,6 +296,16 @@ impl EventStore for FjallStore {
         let twins = self.write_twins(&mut batch, &set)?;
         if let Some(cut) = &set.cut {
             self.write_cut(&mut batch, cut)?;
+        }
+        for s in &set.suspensions {
+            match &s.row {
+                Some(row) => batch.insert(
+                    &self.suspended,
+                    s.agent.as_bytes(),
+                    to_json("suspension", row)?,
+                ),
+                None => batch.remove(&self.suspended, s.agent.as_bytes()),
+            }
         }
         batch.commit()?;
         self.key_count.fetch_add(keys, Ordering::Relaxed);
@@ -539,6 +553,15 @@ impl EventStore for FjallStore {
     ) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
         let after = after.map(|(at_ms, key)| expiry_key_bytes(*at_ms, key));
         due_rows(&self.twin_expiry, now_ms, after, limit)
+    }
+
+    fn suspensions(&self) -> Result<Vec<Suspension>, StoreError> {
+        let mut out = Vec::new();
+        for guard in self.suspended.iter() {
+            let (_, v) = guard.into_inner()?;
+            out.push(serde_json::from_slice(&v).map_err(|e| corrupt("suspension", e))?);
+        }
+        Ok(out)
     }
 
     fn index_entries(&self) -> IndexEntries {

@@ -24,6 +24,8 @@ mod result;
 mod retention;
 mod space;
 mod store;
+mod suspensions;
+pub use suspensions::{Suspension, SuspensionWrite};
 mod sweep;
 mod twins;
 mod writer;
@@ -36,10 +38,11 @@ use tokio::sync::{mpsc, oneshot};
 pub use audit::{AuditReport, ChainBreak, verify};
 pub use encoding::{DecodeError, decode as decode_event, decode_stored, unpack as unpack_record};
 pub use event::{
-    Accepted, ApprovalAnswer, ApprovalRequest, Body, Checkpoint, ConfigReload, ConnectAttempt,
-    Delivered, Dispatch, Draft, Event, EventKind, Failure, GENESIS_HASH, Lease, Preflight,
-    Protocol, Reconciliation, RequestSent, ResponseComplete, ResponseStarted, ResultCommitted,
-    Source, SupersedeReason, Supersession, TlsIdentity, sha256_tagged, sha256_tagged_digest,
+    Accepted, AgentSwitch, ApprovalAnswer, ApprovalRequest, Body, Checkpoint, ConfigReload,
+    ConnectAttempt, Delivered, Dispatch, Draft, Event, EventKind, Failure, GENESIS_HASH, Lease,
+    Preflight, Protocol, Reconciliation, RequestSent, ResponseComplete, ResponseStarted,
+    ResultCommitted, Source, SupersedeReason, Supersession, TlsIdentity, sha256_tagged,
+    sha256_tagged_digest,
 };
 pub use event::{ResendEvidence, TwinRef};
 pub use fjall_store::FjallStore;

@@ -479,7 +479,10 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
             p.attempt_n = 0;
         }
         // The daemon's own event never belongs to an invocation.
-        Body::ConfigReloaded(_) | Body::JournalPruned(_) => return Err(Refusal::BadData(kind)),
+        Body::ConfigReloaded(_)
+        | Body::JournalPruned(_)
+        | Body::AgentSuspended(_)
+        | Body::AgentResumed(_) => return Err(Refusal::BadData(kind)),
     }
     Ok(())
 }

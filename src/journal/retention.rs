@@ -324,7 +324,13 @@ pub(super) fn islands_digest(events: &mut [Event]) -> (u64, String) {
 
 /// The daemon's own events: no record is projected from them.
 fn is_note(kind: EventKind) -> bool {
-    matches!(kind, EventKind::ConfigReloaded | EventKind::JournalPruned)
+    matches!(
+        kind,
+        EventKind::ConfigReloaded
+            | EventKind::JournalPruned
+            | EventKind::AgentSuspended
+            | EventKind::AgentResumed
+    )
 }
 
 /// An event's `ts` as unix ms (`None` if it does not parse: such an event is kept).

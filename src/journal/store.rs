@@ -47,6 +47,8 @@ pub struct WriteSet {
     pub expired_twins: Vec<(i64, Vec<u8>)>,
     /// A retention cut (its `JOURNAL_PRUNED` event rides `events`).
     pub cut: Option<Cut>,
+    /// Kill switch rows set or removed (their `AGENT_*` events ride `events`).
+    pub suspensions: Vec<super::suspensions::SuspensionWrite>,
 }
 
 /// What one retention cut removes, and the checkpoint it leaves in its place.
@@ -81,6 +83,7 @@ impl WriteSet {
             && self.twins.is_empty()
             && self.expired_twins.is_empty()
             && self.cut.is_none()
+            && self.suspensions.is_empty()
     }
 
     /// Whether this write touches an invocation's events or stored state: the sweeps must
@@ -189,4 +192,6 @@ pub trait EventStore: Send + Sync + 'static {
     ) -> Result<Vec<(i64, Vec<u8>)>, StoreError>;
     /// How many entries the indexes hold now (kept count, not a scan).
     fn index_entries(&self) -> IndexEntries;
+    /// The suspended agents (SPEC §5.8 kill switch).
+    fn suspensions(&self) -> Result<Vec<super::suspensions::Suspension>, StoreError>;
 }

@@ -539,6 +539,9 @@ impl EventStore for FailingSync {
     fn index_entries(&self) -> super::IndexEntries {
         self.inner.index_entries()
     }
+    fn suspensions(&self) -> Result<Vec<super::Suspension>, StoreError> {
+        self.inner.suspensions()
+    }
 }
 
 #[test]
@@ -653,6 +656,7 @@ fn while_low_on_space_no_new_invocation_is_written_and_those_in_flight_resolve()
 }
 
 mod recovery;
+mod suspensions;
 
 #[test]
 fn a_daemon_note_is_chained_between_invocations_and_survives_a_restart() {

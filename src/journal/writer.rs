@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::event::{Checkpoint, Draft, Event, EventKind, GENESIS_HASH, Sealed};
+use super::event::{Body, Checkpoint, Draft, Event, EventKind, GENESIS_HASH, Sealed};
 use super::failpoints::Failpoints;
 use super::health::Health;
 use super::keys::{KeyClaim, KeyEntry, KeyWrite};
@@ -20,6 +20,7 @@ use super::request::StoredRequest;
 use super::result::StoredResult;
 use super::space::SpaceGuard;
 use super::store::{EventStore, StoreError, WriteSet};
+use super::suspensions::SuspensionWrite;
 use super::twins::{TwinClaim, TwinEntry, TwinWrite};
 use super::{Durability, JournalError};
 
@@ -323,7 +324,16 @@ impl Writer {
                     }
                 }
                 Request::Note { id, draft, reply } => {
+                    let switch = match &draft.body {
+                        Body::AgentSuspended(s) => Some((s.clone(), true)),
+                        Body::AgentResumed(s) => Some((s.clone(), false)),
+                        _ => None,
+                    };
                     let event = self.seal_note(&id, draft);
+                    if let Some((switch, suspend)) = switch {
+                        let write = SuspensionWrite::of(&event.event, &switch, suspend);
+                        set.suspensions.push(write);
+                    }
                     notes.push((reply, event.event.seq));
                     set.events.push(event);
                     needs_sync = true;

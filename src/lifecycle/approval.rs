@@ -59,7 +59,12 @@ impl Invocation {
             Verdict::Approve => changed(),
         };
         if let Some(code) = refusal {
-            drafts.push(Draft::observed(Body::Failed(Failure::of(code))));
+            let mut failure = Failure::of(code);
+            if let Some(because) = answer.because {
+                // SPEC §5.8: denied because the agent was suspended, not by a verdict on it.
+                failure.evidence.insert("suspension".into(), because);
+            }
+            drafts.push(Draft::observed(Body::Failed(failure)));
         }
         let recorded = self.record(drafts).await;
         let record = match &recorded {

@@ -23,6 +23,7 @@ pub mod rate_limit;
 pub mod refusals;
 pub mod resources;
 pub mod retry;
+pub mod suspended;
 pub mod twin;
 
 pub use lease::LeaseTerms;

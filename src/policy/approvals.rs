@@ -137,6 +137,9 @@ pub enum Verdict {
 pub struct Answer {
     pub verdict: Verdict,
     pub recorded: oneshot::Sender<Value>,
+    /// Evidence of a denial no operator gave for this request alone: the agent's suspension
+    /// (SPEC §5.8 kill switch), recorded as the failure's `suspension`.
+    pub because: Option<Value>,
 }
 
 /// A held request as listed: with whether its caller is still connected. An approved
@@ -149,25 +152,84 @@ pub struct Listed {
     pub caller_gone: bool,
 }
 
+type Waiting = HashMap<String, (Listed, oneshot::Sender<Answer>)>;
+
 /// The requests waiting for an answer, by invocation id.
 #[derive(Debug, Default)]
 pub struct Approvals {
-    held: Mutex<HashMap<String, (Listed, oneshot::Sender<Answer>)>>,
+    held: Mutex<Waiting>,
+    /// Suspended agents (SPEC §5.8), with the suspension's evidence: a request of theirs
+    /// is denied as it is held. Checked under the same lock a suspension denies under, so a
+    /// request that passed the suspension check just before cannot slip into the wait.
+    barred: Mutex<HashMap<String, Value>>,
 }
 
 impl Approvals {
-    /// Holds a request; the receiver gets the operator's answer.
+    /// Holds a request; the receiver gets the operator's answer (at once a denial, when
+    /// its agent is suspended).
     pub fn hold(&self, held: Held) -> oneshot::Receiver<Answer> {
         let (tx, rx) = oneshot::channel();
-        if let Ok(mut map) = self.held.lock() {
-            let id = held.invocation_id.clone();
-            let listed = Listed {
-                held,
-                caller_gone: false,
-            };
-            map.insert(id, (listed, tx));
+        let Ok(mut map) = self.held.lock() else {
+            return rx;
+        };
+        let barred = self
+            .barred
+            .lock()
+            .ok()
+            .and_then(|b| b.get(&held.agent).cloned());
+        if let Some(because) = barred {
+            let (recorded, _) = oneshot::channel();
+            let verdict = Verdict::Deny;
+            let _ = tx.send(Answer {
+                verdict,
+                recorded,
+                because: Some(because),
+            });
+            return rx;
         }
+        let id = held.invocation_id.clone();
+        let listed = Listed {
+            held,
+            caller_gone: false,
+        };
+        map.insert(id, (listed, tx));
         rx
+    }
+
+    /// SPEC §5.8: denies every request `agent` has held, with `because` as evidence, and
+    /// every one it holds until `lift`. The ids denied.
+    pub fn bar(&self, agent: &str, because: Value) -> Vec<String> {
+        let Ok(mut map) = self.held.lock() else {
+            return Vec::new();
+        };
+        if let Ok(mut barred) = self.barred.lock() {
+            barred.insert(agent.to_owned(), because.clone());
+        }
+        let ids: Vec<String> = map
+            .iter()
+            .filter(|(_, (l, _))| l.held.agent == agent)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &ids {
+            if let Some((_, waiter)) = map.remove(id) {
+                // The record goes to no one: the suspension's answer lists the ids.
+                let (recorded, _) = oneshot::channel();
+                let because = Some(because.clone());
+                let _ = waiter.send(Answer {
+                    verdict: Verdict::Deny,
+                    recorded,
+                    because,
+                });
+            }
+        }
+        ids
+    }
+
+    /// The agent was resumed: its requests wait for an operator again.
+    pub fn lift(&self, agent: &str) {
+        if let Ok(mut barred) = self.barred.lock() {
+            barred.remove(agent);
+        }
     }
 
     /// Every held request, oldest first.
@@ -195,7 +257,14 @@ impl Approvals {
     pub fn answer(&self, id: &str, verdict: Verdict) -> Option<oneshot::Receiver<Value>> {
         let (_, waiter) = self.held.lock().ok()?.remove(id)?;
         let (recorded, rx) = oneshot::channel();
-        waiter.send(Answer { verdict, recorded }).ok()?;
+        let because = None;
+        waiter
+            .send(Answer {
+                verdict,
+                recorded,
+                because,
+            })
+            .ok()?;
         Some(rx)
     }
 
@@ -265,6 +334,31 @@ mod tests {
             "answered once"
         );
         assert!(approvals.answer("act_zz", Verdict::Approve).is_none());
+    }
+
+    #[test]
+    fn a_barred_agent_is_denied_what_it_holds_and_what_it_holds_next() {
+        let approvals = Approvals::default();
+        let mut first = approvals.hold(held("act_d", "2026-01-01T00:00:00.000Z"));
+        let mut other = held("act_e", "2026-01-01T00:00:00.000Z");
+        other.agent = "other".into();
+        let _other = approvals.hold(other);
+        let why = serde_json::json!({"id": "sus_1"});
+        assert_eq!(approvals.bar("ci", why.clone()), ["act_d"]);
+        let got = first.try_recv().map(|a| (a.verdict, a.because)).ok();
+        assert_eq!(got, Some((Verdict::Deny, Some(why.clone()))));
+        let mut next = approvals.hold(held("act_f", "2026-01-01T00:00:01.000Z"));
+        let got = next.try_recv().map(|a| (a.verdict, a.because)).ok();
+        assert_eq!(got, Some((Verdict::Deny, Some(why))));
+        let listed: Vec<String> = approvals.list().into_iter().map(|l| l.held.agent).collect();
+        assert_eq!(listed, ["other"], "another agent's request still waits");
+        approvals.lift("ci");
+        let _held = approvals.hold(held("act_g", "2026-01-01T00:00:02.000Z"));
+        assert_eq!(
+            approvals.list().len(),
+            2,
+            "resumed: held for an operator again"
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ use super::session::AgentSession;
 use crate::config::{Config, SshTarget};
 use crate::contract::{Code, Envelope, unjournaled_refusal};
 use crate::lifecycle::rate_limit::RateLimits;
+use crate::lifecycle::suspended::Suspended;
 use crate::listen::Guarded;
 use crate::policy::{AgentAuth, authenticate_pair};
 
@@ -49,6 +50,8 @@ pub struct SshFront {
     refusals_unjournaled: Counter,
     /// `rate_limit` buckets, shared with the HTTP proxy: an agent's limit covers its execs.
     rates: Arc<RateLimits>,
+    /// Suspended agents (SPEC §5.8 kill switch), shared with the HTTP proxy.
+    suspended: Arc<Suspended>,
 }
 
 impl SshFront {
@@ -59,7 +62,7 @@ impl SshFront {
         dispatch: Arc<dyn ExecDispatch>,
         busy: Arc<BusyPerAgent>,
         refusals_unjournaled: Counter,
-        rates: Arc<RateLimits>,
+        (rates, suspended): (Arc<RateLimits>, Arc<Suspended>),
     ) -> Self {
         let server = russh::server::Config {
             keys: vec![host_key],
@@ -76,6 +79,7 @@ impl SshFront {
             refusals: Arc::new(RefusalRate::refusals()),
             refusals_unjournaled,
             rates,
+            suspended,
             live,
             journal,
             dispatch,
@@ -131,6 +135,7 @@ async fn connection(front: Arc<SshFront>, stream: TcpStream) {
         .and_then(|a| a.rate_limit);
     let handler = AgentSession {
         rate: rate.map(|r| (front.rates.clone(), r)),
+        suspended: front.suspended.clone(),
         journal: front.journal.clone(),
         dispatch: front.dispatch.clone(),
         agent,
@@ -210,6 +215,7 @@ async fn admit(
         }
     };
     match match_target(&config, &agent, &p) {
+        Ok(_) if front.suspended.of(&agent).is_some() => Err(suspended(front, &agent, url).await),
         Ok(target) => Ok((agent, Arc::new(target.clone()))),
         Err(field) => {
             let what = Refused {
@@ -222,6 +228,25 @@ async fn admit(
             Err(refuse::journal(&front.journal, what, failure).await)
         }
     }
+}
+
+/// SPEC §5.8: a suspended agent opens no new session (`AGENT_SUSPENDED`), journaled at the
+/// refusals' bounded rate per agent.
+async fn suspended(front: &SshFront, agent: &str, url: String) -> Envelope {
+    let Some(failure) = front.suspended.refusal(agent) else {
+        return unjournaled_refusal(Code::AgentSuspended, "agent");
+    };
+    if !front.refusals.may_journal(agent) {
+        front.refusals_unjournaled.inc();
+        return unjournaled_refusal(failure.code, "agent");
+    }
+    let what = Refused {
+        agent,
+        target: url,
+        method: "session",
+        command: None,
+    };
+    refuse::journal(&front.journal, what, failure).await
 }
 
 /// Same rules as the HTTP front: no `[[agents]]` → `anonymous`, loopback only; else the

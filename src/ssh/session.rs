@@ -53,6 +53,8 @@ pub(crate) struct AgentSession {
     pub refused: u32,
     /// The agent's `rate_limit` and the buckets it draws on, if it has one.
     pub rate: Option<(Arc<RateLimits>, Rate)>,
+    /// Suspended agents (SPEC §5.8): checked on every exec, not only at the preamble.
+    pub suspended: Arc<crate::lifecycle::suspended::Suspended>,
 }
 
 /// Moves the channel's stdin into a queue, so the session never stalls on a full channel
@@ -255,6 +257,16 @@ impl russh::server::Handler for AgentSession {
                 method: "exec",
                 command: Some(command),
                 failure: command_denied(why),
+            };
+            self.refuse_channel(id, session, refusal);
+            return Ok(());
+        }
+        // SPEC §5.8: a session opened before its agent was suspended runs no new exec.
+        if let Some(failure) = self.suspended.refusal(&self.agent) {
+            let refusal = Refusal {
+                method: "exec",
+                command: Some(command),
+                failure,
             };
             self.refuse_channel(id, session, refusal);
             return Ok(());

@@ -21,6 +21,7 @@ mod http;
 mod https;
 mod idempotency;
 mod jail;
+mod kill_switch;
 mod limits;
 mod mcp;
 mod mcp_stdio;

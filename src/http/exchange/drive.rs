@@ -112,6 +112,9 @@ impl Exchange {
             Err(r) => return Outgoing::Respond(self.refused(r).await),
         };
         self.aws_route = signs_aws(&config, route);
+        if let Some(failure) = self.proxy.suspended.refusal(&self.agent) {
+            return Outgoing::Respond(self.refused_with(failure).await);
+        }
         if let Err(resp) = self.within_rate(&config, route).await {
             return Outgoing::Respond(resp);
         }
@@ -319,13 +322,19 @@ impl Exchange {
     async fn refused(&mut self, r: Refuse) -> Response<ProxyBody> {
         let field = r.field.unwrap_or(Cow::Borrowed("target"));
         let mut failure = Failure::of(r.code);
-        failure.field = Some(field.clone().into_owned());
+        failure.field = Some(field.into_owned());
+        self.refused_with(failure).await
+    }
+
+    /// `refused` for a failure that carries its own evidence (its `field` set).
+    async fn refused_with(&mut self, mut failure: Failure) -> Response<ProxyBody> {
+        let field = failure.field.clone().unwrap_or_else(|| "target".into());
         if self.inv.unrecorded() {
             if !self.inv.journal().records_refusals()
                 || !self.proxy.refusals.may_journal(&self.agent)
             {
                 self.proxy.metrics.refusals_unjournaled.inc();
-                return respond::envelope(&unjournaled_refusal(r.code, &field));
+                return respond::envelope(&unjournaled_refusal(failure.code, &field));
             }
             if self.inv.cap_target() {
                 failure

@@ -129,6 +129,9 @@ impl Tunnel {
         if self.inv.journal().admit().is_err() {
             return Err(journal_unavailable());
         }
+        if let Some(failure) = self.proxy.suspended.refusal(&self.opening.agent) {
+            return Err(self.inv.fail(vec![], failure).await);
+        }
         let busy = self.proxy.busy.clone();
         let Some(hold) = busy.hold(&self.opening.agent) else {
             return Err(super::busy::refuse(&mut self.inv, busy.limit()).await);
