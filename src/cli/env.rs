@@ -173,6 +173,13 @@ fn vars_of(
     if matches!(place, crate::policy::placeholder::Place::Sigv4 { .. }) {
         vars.push(("AWS_SECRET_ACCESS_KEY".into(), AWS_SECRET_FILLER.into()));
     }
+    // Google client libraries ask the metadata server postern answers there (SPEC §3.8).
+    let google = matches!(&cred.inject, crate::config::Inject::OAuth2(o) if o.grant == crate::config::Grant::JwtBearer);
+    if google {
+        for name in ["GCE_METADATA_HOST", "GCE_METADATA_IP"] {
+            vars.push((name.into(), crate::http::agent::internal::HOST.into()));
+        }
+    }
     vars
 }
 

@@ -11,8 +11,8 @@ use http::{Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
-use super::internal;
 use super::sniff::FramingSniffer;
+use super::{internal, metadata};
 use crate::config::{Route, Scheme};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::http::Inbound;
@@ -317,6 +317,10 @@ async fn front_request(
         .is_some_and(|h| h.eq_ignore_ascii_case(internal::HOST))
     {
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let google = metadata::service_account(&proxy.config(), &agent).is_some();
+        if google && metadata::is_metadata(path) {
+            return metadata::respond(&proxy, &agent, req.headers(), path);
+        }
         return internal::respond(&proxy, &agent, req.method(), path);
     }
     let target = match (uri.scheme_str(), uri.host()) {

@@ -6,6 +6,7 @@
 //! secret it knows, which the guard masks.
 
 use std::collections::HashSet;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -320,6 +321,83 @@ fn a_service_account_key_file_mints_a_google_token() {
     let secrets = [pem_line(&private), "ya29.minted-1".into()];
     let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
     s.stores_none_of(&format!("{head}{body}"), &secrets);
+}
+
+/// SPEC §3.8: google-auth, unchanged, finds the metadata server `postern env` names at
+/// `postern.internal`, takes the placeholder as its token, and its calls carry the token
+/// postern minted from the service-account key.
+#[test]
+fn google_auth_finds_its_token_at_the_metadata_server_postern_answers() {
+    let (private, public) = rsa_key(false);
+    let entry = json!({
+        "type": "service_account",
+        "project_id": "proj-7",
+        "private_key_id": "key-1",
+        "private_key": private,
+        "client_email": SA_EMAIL,
+        "token_uri": "https://oauth2.googleapis.com/token",
+    });
+    let url = Arc::new(Mutex::new(String::new()));
+    let inject = format!(
+        r#"grant = "jwt_bearer", token_url = "https://oauth2.test:{{port}}/token", scope = "{GCS_SCOPE}""#
+    );
+    let s = setup(
+        "oauth2.test",
+        &inject,
+        &entry,
+        google(public, url.clone()),
+        String::new(),
+    );
+    *url.lock().unwrap() = format!("https://oauth2.test:{}/token", s.endpoint.tls.addr.port());
+    let config = s.home.dir.path().join("postern.toml");
+    std::fs::write(&config, &s.config).unwrap();
+    let env = s
+        .home
+        .cli(&["env", "--config", config.to_str().unwrap()], &[]);
+    let env = String::from_utf8_lossy(&env.stdout).to_string();
+    assert!(
+        env.contains("export GCE_METADATA_HOST=postern.internal"),
+        "{env}"
+    );
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/google_agent.py"))
+        .arg(format!(
+            "https://api.test:{}/v1/x",
+            s.origin.tls.addr.port()
+        ))
+        .arg(GCS_SCOPE)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", s.home.dir.path());
+    for line in env.lines().filter_map(|l| l.strip_prefix("export ")) {
+        if let Some((k, v)) = line.split_once('=') {
+            cmd.env(k, v.trim_matches('\''));
+        }
+    }
+    for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+        cmd.env(name, &s.daemon.proxy);
+    }
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let got: Value = serde_json::from_str(text.trim()).unwrap_or_else(|_| {
+        panic!(
+            "{text}{}\npostern: {}",
+            String::from_utf8_lossy(&out.stderr),
+            s.daemon.stderr()
+        )
+    });
+    assert_eq!(
+        got["token"], "postern:m",
+        "the library holds the placeholder: {got}"
+    );
+    assert_eq!(got["email"], SA_EMAIL, "{got}");
+    assert_eq!(got["project"], "proj-7", "{got}");
+    assert_eq!(got["status"], 200, "{got}");
+    assert_eq!(
+        s.origin.seen.lock().unwrap().clone(),
+        ["Bearer ya29.minted-1"],
+        "the origin got the minted token"
+    );
 }
 
 /// A token endpoint refusing the assertion: nothing sent, the code says fix something.
