@@ -641,3 +641,47 @@ fn a_restart_after_a_rotation_presents_the_new_refresh_token() {
     );
     assert!(vault_version(&s.home).contains("minting\tversion 3"));
 }
+
+/// The crash cells around a refresh token's rotation (SPEC §3.8). The token request is
+/// postern's own invocation; its result is committed only after the rotated token is stored.
+/// Killed right after the request's `DISPATCH_STARTED` (nothing has left), and killed right
+/// after its `RESULT_COMMITTED` (the rotation is stored by then): either way the restarted
+/// daemon presents a refresh token the endpoint still honours, and the family stays intact.
+#[test]
+fn a_crash_around_a_token_request_never_presents_a_revoked_refresh_token() {
+    for (failpoint, left) in [
+        ("DISPATCH_STARTED", "unknown"),
+        ("RESULT_COMMITTED", "committed"),
+    ] {
+        let (mut s, family) = refresh_setup(None);
+        s.daemon.kill();
+        let envs = [
+            ("POSTERN_VAULT_KEY", VAULT_KEY),
+            ("POSTERN_CRASH_AFTER", failpoint),
+        ];
+        s.daemon = Daemon::start_with(&s.home, Some(&s.config), &envs);
+        let _ = s.call();
+        assert!(
+            s.daemon.wait_exit(Duration::from_secs(10)).is_some(),
+            "{failpoint}: the failpoint ends the daemon"
+        );
+        s.daemon = start(&s.home, &s.config);
+        let (status, body, _) = s.call();
+        assert_eq!(status, 200, "{failpoint}: {body}");
+        assert!(
+            !family.lock().unwrap().revoked,
+            "{failpoint}: the family is intact"
+        );
+        // The token request the crash cut is on record as the journal proves it.
+        let list = s.daemon.cli(&["actions", "list", "--json"], &[]);
+        let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+        let first = list["invocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rfind(|r| r["agent"] == "postern")
+            .unwrap_or_else(|| panic!("{list}"))
+            .clone();
+        assert_eq!(first["outcome"], left, "{failpoint}: {first}");
+    }
+}

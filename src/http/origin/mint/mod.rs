@@ -284,10 +284,11 @@ impl Minter {
             Some((m, v)) => (m, *v),
             None => (ask.material, ask.version),
         };
-        let answer = request_token(proxy, config, ask, material).await?;
+        let (answer, answered) = request_token(proxy, config, ask, material).await?;
         let serial = self.serial.fetch_add(1, Ordering::Relaxed) + 1;
-        // Stored before the token is handed out: a restart never presents a revoked one.
-        let (version, refresh) = rotate::store(
+        // Stored before the token is handed out (a restart never presents a revoked one),
+        // and before the token request's result is committed.
+        let stored = rotate::store(
             proxy,
             ask.secret,
             material,
@@ -295,7 +296,9 @@ impl Minter {
             answer.refresh_token,
             slot,
         )
-        .await?;
+        .await;
+        answered.commit().await;
+        let (version, refresh) = stored?;
         let token = Token {
             value: answer.token,
             serial,
@@ -345,7 +348,7 @@ async fn request_token(
     config: &Config,
     ask: &Ask<'_>,
     material: &Material,
-) -> Result<grant::Answer, MintFailure> {
+) -> Result<(grant::Answer, Answered), MintFailure> {
     let oauth = ask.oauth;
     let target = token_target(&oauth.token_url)
         .map_err(|why| MintFailure::new("connection", format!("token_url {why}")))?;
@@ -424,12 +427,44 @@ async fn request_token(
             return Err(named(m, &record));
         }
     };
-    match &body {
-        Ok(b) => record.answered(status, b).await,
-        Err(_) => record.unanswered(Code::RemoteResultIncomplete).await,
+    let Ok(body) = body else {
+        record.unanswered(Code::RemoteResultIncomplete).await;
+        let read = grant::read_answer(material, status, None, SystemTime::now());
+        return Err(named(
+            read.err()
+                .unwrap_or_else(|| MintFailure::new("body", "cut short")),
+            &record,
+        ));
+    };
+    match grant::read_answer(material, status, Some(body.clone()), SystemTime::now()) {
+        Ok(answer) => Ok((
+            answer,
+            Answered {
+                record,
+                status,
+                body,
+            },
+        )),
+        Err(m) => {
+            record.answered(status, &body).await;
+            Err(named(m, &record))
+        }
     }
-    grant::read_answer(material, status, body.ok(), SystemTime::now())
-        .map_err(|m| named(m, &record))
+}
+
+/// A token the endpoint gave, whose invocation is committed once a rotated refresh token is
+/// stored: a crash in between leaves the invocation `unknown`, never a stored rotation
+/// behind a committed record.
+struct Answered {
+    record: TokenInvocation,
+    status: u16,
+    body: bytes::Bytes,
+}
+
+impl Answered {
+    async fn commit(mut self) {
+        self.record.answered(self.status, &self.body).await;
+    }
 }
 
 /// `application/x-www-form-urlencoded` value: everything but unreserved characters escaped.
