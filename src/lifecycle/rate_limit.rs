@@ -114,6 +114,23 @@ impl RateLimits {
     }
 }
 
+/// The buckets a request of `agent` on `route` draws on: the agent's and the route's limits.
+pub fn limits_of(
+    config: &crate::config::Config,
+    agent: &str,
+    route: &crate::config::Route,
+) -> Vec<(Limited, Rate)> {
+    let mut limits = Vec::new();
+    let configured = config.agents.iter().find(|a| a.id == agent);
+    if let Some(rate) = configured.and_then(|a| a.rate_limit) {
+        limits.push((Limited::Agent(agent.to_owned()), rate));
+    }
+    if let Some(rate) = route.rate_limit {
+        limits.push((Limited::Route(route.id.clone()), rate));
+    }
+    limits
+}
+
 /// Whole seconds for `Retry-After`, rounded up (at least 1).
 pub fn retry_after_secs(wait: Duration) -> u64 {
     (wait.as_secs_f64().ceil() as u64).max(1)

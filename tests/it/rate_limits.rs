@@ -130,3 +130,22 @@ fn a_rate_that_is_not_one_is_a_config_error_naming_its_key() {
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("agents[0].rate_limit"), "{text}");
 }
+
+#[test]
+fn a_routes_limit_covers_an_unread_tunnel() {
+    let origin = echo_origin();
+    let home = Home::new();
+    let config = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\n\
+         [[routes]]\nid = \"pinned\"\nintercept = false\nrate_limit = \"1/h\"\nmatch = {{ host = \"origin.test\", port = {} }}\nresolve = \"{}\"\n",
+        origin.addr.port(),
+        origin.addr
+    );
+    let daemon = Daemon::start(&home, Some(&config));
+    let url = format!("https://origin.test:{}/x", origin.addr.port());
+    let ca = origin.ca_file.to_str().unwrap();
+    let (status, body, _) = curl(&["-x", &daemon.proxy, "--cacert", ca, &url]);
+    assert_eq!(status, 200, "the first tunnel: {body}");
+    let (_, _, head) = curl(&["-x", &daemon.proxy, "--cacert", ca, &url]);
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+}

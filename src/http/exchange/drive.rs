@@ -23,7 +23,7 @@ use crate::http::origin::inject::Injection;
 use crate::http::origin::pool::Pool;
 use crate::http::origin::upstream::{Hop, dial};
 use crate::journal::{Body, Draft, Failure, Preflight};
-use crate::lifecycle::rate_limit::{Limited, retry_after_secs};
+use crate::lifecycle::rate_limit::{limits_of, retry_after_secs};
 use crate::listen::HeldSlot;
 use crate::policy::sigv4;
 use crate::policy::{
@@ -351,14 +351,7 @@ impl Exchange {
         config: &Config,
         route: &Route,
     ) -> Result<(), Response<ProxyBody>> {
-        let mut limits = Vec::new();
-        let agent = config.agents.iter().find(|a| a.id == self.agent);
-        if let Some(rate) = agent.and_then(|a| a.rate_limit) {
-            limits.push((Limited::Agent(self.agent.clone()), rate));
-        }
-        if let Some(rate) = route.rate_limit {
-            limits.push((Limited::Route(route.id.clone()), rate));
-        }
+        let limits = limits_of(config, &self.agent, route);
         let Err((who, wait)) = self.proxy.rates.admit(&limits) else {
             return Ok(());
         };

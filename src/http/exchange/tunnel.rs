@@ -35,6 +35,7 @@ use crate::journal::{
     Source, StoredResult, TunnelResult, rfc3339,
 };
 use crate::lifecycle::Invocation;
+use crate::lifecycle::rate_limit::{limits_of, retry_after_secs};
 use crate::listen::Slot;
 use crate::policy::Target;
 use crate::policy::approvals::{Held, preview};
@@ -130,6 +131,20 @@ impl Tunnel {
             return Err(journal_unavailable());
         }
         if let Some(failure) = self.proxy.suspended.refusal(&self.opening.agent) {
+            return Err(self.inv.fail(vec![], failure).await);
+        }
+        let limits = limits_of(
+            &self.proxy.config(),
+            &self.opening.agent,
+            &self.opening.route,
+        );
+        if let Err((who, wait)) = self.proxy.rates.admit(&limits) {
+            let mut failure = Failure::of(Code::RateLimited);
+            failure.field = Some(who.field().into());
+            let after = retry_after_secs(wait);
+            failure
+                .evidence
+                .insert("retry_after_secs".into(), after.into());
             return Err(self.inv.fail(vec![], failure).await);
         }
         let busy = self.proxy.busy.clone();
