@@ -857,3 +857,31 @@ fn openai_python_timeout_and_retry_without_a_credential_is_one_effect() {
 fn stripe_timeout_and_retry_without_a_credential_is_one_effect() {
     sdk_timeout_is_one_effect(Sdk::Stripe, false);
 }
+
+/// SPEC §5.8: past a route's `rate_limit` postern answers `429` with `Retry-After`; the
+/// openai SDK waits that long by itself and its retry gets through (not sent twice).
+#[test]
+fn openai_python_waits_out_a_rate_limit_and_gets_through() {
+    let s = setup(
+        Sdk::OpenAiPython,
+        Act::Answer,
+        true,
+        "rate_limit = \"1/s\"\n",
+    );
+    let first = s.run(&s.placeholder(), &[]);
+    assert_ok(&first, "the first call");
+    let second = s.run(&s.placeholder(), &[]);
+    assert_ok(&second, "the second call, after its own wait");
+    assert_eq!(s.origin.effects(), 2, "each call applied once");
+    assert_eq!(
+        s.origin.seen().len(),
+        2,
+        "the refused try never reached the origin"
+    );
+    let refused = s.daemon.cli(&["actions", "list", "--json"], &[]);
+    let text = String::from_utf8_lossy(&refused.stdout);
+    assert!(
+        text.contains("RATE_LIMITED"),
+        "the refusal is journaled: {text}"
+    );
+}
