@@ -113,6 +113,7 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
                 Err(r) => r,
             }
         }
+        (&Method::GET, ["v1", "audit", "export"]) => export(state, &query),
         (&Method::GET, ["v1", "audit", "verify"]) => match state.journal.verify() {
             Ok(report) => json_reply(StatusCode::OK, &json!(report)),
             Err(_) => storage_error(),
@@ -182,6 +183,31 @@ fn healthz(state: &AdminState) -> Reply {
         status,
         &json!({"status": overall, "journal": journal, "vault": vault, "missing_secrets": missing}),
     )
+}
+
+/// `?since=SEQ&limit=N` (1..=5000, 1000 unless given): the audit export's next page.
+fn export(state: &AdminState, query: &str) -> Reply {
+    let (mut since, mut limit) = (1u64, 1000usize);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let parsed = match k {
+            "since" => v.parse().map(|n| since = n).ok(),
+            "limit" => v
+                .parse()
+                .ok()
+                .filter(|n| (1..=5000).contains(n))
+                .map(|n| limit = n),
+            _ => None,
+        };
+        if parsed.is_none() {
+            let why = "since=SEQ and limit=1..5000 are the export's parameters";
+            return error(StatusCode::BAD_REQUEST, "BAD_QUERY", why);
+        }
+    }
+    match state.journal.export(since, limit) {
+        Ok(page) => json_reply(StatusCode::OK, &json!(page)),
+        Err(_) => storage_error(),
+    }
 }
 
 /// `?agent=&outcome=&phase=&limit=&cursor=`

@@ -330,6 +330,14 @@ pub enum AuditCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Print every journal event from SEQ on as JSON lines: seq, ts, invocation_id, kind,
+    /// source, hop, hash, prev_hash and the invocation's agent, route, outcome and code
+    /// (opens the journal itself when no daemon runs).
+    Export {
+        /// The first seq to print.
+        #[arg(long, default_value_t = 1)]
+        since: u64,
+    },
 }
 
 /// Exit codes: 0 ok, 1 failure (or a broken chain), 2 usage, 3 daemon unreachable.
@@ -430,6 +438,10 @@ fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
             command: AuditCommand::Verify { json },
             admin,
         } => operator::audit_verify(&target(admin), home, json),
+        Command::Audit {
+            command: AuditCommand::Export { since },
+            admin,
+        } => operator::audit_export(&target(admin), home, since),
         #[cfg(feature = "failpoints")]
         Command::Drill(args) => drill::run(home, &args),
     }

@@ -366,14 +366,61 @@ pub fn audit_verify(target: &AdminTarget, home: &Home, json: bool) -> Result<Exi
     })
 }
 
-fn offline_verify(home: &Home) -> Result<Value, CliError> {
+/// `postern audit export --since SEQ` (SPEC §5.8): every event from SEQ as a JSON line, page
+/// by page from the daemon, or from the journal itself when no daemon runs.
+pub fn audit_export(
+    target: &AdminTarget,
+    home: &Home,
+    mut since: u64,
+) -> Result<ExitCode, CliError> {
+    loop {
+        let page = match get(
+            target,
+            &format!("/v1/audit/export?since={since}&limit=1000"),
+        ) {
+            Ok(v) => v,
+            Err(CliError::Unreachable { .. }) => return offline_export(home, since),
+            Err(e) => return Err(e),
+        };
+        let events = page["events"].as_array().cloned().unwrap_or_default();
+        if events.is_empty() {
+            return Ok(ExitCode::SUCCESS);
+        }
+        for event in &events {
+            outln!("{event}");
+        }
+        since = page["next_since"].as_u64().unwrap_or(u64::MAX);
+    }
+}
+
+fn offline_export(home: &Home, mut since: u64) -> Result<ExitCode, CliError> {
+    let store = open_offline(home)?;
+    loop {
+        let page = crate::journal::export_page(&store, since, 1000)
+            .map_err(|e| CliError::Failed(format!("cannot read the journal: {e}")))?;
+        if page.events.is_empty() {
+            return Ok(ExitCode::SUCCESS);
+        }
+        for event in &page.events {
+            outln!("{}", json!(event));
+        }
+        since = page.next_since;
+    }
+}
+
+/// The journal opened by the CLI itself (no daemon holds it).
+fn open_offline(home: &Home) -> Result<crate::journal::FjallStore, CliError> {
     home.require().map_err(CliError::Failed)?;
     let dir = home.journal_dir();
     if !dir.exists() {
         return Err(CliError::Failed(format!("no journal at {}", dir.display())));
     }
-    let store = crate::journal::FjallStore::open(&dir)
-        .map_err(|e| CliError::Failed(format!("cannot open the journal: {e}")))?;
+    crate::journal::FjallStore::open(&dir)
+        .map_err(|e| CliError::Failed(format!("cannot open the journal: {e}")))
+}
+
+fn offline_verify(home: &Home) -> Result<Value, CliError> {
+    let store = open_offline(home)?;
     let report = crate::journal::verify(&store)
         .map_err(|e| CliError::Failed(format!("cannot read the journal: {e}")))?;
     Ok(json!(report))

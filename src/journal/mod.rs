@@ -11,6 +11,8 @@ mod access;
 mod audit;
 mod encoding;
 mod event;
+mod export;
+pub use export::{ExportPage, Exported, page as export_page};
 mod failpoints;
 pub use failpoints::{lease_ttl_override, pause_after_lease, pause_before_send};
 mod fjall_store;
@@ -452,6 +454,11 @@ impl Journal {
 
     pub fn verify(&self) -> Result<AuditReport, StoreError> {
         verify(self.store.as_ref())
+    }
+
+    /// Events from `since` for the audit export (SPEC §5.8), at most `limit`.
+    pub fn export(&self, since: u64, limit: usize) -> Result<ExportPage, StoreError> {
+        export::page(self.store.as_ref(), since, limit)
     }
 
     /// SPEC §2 recovery: every exchange that was live when postern stopped is settled.
