@@ -5,10 +5,8 @@
 //! events, cannot lift a suspension.
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
 
 use super::event::{AgentSwitch, Body, Draft, Event, Source};
-use super::writer::Request;
 use super::{Journal, JournalError, StoreError};
 
 /// One suspended agent's row: where the operator's action is chained.
@@ -71,17 +69,7 @@ impl Journal {
         let draft = Draft::observed(body)
             .source(Source::OperatorAttested)
             .hop("postern");
-        let (reply, rx) = oneshot::channel();
-        let request = Request::Note {
-            id: id.clone(),
-            draft,
-            reply,
-        };
-        self.tx
-            .send(request)
-            .await
-            .map_err(|_| JournalError::Unavailable)?;
-        let seq = rx.await.map_err(|_| JournalError::Unavailable)??;
+        let seq = self.note(&id, draft).await?;
         Ok((id, seq))
     }
 

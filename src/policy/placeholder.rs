@@ -121,6 +121,25 @@ pub fn query_values(path_and_query: &str, param: &str) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// Removes every `param=…` from the query (names compared decoded, as the placeholder
+/// check reads them).
+pub fn without_param(path_and_query: &mut String, param: &str) {
+    let Some((path, query)) = path_and_query.split_once('?') else {
+        return;
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|kv| {
+            let name = kv.split_once('=').map_or(*kv, |(k, _)| k);
+            !same_name(name, param)
+        })
+        .collect();
+    *path_and_query = match kept.is_empty() {
+        true => path.to_owned(),
+        false => format!("{path}?{}", kept.join("&")),
+    };
+}
+
 /// Whether a raw query name is `param` once decoded.
 pub fn same_name(raw: &str, param: &str) -> bool {
     pct_decode(raw) == param.as_bytes()

@@ -102,7 +102,7 @@ fn secret_of(
         (None, None) => return Err(CommandFailure::Exit(-1)),
     }
     let text = String::from_utf8(bytes?).map_err(|_| CommandFailure::NotText)?;
-    let value = super::source::without_final_newline(text);
+    let value = without_final_newline(text);
     if value.is_empty() {
         return Err(CommandFailure::EmptyOutput);
     }
@@ -157,6 +157,17 @@ fn stop(child: &mut Child) {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Drops one trailing `\n` or `\r\n`.
+pub(super) fn without_final_newline(mut text: String) -> String {
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    text
 }
 
 #[cfg(test)]

@@ -284,22 +284,11 @@ fn read_secret_file(path: &Path) -> Result<String, FileFailure> {
         return Err(FileFailure::TooLarge);
     }
     let text = String::from_utf8(bytes).map_err(|_| FileFailure::NotText)?;
-    let value = without_final_newline(text);
+    let value = super::command::without_final_newline(text);
     if value.is_empty() {
         return Err(FileFailure::Empty);
     }
     Ok(value)
-}
-
-/// Drops one trailing `\n` or `\r\n`.
-pub(super) fn without_final_newline(mut text: String) -> String {
-    if text.ends_with('\n') {
-        text.pop();
-        if text.ends_with('\r') {
-            text.pop();
-        }
-    }
-    text
 }
 
 /// Reads the key, or makes it: written whole under a temporary name, then linked into

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use super::intake::AgentBody;
 use super::upgrade::take_websocket;
 use super::{Exchange, Inbound};
-use crate::config::{Approval, Config, Grant, Inject, Route};
+use crate::config::{Approval, Config, Inject, Route};
 use crate::contract::{Code, journal_unavailable, unjournaled_refusal};
 use crate::http::Proxy;
 use crate::http::deliver::flushed::DeliveryEnd;
@@ -20,8 +20,10 @@ use crate::http::deliver::outgoing::Outgoing;
 use crate::http::deliver::stream::StreamEnd;
 use crate::http::message::respond::{self, POSTERN_CREDENTIAL, ProxyBody};
 use crate::http::origin::inject::Injection;
+use crate::http::origin::inject::credential_failure;
 use crate::http::origin::pool::Pool;
-use crate::http::origin::upstream::{Hop, dial};
+use crate::http::origin::upstream::bind_hop;
+use crate::http::origin::upstream::dial;
 use crate::journal::{Body, Draft, Failure, Preflight};
 use crate::lifecycle::rate_limit::{limits_of, retry_after_secs};
 use crate::listen::HeldSlot;
@@ -140,14 +142,14 @@ impl Exchange {
         match &placeholder {
             Some(placeholder::Place::Header(name)) => covered.retain(|(n, _)| n != name),
             Some(placeholder::Place::Query(param)) => {
-                crate::http::origin::inject::without_param(&mut url, param)
+                crate::policy::placeholder::without_param(&mut url, param)
             }
             // What an AWS SDK changes between its own tries is left out: its retry of a
             // lost call is a resend (SPEC §3.8).
             Some(placeholder::Place::Sigv4 { .. }) => {
                 covered.retain(|(n, _)| !sigv4::CHANGED_BETWEEN_TRIES.contains(n));
                 for param in sigv4::QUERY_PARAMS {
-                    crate::http::origin::inject::without_param(&mut url, param);
+                    crate::policy::placeholder::without_param(&mut url, param);
                 }
             }
             None => {}
@@ -478,70 +480,6 @@ async fn run_spawned(mut ex: Exchange, inbound: Inbound) -> Response<ProxyBody> 
 struct Refuse {
     code: Code,
     field: Option<Cow<'static, str>>,
-}
-
-/// A credential that could not be had. The secret's name goes only to the event's internal
-/// `diagnostic` (the operator's view), never into the envelope (SPEC §1.8).
-fn credential_failure(config: &Config, credential: &str, mut failure: Failure) -> Failure {
-    if failure.code == Code::InjectionModeUnsupported && failure.diagnostic.is_none() {
-        let inject = config
-            .credentials
-            .iter()
-            .find(|c| c.id == credential)
-            .map(|c| &c.inject);
-        failure.diagnostic = Some(format!("credential {credential}: {}", unsupported(inject)));
-    }
-    failure
-}
-
-/// Why a credential cannot be injected here, by its mode.
-fn unsupported(inject: Option<&Inject>) -> &'static str {
-    match inject {
-        Some(Inject::AwsSigv4 { .. }) => {
-            "its vault entry must be JSON {\"access_key_id\", \"secret_access_key\", \"session_token\"?}, and the request signed in its Authorization header (a presigned URL or an upload signed chunk by chunk is not re-signed yet)"
-        }
-        Some(Inject::OAuth2(o)) => match o.grant {
-            Grant::ClientCredentials => {
-                "its vault entry must be JSON {\"client_id\", \"client_secret\"}"
-            }
-            Grant::RefreshToken => {
-                "its vault entry must be JSON {\"client_id\", \"client_secret\"?, \"refresh_token\"}"
-            }
-            Grant::JwtBearer => {
-                "its vault entry must be a service-account key file: JSON with \"client_email\" and an RSA \"private_key\" in PEM"
-            }
-            Grant::GithubApp => {
-                "its vault entry must be JSON {\"app_id\", \"installation_id\", \"private_key\"} with an RSA key in PEM"
-            }
-        },
-        Some(Inject::SshKey | Inject::SshPassword) => {
-            "an SSH credential cannot be put on an HTTP request"
-        }
-        _ => {
-            "its secret holds bytes an HTTP header cannot carry (CR, LF, NUL or other control characters)"
-        }
-    }
-}
-
-/// The route's `via` hop with its `via_credential` fetched, refused like any credential
-/// that cannot be had.
-pub(in crate::http) fn bind_hop(
-    config: &Config,
-    vault: &crate::vault::Vault,
-    route: &Route,
-) -> Result<Option<Hop>, Failure> {
-    let Some(via) = &route.via else {
-        return Ok(None);
-    };
-    let Some(id) = &via.credential else {
-        return Ok(Some(Hop::new(via.clone(), None)));
-    };
-    let injection =
-        Injection::resolve(config, vault, id).map_err(|f| credential_failure(config, id, f))?;
-    if injection.proxy_authorization().is_none() {
-        return Err(Failure::of(Code::InjectionModeUnsupported));
-    }
-    Ok(Some(Hop::new(via.clone(), Some(injection))))
 }
 
 /// Whether one of the route's credentials is `aws_sigv4`.

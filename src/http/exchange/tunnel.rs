@@ -21,14 +21,13 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 
 use super::approval::watching_the_caller;
-use super::drive::bind_hop;
 use crate::config::{Approval, Route};
 use crate::contract::{
     Code, Completion, Envelope, StatusResolution, classify_tunnel, journal_unavailable,
 };
 use crate::http::Proxy;
 use crate::http::message::respond::{self, POSTERN_INVOCATION, ProxyBody};
-use crate::http::origin::upstream::{Connected, connect_tcp};
+use crate::http::origin::upstream::{Connected, bind_hop, connect_tcp};
 use crate::http::relay::pump::{self, Relayed, Unread};
 use crate::journal::{
     Accepted, Body, Dispatch, Draft, Failure, Payload, Preflight, Protocol, ResultCommitted,

@@ -7,13 +7,13 @@ use http::{HeaderMap, HeaderName, HeaderValue, header};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
-use super::mint::{self, Ask, Material, MintFailure, Minter, Token};
+use super::mint::material::{Material, Token};
 use super::sigv4::{self, KeyPair};
 use crate::policy::sigv4::Scope;
 
 use crate::guard::{GuardCache, ReflectionGuard, pct_reserved};
 
-use crate::config::{Config, Inject, OAuth2, SecretSource};
+use crate::config::{Config, Grant, Inject, OAuth2, SecretSource};
 use crate::contract::{Code, CredentialEvidence};
 use crate::journal::Failure;
 use crate::vault::{Secret, Vault};
@@ -23,15 +23,15 @@ pub struct Injection {
     pub id: String,
     inject: Inject,
     /// The vault entry's name (a minted credential's rotation writes it).
-    secret_name: String,
-    secret: Secret,
+    pub(in crate::http) secret_name: String,
+    pub(in crate::http) secret: Secret,
     /// `aws_sigv4`: the key pair the vault entry holds, and the scope it last signed for.
     aws: Option<KeyPair>,
     signed: OnceLock<Scope>,
     /// `oauth2`: the grant material the vault entry holds, and the token minted for this
     /// request (`mint`), which `apply` injects.
-    oauth: Option<(OAuth2, Material)>,
-    token: Option<Token>,
+    pub(in crate::http) oauth: Option<(OAuth2, Material)>,
+    pub(in crate::http) token: Option<Token>,
 }
 
 impl Injection {
@@ -113,7 +113,7 @@ impl Injection {
             }
             Inject::Query { param } => {
                 // A placeholder the agent sent there gives way to the secret.
-                without_param(path_and_query, param);
+                crate::policy::placeholder::without_param(path_and_query, param);
                 let sep = if path_and_query.contains('?') {
                     '&'
                 } else {
@@ -138,42 +138,6 @@ impl Injection {
             Inject::SshKey | Inject::SshPassword => return None,
         }
         Some(())
-    }
-
-    /// `oauth2`: the access token this request carries, kept or minted now (SPEC §3.8).
-    /// Other modes: nothing to do.
-    pub async fn mint(
-        &mut self,
-        proxy: &Arc<crate::http::Proxy>,
-        config: Arc<Config>,
-    ) -> Result<(), MintFailure> {
-        let Some(ask) = self.ask() else {
-            return Ok(());
-        };
-        let token = proxy.minter.token(proxy, config, &ask).await?;
-        self.token = Some(token);
-        Ok(())
-    }
-
-    /// What a token request for this credential needs (`oauth2` only).
-    fn ask(&self) -> Option<Ask<'_>> {
-        let (oauth, material) = self.oauth.as_ref()?;
-        Some(Ask {
-            credential: &self.id,
-            secret: &self.secret_name,
-            version: self.secret.version.vault_number(),
-            oauth,
-            material,
-        })
-    }
-
-    /// The origin answered `401` to this request: its minted token is dropped, so the next
-    /// request mints anew (SPEC §3.8). Other modes: nothing to do.
-    pub fn refused_by_origin(&self, minter: &Minter) {
-        let (Some(ask), Some(token)) = (self.ask(), &self.token) else {
-            return;
-        };
-        minter.forget(&mint::slot_key(&ask), token.serial);
     }
 
     /// `aws_sigv4`: replaces the agent's signature with the real key pair's, once every
@@ -306,26 +270,54 @@ impl Injection {
     }
 }
 
-/// Removes every `param=…` from the query (names compared decoded, as the placeholder
-/// check reads them).
-pub(in crate::http) fn without_param(path_and_query: &mut String, param: &str) {
-    let Some((path, query)) = path_and_query.split_once('?') else {
-        return;
-    };
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|kv| {
-            let name = kv.split_once('=').map_or(*kv, |(k, _)| k);
-            !crate::policy::placeholder::same_name(name, param)
-        })
-        .collect();
-    *path_and_query = match kept.is_empty() {
-        true => path.to_owned(),
-        false => format!("{path}?{}", kept.join("&")),
-    };
-}
-
 /// Percent-encodes everything but unreserved characters (RFC 3986).
 fn pct(s: &str) -> String {
     pct_reserved(s.as_bytes(), b"")
+}
+
+/// A credential that could not be had. The secret's name goes only to the event's internal
+/// `diagnostic` (the operator's view), never into the envelope (SPEC §1.8).
+pub(in crate::http) fn credential_failure(
+    config: &Config,
+    credential: &str,
+    mut failure: Failure,
+) -> Failure {
+    if failure.code == Code::InjectionModeUnsupported && failure.diagnostic.is_none() {
+        let inject = config
+            .credentials
+            .iter()
+            .find(|c| c.id == credential)
+            .map(|c| &c.inject);
+        failure.diagnostic = Some(format!("credential {credential}: {}", unsupported(inject)));
+    }
+    failure
+}
+
+/// Why a credential cannot be injected here, by its mode.
+fn unsupported(inject: Option<&Inject>) -> &'static str {
+    match inject {
+        Some(Inject::AwsSigv4 { .. }) => {
+            "its vault entry must be JSON {\"access_key_id\", \"secret_access_key\", \"session_token\"?}, and the request signed by an AWS SDK with the placeholder (an upload signed chunk by chunk is not re-signed yet)"
+        }
+        Some(Inject::OAuth2(o)) => match o.grant {
+            Grant::ClientCredentials => {
+                "its vault entry must be JSON {\"client_id\", \"client_secret\"}"
+            }
+            Grant::RefreshToken => {
+                "its vault entry must be JSON {\"client_id\", \"client_secret\"?, \"refresh_token\"}"
+            }
+            Grant::JwtBearer => {
+                "its vault entry must be a service-account key file: JSON with \"client_email\" and an RSA \"private_key\" in PEM"
+            }
+            Grant::GithubApp => {
+                "its vault entry must be JSON {\"app_id\", \"installation_id\", \"private_key\"} with an RSA key in PEM"
+            }
+        },
+        Some(Inject::SshKey | Inject::SshPassword) => {
+            "an SSH credential cannot be put on an HTTP request"
+        }
+        _ => {
+            "its secret holds bytes an HTTP header cannot carry (CR, LF, NUL or other control characters)"
+        }
+    }
 }

@@ -15,9 +15,9 @@ use aws_sigv4::sign::v4;
 use http::{HeaderMap, HeaderValue, header};
 use serde::Deserialize;
 
-use super::inject::without_param;
 use crate::guard::pct_reserved;
 use crate::policy::placeholder::query_values;
+use crate::policy::placeholder::without_param;
 use crate::policy::sigv4::{ALGORITHM, QUERY_PARAMS, Scope, Signed, query_scope};
 
 /// The vault entry of an `aws_sigv4` credential.

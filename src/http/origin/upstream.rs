@@ -6,7 +6,7 @@
 
 mod hop;
 
-pub use hop::Hop;
+pub use hop::{Hop, bind_hop};
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};

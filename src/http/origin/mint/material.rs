@@ -160,6 +160,22 @@ impl SigningKey {
     }
 }
 
+/// A minted access token. `serial` tells one mint from another (the guard and a `401`'s
+/// drop name it); the value is a secret and is never printed.
+#[derive(Clone)]
+pub struct Token {
+    pub value: std::sync::Arc<str>,
+    pub serial: u64,
+    /// The refresh token the endpoint rotated to with this mint (guarded like the rest).
+    pub refresh: Option<std::sync::Arc<str>>,
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Token(#{}, [redacted])", self.serial)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@
 
 mod grant;
 mod jwt;
-mod material;
+pub(crate) mod material;
 mod record;
 mod rotate;
 
@@ -26,7 +26,10 @@ use std::time::{Duration, Instant, SystemTime};
 use http_body_util::{BodyExt, Limited};
 use hyper_util::rt::TokioIo;
 
+use material::Token;
 use record::TokenInvocation;
+
+use super::inject::Injection;
 
 use super::upstream::{Offer, dial_offering};
 use crate::config::{Config, OAuth2};
@@ -45,22 +48,6 @@ const MAX_MARGIN: Duration = Duration::from_secs(60);
 const MAX_TOKEN_BODY: usize = 64 * 1024;
 /// Credentials' token slots kept at once; a full table starts over (like the guard cache).
 const MAX_SLOTS: usize = 256;
-
-/// A minted access token. `serial` tells one mint from another (the guard and a `401`'s
-/// drop name it); the value is a secret and is never printed.
-#[derive(Clone)]
-pub struct Token {
-    pub value: Arc<str>,
-    pub serial: u64,
-    /// The refresh token the endpoint rotated to with this mint (guarded like the rest).
-    pub refresh: Option<Arc<str>>,
-}
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Token(#{}, [redacted])", self.serial)
-    }
-}
 
 /// Why no token was had: the `CREDENTIAL_MINT_FAILED` evidence, and the operator's words.
 #[derive(Debug, Clone)]
@@ -354,7 +341,7 @@ async fn request_token(
         .map_err(|why| MintFailure::new("connection", format!("token_url {why}")))?;
     let route = match_token_route(config, &target)
         .ok_or_else(|| MintFailure::new("connection", "no route matches the token_url"))?;
-    let hop = crate::http::exchange::drive::bind_hop(config, &proxy.vault, route)
+    let hop = super::upstream::bind_hop(config, &proxy.vault, route)
         .map_err(|_| MintFailure::new("connection", "the token route's via credential"))?;
     let req = grant::token_request(
         oauth,
@@ -470,6 +457,44 @@ impl Answered {
 /// `application/x-www-form-urlencoded` value: everything but unreserved characters escaped.
 fn form(s: &str) -> String {
     pct_reserved(s.as_bytes(), b"")
+}
+
+impl Injection {
+    /// `oauth2`: the access token this request carries, kept or minted now (SPEC §3.8).
+    /// Other modes: nothing to do.
+    pub async fn mint(
+        &mut self,
+        proxy: &Arc<crate::http::Proxy>,
+        config: Arc<Config>,
+    ) -> Result<(), MintFailure> {
+        let Some(ask) = self.ask() else {
+            return Ok(());
+        };
+        let token = proxy.minter.token(proxy, config, &ask).await?;
+        self.token = Some(token);
+        Ok(())
+    }
+
+    /// What a token request for this credential needs (`oauth2` only).
+    fn ask(&self) -> Option<Ask<'_>> {
+        let (oauth, material) = self.oauth.as_ref()?;
+        Some(Ask {
+            credential: &self.id,
+            secret: &self.secret_name,
+            version: self.secret.version.vault_number(),
+            oauth,
+            material,
+        })
+    }
+
+    /// The origin answered `401` to this request: its minted token is dropped, so the next
+    /// request mints anew (SPEC §3.8). Other modes: nothing to do.
+    pub fn refused_by_origin(&self, minter: &Minter) {
+        let (Some(ask), Some(token)) = (self.ask(), &self.token) else {
+            return;
+        };
+        minter.forget(&slot_key(&ask), token.serial);
+    }
 }
 
 #[cfg(test)]

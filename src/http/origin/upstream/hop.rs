@@ -11,8 +11,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::Io;
-use crate::config::Via;
-use crate::http::origin::inject::Injection;
+use crate::config::{Config, Route, Via};
+use crate::contract::Code;
+use crate::http::origin::inject::{Injection, credential_failure};
+use crate::journal::Failure;
 use crate::policy::Target;
 
 /// The hop of one invocation: where it is, and the credential it gets (`basic` mode,
@@ -113,4 +115,25 @@ async fn connect(tcp: TcpStream, hop: &Hop, target: &Target) -> Result<Box<dyn I
     }
     let upgraded = hyper::upgrade::on(resp).await.map_err(broken)?;
     Ok(Box::new(TokioIo::new(upgraded)))
+}
+
+/// The route's `via` hop with its `via_credential` fetched, refused like any credential
+/// that cannot be had.
+pub fn bind_hop(
+    config: &Config,
+    vault: &crate::vault::Vault,
+    route: &Route,
+) -> Result<Option<Hop>, Failure> {
+    let Some(via) = &route.via else {
+        return Ok(None);
+    };
+    let Some(id) = &via.credential else {
+        return Ok(Some(Hop::new(via.clone(), None)));
+    };
+    let injection =
+        Injection::resolve(config, vault, id).map_err(|f| credential_failure(config, id, f))?;
+    if injection.proxy_authorization().is_none() {
+        return Err(Failure::of(Code::InjectionModeUnsupported));
+    }
+    Ok(Some(Hop::new(via.clone(), Some(injection))))
 }
