@@ -131,6 +131,18 @@ pub fn limits_of(
     limits
 }
 
+/// The `RATE_LIMITED` failure for a request `who` refused, naming the limit and when the
+/// next token comes (HTTP also sends it as `Retry-After`).
+pub fn refusal(who: &Limited, wait: Duration) -> crate::journal::Failure {
+    let mut failure = crate::journal::Failure::of(crate::contract::Code::RateLimited);
+    failure.field = Some(who.field().into());
+    let after = retry_after_secs(wait);
+    failure
+        .evidence
+        .insert("retry_after_secs".into(), after.into());
+    failure
+}
+
 /// Whole seconds for `Retry-After`, rounded up (at least 1).
 pub fn retry_after_secs(wait: Duration) -> u64 {
     (wait.as_secs_f64().ceil() as u64).max(1)

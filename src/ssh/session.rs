@@ -20,7 +20,7 @@ use crate::config::Rate;
 use crate::config::{CommandRefusal, SshTarget};
 use crate::contract::{Code, unjournaled_refusal};
 use crate::journal::{Failure, Journal};
-use crate::lifecycle::rate_limit::{Limited, RateLimits, retry_after_secs};
+use crate::lifecycle::rate_limit::{Limited, RateLimits, refusal};
 use crate::lifecycle::refusals::RefusalRate;
 
 /// Agent stdin messages buffered per channel before the dispatch reads them.
@@ -134,12 +134,7 @@ impl AgentSession {
         let (rates, rate) = self.rate.as_ref()?;
         let limit = [(Limited::Agent(self.agent.clone()), *rate)];
         let (who, wait) = rates.admit(&limit).err()?;
-        let mut failure = refuse::failure(Code::RateLimited, who.field());
-        let after = retry_after_secs(wait);
-        failure
-            .evidence
-            .insert("retry_after_secs".into(), after.into());
-        Some(failure)
+        Some(refusal(&who, wait))
     }
 
     /// `UNSUPPORTED_ACTION` for `method` (config accepts no `allow` value but exec).

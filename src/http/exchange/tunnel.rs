@@ -34,7 +34,7 @@ use crate::journal::{
     Source, StoredResult, TunnelResult, rfc3339,
 };
 use crate::lifecycle::Invocation;
-use crate::lifecycle::rate_limit::{limits_of, retry_after_secs};
+use crate::lifecycle::rate_limit::{limits_of, refusal};
 use crate::listen::Slot;
 use crate::policy::Target;
 use crate::policy::approvals::{Held, preview};
@@ -138,13 +138,7 @@ impl Tunnel {
             &self.opening.route,
         );
         if let Err((who, wait)) = self.proxy.rates.admit(&limits) {
-            let mut failure = Failure::of(Code::RateLimited);
-            failure.field = Some(who.field().into());
-            let after = retry_after_secs(wait);
-            failure
-                .evidence
-                .insert("retry_after_secs".into(), after.into());
-            return Err(self.inv.fail(vec![], failure).await);
+            return Err(self.inv.fail(vec![], refusal(&who, wait)).await);
         }
         let busy = self.proxy.busy.clone();
         let Some(hold) = busy.hold(&self.opening.agent) else {
