@@ -119,8 +119,13 @@ fn open_journal(config: &Config, home: &Home) -> Result<Journal, CliError> {
 /// Logs go to stderr, as text or (with `POSTERN_LOG_FORMAT=json`) one JSON object a line;
 /// `RUST_LOG` filters them (`postern::access=off` silences the access log).
 fn init_tracing(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fjall=warn,lsm_tree=warn"));
+    // The AWS signer traces the request it signs with the real key id: never above warn,
+    // whatever RUST_LOG asks (no secret, nor the key pair's id, reaches a log).
+    if let Ok(cap) = "aws_sigv4=warn".parse() {
+        filter = filter.add_directive(cap);
+    }
     // Colours only for a terminal: a log file or collector gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

@@ -101,6 +101,11 @@ struct Setup {
 }
 
 fn setup(mode: &str) -> Setup {
+    setup_logging(mode, None)
+}
+
+/// `setup`, the daemon logging at `rust_log`.
+fn setup_logging(mode: &str, rust_log: Option<&str>) -> Setup {
     let origin = AwsOrigin::start(mode);
     let home = Home::new();
     assert!(
@@ -120,7 +125,9 @@ fn setup(mode: &str) -> Setup {
             origin.ca_file.display()
         ));
     }
-    let daemon = Daemon::start_with(&home, Some(&config), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
+    let mut envs = vec![("POSTERN_VAULT_KEY", VAULT_KEY)];
+    envs.extend(rust_log.map(|l| ("RUST_LOG", l)));
+    let daemon = Daemon::start_with(&home, Some(&config), &envs);
     Setup {
         home,
         daemon,
@@ -390,4 +397,18 @@ fn a_presigned_url_made_with_the_placeholder_is_re_signed_in_its_query() {
         "botocore verifies the query signature: {get}"
     );
     s.assert_no_secret(&run);
+}
+
+/// The AWS signer traces what it signs: even with `RUST_LOG` asking for its trace, postern's log never holds
+/// the key pair, the session token, or even the real key id.
+#[test]
+fn a_trace_log_holds_no_part_of_the_key_pair() {
+    let s = setup_logging("ok", Some("trace,aws_sigv4=trace"));
+    let run = s.boto3("bedrock", &[]);
+    assert_eq!(run.out["ok"], true, "{}", run.all);
+    let log = s.daemon.stderr();
+    assert!(log.contains("TRACE"), "the log is at trace level");
+    for secret in [KEY_ID, SECRET_KEY, SESSION_TOKEN] {
+        assert!(!log.contains(secret), "{secret} in a trace log");
+    }
 }
