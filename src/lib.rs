@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod contract;
 pub mod dns;

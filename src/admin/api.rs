@@ -13,7 +13,10 @@ use serde_json::{Value, json};
 use super::state::{AdminState, Reply, error, json_reply, not_found, storage_error};
 use crate::config::SecretSource;
 use crate::contract::{Outcome, Phase};
-use crate::journal::{Body, Draft, JournalError, Payload, Reconciliation, Record, Source, unb64};
+use crate::journal::{
+    Body, Draft, JournalError, Payload, Reconciliation, Record, Source, Whereabouts, unb64,
+};
+use crate::lifecycle::idempotency::in_progress_on;
 use crate::listen::{Guarded, IdleRoster};
 use crate::policy::approvals::Verdict;
 use crate::vault::{KeyState, Vault};
@@ -95,16 +98,16 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
             r
         }
         (&Method::GET, ["v1", "invocations"]) => list(state, &query),
-        (&Method::GET, ["v1", "invocations", id]) => record(state, id),
+        (&Method::GET, ["v1", "invocations", id]) => record(state, id).await,
         (&Method::GET, ["v1", "invocations", id, "events"]) => events(state, id),
-        (&Method::GET, ["v1", "invocations", id, "result"]) => result(state, id),
+        (&Method::GET, ["v1", "invocations", id, "result"]) => result(state, id).await,
         (&Method::GET, ["v1", "invocations", id, "result", "body"]) => {
             let range = req
                 .headers()
                 .get(header::RANGE)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            result_body(state, id, range.as_deref())
+            result_body(state, id, range.as_deref()).await
         }
         (&Method::POST, ["v1", "invocations", id, "reconcile"]) => {
             let id = (*id).to_owned();
@@ -175,14 +178,22 @@ fn healthz(state: &AdminState) -> Reply {
     // Credentialed routes fail (VAULT_LOCKED, CREDENTIAL_MISSING) while the rest still serves:
     // degraded, with a 200 a restart would not change. No vault secrets: nothing needs the vault.
     let needs_vault = !secret_names(&config).is_empty();
+    // A fleet's store away: keyed and resend-checked requests are refused, the rest serves.
+    let cluster = state.journal.shared().map(|s| match s.reachable() {
+        true => "ok",
+        false => "unreachable",
+    });
     let overall = match overall {
         "ok" if (needs_vault && vault == "locked") || !missing.is_empty() => "degraded",
+        "ok" if cluster == Some("unreachable") => "degraded",
         other => other,
     };
-    json_reply(
-        status,
-        &json!({"status": overall, "journal": journal, "vault": vault, "missing_secrets": missing}),
-    )
+    let mut body =
+        json!({"status": overall, "journal": journal, "vault": vault, "missing_secrets": missing});
+    if let Some(cluster) = cluster {
+        body["cluster"] = json!(cluster);
+    }
+    json_reply(status, &body)
 }
 
 /// `?since=SEQ&limit=N` (1..=5000, 1000 unless given): the audit export's next page.
@@ -316,9 +327,19 @@ fn listed_approvals(state: &AdminState) -> Vec<Value> {
         .collect()
 }
 
-fn record(state: &AdminState, id: &str) -> Reply {
-    match state.journal.record(id) {
-        Ok(Some(r)) => json_reply(StatusCode::OK, &json!(r)),
+/// This node's record, or (in a fleet) the one its owner published, naming the owner;
+/// one the owner has not settled yet is in progress there (SPEC §7).
+async fn record(state: &AdminState, id: &str) -> Reply {
+    match state.journal.locate(id).await {
+        Ok(Some(Whereabouts::Here(s))) => json_reply(StatusCode::OK, &json!(s.record)),
+        Ok(Some(Whereabouts::There { node, state })) => {
+            let mut v = match state {
+                Some(s) => json!(s.record),
+                None => json!(in_progress_on(id, &node)),
+            };
+            v["node"] = json!(node);
+            json_reply(StatusCode::OK, &v)
+        }
         Ok(None) => not_found(id),
         Err(_) => storage_error(),
     }
@@ -340,10 +361,10 @@ fn events(state: &AdminState, id: &str) -> Reply {
     }
 }
 
-fn result(state: &AdminState, id: &str) -> Reply {
-    match state.journal.result(id) {
+async fn result(state: &AdminState, id: &str) -> Reply {
+    match state.journal.find_result(id).await {
         Ok(Some(r)) => json_reply(StatusCode::OK, &json!(r)),
-        Ok(None) => match state.journal.record(id) {
+        Ok(None) => match state.journal.locate(id).await {
             Ok(Some(_)) => error(
                 StatusCode::NOT_FOUND,
                 "RESULT_NOT_STORED",
@@ -356,8 +377,8 @@ fn result(state: &AdminState, id: &str) -> Reply {
     }
 }
 
-fn result_body(state: &AdminState, id: &str, range: Option<&str>) -> Reply {
-    let stored = match state.journal.result(id) {
+async fn result_body(state: &AdminState, id: &str, range: Option<&str>) -> Reply {
+    let stored = match state.journal.find_result(id).await {
         Ok(Some(r)) => r,
         Ok(None) => return not_found(id),
         Err(_) => return storage_error(),
@@ -484,7 +505,7 @@ async fn reconcile(state: &AdminState, id: &str, body: Value) -> Reply {
             "RECONCILE_REFUSED",
             &refusal.to_string(),
         ),
-        Err(JournalError::Unavailable) => storage_error(),
+        Err(JournalError::Unavailable | JournalError::SharedUnavailable) => storage_error(),
     }
 }
 

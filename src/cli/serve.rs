@@ -11,7 +11,10 @@ use crate::config::{self, Config};
 use crate::http::agent::mitm::{Authority, CaPaths};
 use crate::http::deliver::budget::Budget;
 use crate::http::{self as proxy_http, Proxy};
-use crate::journal::{Durability, Journal, JournalOptions, SpaceGuard, StoreError};
+use crate::cluster::{Cluster, ClusterOptions};
+use crate::journal::{
+    Durability, Journal, JournalOptions, SharedHandle, SharedIndex, SpaceGuard, StoreError,
+};
 use crate::lifecycle::suspended::Suspended;
 use crate::listen::{self, Guarded};
 use crate::vault::{KeyState, Vault};
@@ -84,8 +87,45 @@ fn fresh_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn open_journal(config: &Config, home: &Home) -> Result<Journal, CliError> {
+/// `[cluster]` (SPEC §7): connects to the fleet's PostgreSQL and migrates it, or stops
+/// here: a node that cannot reach it at start would run without the fleet's guarantees.
+async fn join_cluster(config: &Config) -> Result<Option<Arc<Cluster>>, CliError> {
+    let Some(c) = &config.cluster else {
+        return Ok(None);
+    };
+    let options = ClusterOptions {
+        node: c.node.clone(),
+        retention: config.journal.result_retention,
+    };
+    let cluster = Cluster::connect(c.postgres.expose(), options)
+        .await
+        .map_err(|e| CliError::Failed(format!("cluster: {e}")))?;
+    outln!("postern: node {} of a fleet (cluster store reached)", c.node);
+    Ok(Some(cluster))
+}
+
+/// Claims this node made for invocations its journal never recorded are released, and
+/// its chain head is anchored from now on.
+async fn settle_cluster_claims(cluster: &Arc<Cluster>, journal: &Journal) -> Result<(), CliError> {
+    let released = cluster
+        .release_unjournaled(journal)
+        .await
+        .map_err(|e| CliError::Failed(format!("cluster: {e}")))?;
+    if released > 0 {
+        tracing::warn!(released, "released cluster claims of invocations this node never journaled");
+    }
+    let _ = cluster.anchor_now(journal).await;
+    crate::cluster::spawn_anchoring(Arc::downgrade(cluster), journal.clone());
+    Ok(())
+}
+
+fn open_journal(
+    config: &Config,
+    home: &Home,
+    cluster: Option<Arc<Cluster>>,
+) -> Result<Journal, CliError> {
     let options = JournalOptions {
+        shared: cluster.map(|c| SharedHandle(c as Arc<dyn SharedIndex>)),
         durability: config.journal.durability,
         result_retention_ms: config.journal.result_retention.as_millis() as i64,
         event_retention_ms: config.journal.event_retention.as_millis() as i64,
@@ -155,11 +195,15 @@ pub fn run(config_path: Option<&Path>, home: &Home, env: Env<'_>) -> Result<Exit
     check_vault(&config, &vault)?;
     let authority = Arc::new(load_ca(home)?);
     let host_key = load_host_key(home)?;
-    let journal = open_journal(&config, home)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| CliError::Failed(format!("cannot start the runtime: {e}")))?;
+    let cluster = runtime.block_on(join_cluster(&config))?;
+    let journal = open_journal(&config, home, cluster.clone())?;
+    if let Some(cluster) = &cluster {
+        runtime.block_on(settle_cluster_claims(cluster, &journal))?;
+    }
     let hint = super::env::eval_hint(&config, config_path, env);
     runtime.block_on(serve_until_stopped(
         Arc::new(config),
@@ -344,7 +388,14 @@ async fn serve_until_stopped(
     });
     reload_on_hangup(reloader.clone());
     let state = Arc::new(AdminState {
-        registry: admin::metrics::registry(journal.metrics(), &front, &reload_counter),
+        registry: {
+            let mut registry =
+                admin::metrics::registry(journal.metrics(), &front, &reload_counter);
+            if let Some(shared) = journal.shared() {
+                shared.register_metrics(&mut registry);
+            }
+            registry
+        },
         journal: journal.clone(),
         live: live.clone(),
         approvals: approvals.clone(),

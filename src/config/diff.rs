@@ -92,7 +92,12 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
 /// The sections a running daemon does not change, that differ.
 fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
     let mut restart_needed = Vec::new();
-    let sections: [(&'static str, bool); 6] = [
+    let same_cluster = match (&old.cluster, &new.cluster) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a.node == b.node && a.postgres.expose() == b.postgres.expose(),
+        _ => false,
+    };
+    let sections: [(&'static str, bool); 7] = [
         ("proxy", alike(&old.proxy, &new.proxy)),
         ("ssh", alike(&old.ssh, &new.ssh)),
         ("admin.listen", old.admin.listen == new.admin.listen),
@@ -102,6 +107,7 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
         ),
         ("journal", alike(&old.journal, &new.journal)),
         ("dns", alike(&old.dns, &new.dns)),
+        ("cluster", same_cluster),
     ];
     for (name, same) in sections {
         if !same {

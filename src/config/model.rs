@@ -46,6 +46,8 @@ pub struct Config {
     pub admin: AdminConfig,
     pub journal: JournalConfig,
     pub dns: Option<DnsConfig>,
+    /// A fleet on PostgreSQL (SPEC §7); none on a node alone.
+    pub cluster: Option<ClusterConfig>,
     pub agents: Vec<Agent>,
     pub credentials: Vec<Credential>,
     pub routes: Vec<Route>,
@@ -103,6 +105,15 @@ pub struct JournalConfig {
     pub min_free_bytes: u64,
     /// The reserve file released when space runs low.
     pub reserve_bytes: u64,
+}
+
+/// `[cluster]` (SPEC §7).
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// The PostgreSQL connection URL (it may carry a password: kept as a secret).
+    pub postgres: SecretValue,
+    /// This node's id, unique in the fleet: `[a-z0-9-]{1,16}`.
+    pub node: String,
 }
 
 #[derive(Debug, Clone)]

@@ -50,6 +50,13 @@ pub struct RawJournal {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct RawCluster {
+    pub postgres: String,
+    pub node: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawDns {
     pub servers: Vec<String>,
 }

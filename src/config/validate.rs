@@ -203,6 +203,7 @@ pub fn parse(
         "admin",
         "journal",
         "dns",
+        "cluster",
         "agents",
         "credentials",
         "routes",
@@ -221,6 +222,7 @@ pub fn parse(
     let admin: RawAdmin = c.section("admin", table.get("admin"));
     let journal: RawJournal = c.section("journal", table.get("journal"));
     let dns: Option<RawDns> = table.get("dns").and_then(|v| c.item("dns", v));
+    let cluster: Option<RawCluster> = table.get("cluster").and_then(|v| c.item("cluster", v));
     let agents: Vec<RawAgent> = c.list("agents", table.get("agents"));
     let credentials: Vec<RawCredential> = c.list("credentials", table.get("credentials"));
     let routes: Vec<RawRoute> = c.list("routes", table.get("routes"));
@@ -249,6 +251,7 @@ pub fn parse(
                 .map(|(i, s)| c.addr(&format!("dns.servers[{i}]"), Some(s), ""))
                 .collect(),
         }),
+        cluster: cluster.and_then(|raw| cluster_config(&mut c, raw)),
         agents: agents
             .iter()
             .enumerate()
@@ -374,6 +377,46 @@ fn proxy_config(c: &mut Checker<'_>, p: &RawProxy) -> ProxyConfig {
         agent_buffer_budget,
         min_upload_rate: c.size("proxy.min_upload_rate", p.min_upload_rate.as_ref(), 4 << 10),
     }
+}
+
+/// `[cluster]`: a node id the fleet can tell apart, and a connection URL (or `env:NAME`).
+fn cluster_config(c: &mut Checker<'_>, raw: RawCluster) -> Option<ClusterConfig> {
+    let id_ok = (1..=16).contains(&raw.node.len())
+        && raw
+            .node
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if !id_ok {
+        c.bad(
+            "cluster.node",
+            "must be 1 to 16 characters of a-z, 0-9 and '-' (unique in the fleet)",
+        );
+    }
+    let url = match raw.postgres.strip_prefix("env:") {
+        Some(name) => (c.env)(name).filter(|v| !v.is_empty()).or_else(|| {
+            c.bad(
+                "cluster.postgres",
+                format!("environment variable {name} is not set"),
+            );
+            None
+        }),
+        None => Some(raw.postgres),
+    };
+    // The URL may hold a password: say what is wrong, never what it says.
+    let url = url.filter(|u| {
+        let ok = u.starts_with("postgres://") || u.starts_with("postgresql://");
+        if !ok {
+            c.bad(
+                "cluster.postgres",
+                "must be a postgres:// or postgresql:// URL, or env:NAME naming one",
+            );
+        }
+        ok
+    })?;
+    id_ok.then(|| ClusterConfig {
+        postgres: SecretValue::new(url),
+        node: raw.node,
+    })
 }
 
 fn journal_config(c: &mut Checker<'_>, j: &RawJournal) -> JournalConfig {

@@ -1,13 +1,32 @@
 //! The indexes as the journal's callers reach them: reads go to the store, index-only
 //! writes (a key's or twin's expiry moved on) to the writer. The index types themselves
-//! (`keys`, `twins`) depend on nothing above them.
+//! (`keys`, `twins`) depend on nothing above them. In a fleet (`shared`) the shared index
+//! answers instead, and an invocation this node does not hold is looked up in its
+//! directory.
 
 use tokio::sync::oneshot;
 
 use super::keys::{KeyClaim, KeyEntry, KeySlot};
+use super::projection::{Record, State};
+use super::result::StoredResult;
+use super::shared::SharedError;
 use super::twins::{TwinClaim, TwinEntry, TwinSlot};
 use super::writer::Request;
 use super::{Journal, JournalError, StoreError, unix_ms};
+
+/// Where an invocation is: in this node's journal, or (in a fleet) another node's.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Whereabouts {
+    Here(State),
+    /// Owned by `node`; `state` is what it published (none: still in progress there).
+    There { node: String, state: Option<State> },
+}
+
+impl From<SharedError> for StoreError {
+    fn from(e: SharedError) -> Self {
+        StoreError::Io(e.to_string())
+    }
+}
 
 impl Journal {
     /// The live index entry of a key (an expired one reads as none).
@@ -19,8 +38,22 @@ impl Journal {
             .filter(|e| e.expires_at_ms > now))
     }
 
+    /// The live entry of a key, from the fleet's index when there is one.
+    pub async fn find_key(&self, slot: &KeySlot) -> Result<Option<KeyEntry>, StoreError> {
+        match self.shared() {
+            Some(shared) => Ok(shared.key_entry(slot, unix_ms(self.now())).await?),
+            None => self.key_entry(slot),
+        }
+    }
+
     /// Moves a key's expiry on without an event (a replay is a use, not a transition).
     pub async fn touch_key(&self, claim: KeyClaim) -> Result<(), JournalError> {
+        if let Some(shared) = self.shared() {
+            return shared
+                .touch_key(&claim)
+                .await
+                .map_err(|_| JournalError::SharedUnavailable);
+        }
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Request::Touch { claim, reply })
@@ -44,6 +77,66 @@ impl Journal {
     /// and without waiting: losing it on a crash only shortens the window. A slot that
     /// names another invocation by now is left as it is.
     pub async fn touch_twin(&self, claim: TwinClaim) {
+        if let Some(shared) = self.shared() {
+            let _ = shared.touch_twin(&claim).await;
+            return;
+        }
         let _ = self.tx.send(Request::TouchTwin { claim }).await;
+    }
+
+    /// The live twin of a slot, from the fleet's index when there is one.
+    pub async fn find_twin(&self, slot: &TwinSlot) -> Result<Option<TwinEntry>, StoreError> {
+        match self.shared() {
+            Some(shared) => Ok(shared.twin_entry(slot, unix_ms(self.now())).await?),
+            None => self.twin_entry(slot),
+        }
+    }
+}
+
+impl Journal {
+    /// An invocation wherever it lives: here, or in the fleet's directory.
+    pub async fn locate(&self, invocation_id: &str) -> Result<Option<Whereabouts>, StoreError> {
+        if let Some(state) = self.state(invocation_id)? {
+            return Ok(Some(Whereabouts::Here(state)));
+        }
+        let Some(shared) = self.shared() else {
+            return Ok(None);
+        };
+        Ok(shared
+            .lookup(invocation_id)
+            .await?
+            .filter(|d| d.node != shared.node())
+            .map(|d| Whereabouts::There {
+                node: d.node,
+                state: d.state,
+            }))
+    }
+
+    /// An invocation's record wherever it lives (another node's: as it last published it).
+    pub async fn find_record(&self, invocation_id: &str) -> Result<Option<Record>, StoreError> {
+        Ok(match self.locate(invocation_id).await? {
+            Some(Whereabouts::Here(s)) => Some(s.record),
+            Some(Whereabouts::There { state, .. }) => state.map(|s| s.record),
+            None => None,
+        })
+    }
+
+    /// A stored result wherever it lives, until its retention ends.
+    pub async fn find_result(
+        &self,
+        invocation_id: &str,
+    ) -> Result<Option<StoredResult>, StoreError> {
+        if let Some(result) = self.result(invocation_id)? {
+            return Ok(Some(result));
+        }
+        let Some(shared) = self.shared() else {
+            return Ok(None);
+        };
+        let now = unix_ms(self.now());
+        Ok(shared
+            .lookup(invocation_id)
+            .await?
+            .and_then(|d| d.result)
+            .filter(|r| r.expires_at_ms > now))
     }
 }

@@ -18,12 +18,15 @@ pub use failpoints::{lease_ttl_override, pause_after_lease, pause_before_send};
 mod fjall_store;
 mod health;
 mod indexes;
+pub use indexes::Whereabouts;
 mod keys;
 mod metrics;
 mod projection;
 mod request;
 mod result;
 mod retention;
+mod shared;
+pub use shared::{Directory, Lost, Shared, SharedError, SharedIndex};
 mod space;
 mod store;
 mod suspensions;
@@ -82,6 +85,10 @@ pub enum JournalError {
     /// The projection refused the events: a transport bug, nothing was written.
     #[error("the journal refused the events: {0}")]
     Refused(Refusal),
+    /// A claim needed the fleet's shared store and it did not answer (SPEC §7): nothing
+    /// was written, nothing may be sent.
+    #[error("the cluster store is unavailable")]
+    SharedUnavailable,
 }
 
 impl From<StoreError> for JournalError {
@@ -106,6 +113,18 @@ pub struct JournalOptions {
     pub clock: fn() -> time::OffsetDateTime,
     /// The free-space guard, watched on its timer and before every group commit.
     pub space: Option<SpaceGuard>,
+    /// What a fleet shares (SPEC §7); none on a node alone.
+    pub shared: Option<SharedHandle>,
+}
+
+/// A fleet's shared index, as the options carry it.
+#[derive(Clone)]
+pub struct SharedHandle(pub Arc<dyn SharedIndex>);
+
+impl std::fmt::Debug for SharedHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedHandle(node {})", self.0.node())
+    }
 }
 
 impl Default for JournalOptions {
@@ -116,6 +135,7 @@ impl Default for JournalOptions {
             event_retention_ms: 30 * 24 * 3600 * 1000,
             clock: time::OffsetDateTime::now_utc,
             space: None,
+            shared: None,
         }
     }
 }
@@ -170,6 +190,7 @@ impl Journal {
             options.clock,
             live.clone(),
         )?;
+        writer.shared = options.shared.as_ref().map(|h| h.0.clone());
         if let Some(guard) = &options.space {
             guard.clone().spawn(health.clone());
             writer.space = Some(guard.clone());
@@ -271,6 +292,45 @@ impl Journal {
     }
 
     async fn submit(
+        &self,
+        invocation_id: &str,
+        drafts: Vec<Draft>,
+        result: Option<StoredResult>,
+        claims: Claims,
+    ) -> Result<Appended, JournalError> {
+        let claimed = claims.key.is_some() || claims.twin.is_some();
+        let Some(shared) = self.shared().filter(|_| claimed) else {
+            return self.write(invocation_id, drafts, result, claims).await;
+        };
+        // The fleet's index decides; this node's own is not written beside it.
+        let now = unix_ms(self.now());
+        let won = shared
+            .claim(invocation_id, claims.key.as_ref(), claims.twin.as_ref(), now)
+            .await;
+        match won {
+            Ok(Ok(())) => {}
+            Ok(Err(Lost::Key(holder))) => return Err(JournalError::Refused(Refusal::KeyHeld(holder))),
+            Ok(Err(Lost::Twin(holder))) => {
+                return Err(JournalError::Refused(Refusal::TwinMoved(holder)));
+            }
+            Err(SharedError::Unavailable) => return Err(JournalError::SharedUnavailable),
+        }
+        let written = self
+            .write(invocation_id, drafts, result, Claims::default())
+            .await;
+        if written.is_err() {
+            // Nothing of it is in this journal: the claim must not stand for it.
+            let _ = shared.release(invocation_id).await;
+        }
+        written
+    }
+
+    /// The fleet's shared index, if this node is one of several.
+    pub fn shared(&self) -> Option<&Arc<dyn SharedIndex>> {
+        self.options.shared.as_ref().map(|h| &h.0)
+    }
+
+    async fn write(
         &self,
         invocation_id: &str,
         drafts: Vec<Draft>,
@@ -450,6 +510,27 @@ impl Journal {
             request: Box::new(request),
         };
         let _ = self.tx.send(keep).await;
+    }
+
+    /// The chain head: the newest event's seq and hash.
+    pub fn head(&self) -> Result<Option<(u64, String)>, StoreError> {
+        Ok(self.store.head()?.map(|e| (e.seq, e.hash)))
+    }
+
+    /// The first seq still in the chain (events before it were pruned behind a checkpoint).
+    pub fn oldest_seq(&self) -> Result<Option<u64>, StoreError> {
+        Ok(self.store.checkpoint()?.map(|c| c.seq + 1))
+    }
+
+    /// The stored hash of the event at `seq`, if it is still there.
+    pub fn hash_at(&self, seq: u64) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .store
+            .raw_events(seq, 1)?
+            .into_iter()
+            .filter_map(|r| r.event.ok())
+            .find(|e| e.seq == seq)
+            .map(|e| e.hash))
     }
 
     pub fn verify(&self) -> Result<AuditReport, StoreError> {

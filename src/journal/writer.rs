@@ -21,6 +21,7 @@ use super::result::StoredResult;
 use super::space::SpaceGuard;
 use super::store::{EventStore, StoreError, WriteSet};
 use super::suspensions::SuspensionWrite;
+use super::shared::SharedIndex;
 use super::twins::{TwinClaim, TwinEntry, TwinWrite};
 use super::{Durability, JournalError};
 
@@ -145,6 +146,8 @@ pub(super) struct Writer {
     last_sync: Instant,
     /// Checked before each group: the timer alone lets a burst fill the disk between ticks.
     pub space: Option<SpaceGuard>,
+    /// A fleet's directory, told of each settled state once it is durable (SPEC §7).
+    pub shared: Option<Arc<dyn SharedIndex>>,
 }
 
 struct Staged {
@@ -182,6 +185,7 @@ impl Writer {
             live,
             last_sync: Instant::now(),
             space: None,
+            shared: None,
         })
     }
 
@@ -264,7 +268,7 @@ impl Writer {
                             set.twins.push(w);
                         }
                         needs_sync |= staged.needs_sync;
-                        let seqs = staged.events.iter().map(|e| e.event.seq).collect();
+                        let seqs: Vec<u64> = staged.events.iter().map(|e| e.event.seq).collect();
                         let closed = staged.state.progress.closed;
                         if closed && staged.was_open {
                             set.closed.push(invocation_id.clone());
@@ -280,12 +284,13 @@ impl Writer {
                         if closed || reopened {
                             set.states.push(staged.state.clone());
                         }
+                        let published = self.shared.as_ref().and(result.clone());
                         if let Some(r) = result {
                             set.results.push(r);
                         }
                         overlay.insert(invocation_id, staged.state.clone());
                         let newly_closed = closed && staged.was_live;
-                        acks.push((reply, staged.state, seqs, newly_closed));
+                        acks.push((reply, staged.state, seqs, newly_closed, published));
                     }
                     Err(e) => refused.push((reply, e)),
                 },
@@ -352,10 +357,11 @@ impl Writer {
         if outcome.is_err() {
             (self.head_seq, self.head_hash) = start;
         }
-        for (reply, state, seqs, newly_closed) in acks {
+        for (reply, state, seqs, newly_closed, published) in acks {
             let result = match &outcome {
                 Ok(()) => {
                     self.settle(&state, newly_closed);
+                    self.publish(&state, &seqs, published);
                     Ok(Appended { seqs, state })
                 }
                 Err(e) => Err(e.clone()),
@@ -611,6 +617,17 @@ impl Writer {
         tracing::error!(error = %e, "journal storage fault; postern stops accepting work");
         self.health.set_fatal(e.to_string());
         JournalError::Unavailable
+    }
+
+    /// Tells the fleet's directory of a durable state that settled or stored a result
+    /// (another node answers for it from there).
+    fn publish(&self, state: &Arc<State>, seqs: &[u64], result: Option<StoredResult>) {
+        let Some(shared) = &self.shared else { return };
+        if !(state.progress.closed || result.is_some()) {
+            return;
+        }
+        let version = seqs.iter().copied().max().unwrap_or(self.head_seq);
+        shared.publish(state.clone(), result, version);
     }
 
     fn settle(&mut self, state: &Arc<State>, newly_closed: bool) {

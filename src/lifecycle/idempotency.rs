@@ -16,7 +16,9 @@ use std::time::Duration;
 use super::Invocation;
 use super::lease::{LeaseError, LeaseTerms, attempt_in_progress, in_progress, no_generation_left};
 use crate::contract::{Envelope, IdempotencyEvidence, Outcome, Retry};
-use crate::journal::{Journal, KeyClaim, KeyEntry, KeySlot, State, rfc3339, unix_ms};
+use crate::journal::{
+    Journal, KeyClaim, KeyEntry, KeySlot, State, Whereabouts, rfc3339, unix_ms,
+};
 
 /// A route's idempotency contract, as the lifecycle needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +65,7 @@ pub async fn take_turn(
     contract: &KeyContract,
     terms: LeaseTerms,
 ) -> Turn {
-    let entry = match journal.key_entry(&request.slot) {
+    let entry = match journal.find_key(&request.slot).await {
         Ok(Some(e)) => e,
         Ok(None) => return Turn::Fresh,
         Err(_) => return Turn::Unavailable,
@@ -71,12 +73,15 @@ pub async fn take_turn(
     if entry.fingerprint != request.fingerprint {
         return Turn::Mismatch(entry);
     }
-    let state = match journal.state(&entry.invocation_id) {
-        Ok(Some(s)) => s,
+    let now = unix_ms(journal.now());
+    let state = match journal.locate(&entry.invocation_id).await {
+        Ok(Some(Whereabouts::Here(s))) => s,
+        Ok(Some(Whereabouts::There { node, state })) => {
+            return elsewhere(&entry.invocation_id, &node, state, now, &terms);
+        }
         Ok(None) => return Turn::Fresh,
         Err(_) => return Turn::Unavailable,
     };
-    let now = unix_ms(journal.now());
     let answer = match answer_without_lease(state.clone(), now, &terms) {
         Some(turn) => turn,
         None => lease(journal, &state, terms).await,
@@ -87,6 +92,62 @@ pub async fn take_turn(
         let _ = journal.touch_key(claim).await;
     }
     answer
+}
+
+/// The key's invocation belongs to another node of the fleet (SPEC §7). What its owner
+/// published answers like a local record; one it has not published yet is in progress
+/// there. A new generation is leased only by the owner: a retry here that would need one
+/// gets the record's own answer, and nothing is sent.
+fn elsewhere(
+    id: &str,
+    node: &str,
+    state: Option<State>,
+    now_ms: i64,
+    terms: &LeaseTerms,
+) -> Turn {
+    let Some(state) = state else {
+        return Turn::Refuse(Box::new(in_progress_on(id, node)));
+    };
+    match answer_without_lease(state.clone(), now_ms, terms) {
+        Some(turn) => turn,
+        None => Turn::Refuse(Box::new(owned_elsewhere(&state, node))),
+    }
+}
+
+/// `ATTEMPT_IN_PROGRESS` for an invocation another node runs and has not settled: it may
+/// have dispatched, so nothing here calls it safe to repeat; its result is fetched by id.
+pub fn in_progress_on(id: &str, node: &str) -> Envelope {
+    let ctx = crate::contract::FailureContext {
+        phase_reached: crate::contract::Phase::RemoteExecution,
+        current_outcome: Outcome::Unknown,
+        dispatched: true,
+        result_stored: false,
+        operation: crate::contract::OperationFacts::default(),
+        now_ms: 0,
+        hop_status: None,
+    };
+    let mut evidence = crate::contract::Evidence {
+        hop: "postern".into(),
+        ..Default::default()
+    };
+    evidence
+        .extra
+        .insert("node".into(), serde_json::Value::String(node.to_owned()));
+    let resolution = crate::contract::resolve_failure(crate::contract::Code::AttemptInProgress, &ctx);
+    Envelope::new(id, resolution, None, evidence)
+}
+
+/// The record's own envelope, naming the node that owns it (a new generation is leased
+/// there).
+fn owned_elsewhere(state: &State, node: &str) -> Envelope {
+    let mut env = match &state.record.envelope {
+        Some(env) => env.clone(),
+        None => attempt_in_progress(state),
+    };
+    env.evidence
+        .extra
+        .insert("node".into(), serde_json::Value::String(node.to_owned()));
+    env
 }
 
 /// The turns that need no lease: resolved, in progress, or not safe to repeat now. A

@@ -219,7 +219,7 @@ impl Invocation {
             match journal.append(invocation_id, vec![draft]).await {
                 Ok(_) => return Ok(leased(journal, invocation_id, &state, &lease)),
                 Err(JournalError::Refused(_)) => continue,
-                Err(JournalError::Unavailable) => {
+                Err(JournalError::Unavailable | JournalError::SharedUnavailable) => {
                     return Err(unavailable(invocation_id));
                 }
             }

@@ -185,8 +185,21 @@ impl Invocation {
             && let Some(kept) = kept
         {
             self.pending = kept;
+        } else if let (Err(JournalError::SharedUnavailable), Some(kept)) = (&recorded, kept) {
+            self.refused_by_cluster(kept).await;
         }
         recorded
+    }
+
+    /// The fleet's store did not answer a claim: nothing was sent, and this node's own
+    /// journal records the refusal (without the `DISPATCH_STARTED` that did not happen).
+    async fn refused_by_cluster(&mut self, mut drafts: Vec<Draft>) {
+        drafts.retain(|d| !matches!(d.body, Body::DispatchStarted(_)));
+        let mut failure = Failure::of(Code::JournalUnavailable);
+        failure.evidence.insert("store".into(), "cluster".into());
+        drafts.push(Draft::observed(Body::Failed(failure)));
+        let recorded = self.journal.append(&self.id, drafts).await;
+        self.journaled |= recorded.is_ok();
     }
 
     /// Appends without waiting: for events nothing acts on.
@@ -273,6 +286,10 @@ impl Invocation {
             ..Evidence::default()
         };
         let mut env = Envelope::new(&self.id, resolve_failure(code, &ctx), None, evidence);
+        if self.journal.shared().is_some_and(|s| !s.reachable()) {
+            // A fleet's node whose shared store is away (SPEC §7).
+            env.evidence.extra.insert("store".into(), "cluster".into());
+        }
         if !self.journaled && !d {
             // Nothing of it was recorded (a journal refusing new work): no id to look up.
             env.invocation_id = None;

@@ -14,6 +14,7 @@ mod delivery;
 mod disk;
 mod dns;
 mod first_day;
+mod fleet;
 mod git;
 mod grpc;
 mod hostile_agents;

@@ -321,7 +321,7 @@ async fn front_request(
         if google && metadata::is_metadata(path) {
             return metadata::respond(&proxy, &agent, req.headers(), path);
         }
-        return internal::respond(&proxy, &agent, req.method(), path);
+        return internal::respond(&proxy, &agent, req.method(), path).await;
     }
     let target = match (uri.scheme_str(), uri.host()) {
         (Some("http"), Some(host)) => Target::new(

@@ -33,7 +33,7 @@ fn not_found() -> Response<ProxyBody> {
 }
 
 /// Serves the agent-facing view.
-pub fn respond(
+pub async fn respond(
     proxy: &Proxy,
     agent: &str,
     method: &http::Method,
@@ -57,7 +57,8 @@ pub fn respond(
         ["v1", "invocations", id, "result"] => (*id, true),
         _ => return not_found(),
     };
-    let record = match proxy.journal.record(id) {
+    // In a fleet, another node's invocation as its owner published it (SPEC §7).
+    let record = match proxy.journal.find_record(id).await {
         Ok(Some(r)) if r.agent == agent => r,
         Ok(_) => return not_found(),
         Err(_) => {
@@ -70,7 +71,7 @@ pub fn respond(
     if !want_result {
         return json(StatusCode::OK, &json!(record));
     }
-    match proxy.journal.result(id) {
+    match proxy.journal.find_result(id).await {
         Ok(Some(result)) => json(StatusCode::OK, &json!(result)),
         _ => json(
             StatusCode::NOT_FOUND,

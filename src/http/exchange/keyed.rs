@@ -108,7 +108,7 @@ impl Exchange {
                 key_use.kept_safe_until_ms = safe_until_ms;
                 Ok(Some(key_use))
             }
-            Turn::Replay(state) => Err(self.replay(route, &state)),
+            Turn::Replay(state) => Err(self.replay(route, &state).await),
             Turn::Refuse(env) => Err(respond::envelope(&env)),
             Turn::Mismatch(entry) => Err(self.mismatch(&key_use, &name, entry).await),
             Turn::Unavailable => Err(self.fallback(Code::JournalUnavailable)),
@@ -192,9 +192,10 @@ impl Exchange {
 
     /// The key's (or resend twin's) invocation is resolved: its stored result, under its own id, marked
     /// `Postern-Replayed: true`. Nothing is dispatched and nothing is journaled.
-    pub(in crate::http) fn replay(&self, route: &Route, state: &State) -> Response<ProxyBody> {
+    pub(in crate::http) async fn replay(&self, route: &Route, state: &State) -> Response<ProxyBody> {
         let id = &state.record.invocation_id;
-        let stored = self.proxy.journal.result(id).ok().flatten();
+        // Another node's invocation: its result as the owner published it (SPEC §7).
+        let stored = self.proxy.journal.find_result(id).await.ok().flatten();
         let mut resp = match stored.as_ref().and_then(replayable) {
             Some((status, headers, body)) => {
                 let retry = replay_retry(route, state, status, &headers);

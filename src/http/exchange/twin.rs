@@ -20,6 +20,8 @@ use crate::journal::{
     Claims, Failure, JournalError, KeyClaim, Refusal, ResendEvidence, State, TwinClaim, TwinEntry,
     TwinSlot, unix_ms,
 };
+use crate::journal::Whereabouts;
+use crate::lifecycle::idempotency::in_progress_on;
 use crate::lifecycle::lease::{LeaseError, LeaseTerms, attempt_in_progress};
 use crate::lifecycle::twin::{Verdict, judge, twin_ref};
 use crate::lifecycle::{Boundary, Invocation};
@@ -66,16 +68,21 @@ impl Exchange {
             fingerprint: fingerprint.to_owned(),
         };
         let journal = self.proxy.journal.clone();
-        let Ok(seen) = journal.twin_entry(&slot) else {
+        let Ok(seen) = journal.find_twin(&slot).await else {
             return Err(self.fallback(Code::JournalUnavailable));
         };
-        let twin = match &seen {
-            Some(e) => match journal.state(&e.invocation_id) {
-                Ok(s) => s,
+        let (twin, owner) = match &seen {
+            Some(e) => match journal.locate(&e.invocation_id).await {
+                Ok(found) => split(found),
                 Err(_) => return Err(self.fallback(Code::JournalUnavailable)),
             },
-            None => None,
+            None => (None, None),
         };
+        if let (None, Some(node)) = (&twin, &owner) {
+            // Claimed on another node and not settled there: it may have run.
+            let id = seen.map(|e| e.invocation_id).unwrap_or_default();
+            return Err(answer(&in_progress_on(&id, node)));
+        }
         let saw = seen.map(|e| e.invocation_id);
         let Some(twin) = twin else {
             self.twin = Some(self.twin_claim(route, slot, saw));
@@ -97,6 +104,11 @@ impl Exchange {
                 v => (twin, v),
             };
         tracing::debug!(twin = %twin.record.invocation_id, ?verdict, "identical resend");
+        // Only the owner leases a new generation: elsewhere a same-key retry is refused.
+        let verdict = match (verdict, &owner) {
+            (Verdict::SameKey, Some(_)) => Verdict::Refuse,
+            (v, _) => v,
+        };
         match verdict {
             Verdict::SameKey => self.same_key(route, twin, slot).await,
             v if v.dispatches_anew() => {
@@ -118,9 +130,8 @@ impl Exchange {
     ) -> Result<(State, Verdict), Response<ProxyBody>> {
         tokio::time::sleep(PARALLEL_SETTLE).await;
         let journal = self.proxy.journal.clone();
-        let twin = match journal.state(&twin.record.invocation_id) {
-            Ok(Some(now)) => now,
-            Ok(None) => twin,
+        let twin = match journal.locate(&twin.record.invocation_id).await {
+            Ok(found) => split(found).0.unwrap_or(twin),
             Err(_) => return Err(self.fallback(Code::JournalUnavailable)),
         };
         let verdict = judge(&twin, unix_ms(journal.now()), route.idempotency.is_some());
@@ -152,8 +163,14 @@ impl Exchange {
                     return Ok(());
                 }
                 Err(JournalError::Refused(Refusal::KeyHeld(holder))) => {
-                    return match self.proxy.journal.state(&holder) {
-                        Ok(Some(s)) => Err(respond::envelope(&attempt_in_progress(&s))),
+                    return match self.proxy.journal.locate(&holder).await {
+                        Ok(Some(Whereabouts::Here(s)))
+                        | Ok(Some(Whereabouts::There { state: Some(s), .. })) => {
+                            Err(respond::envelope(&attempt_in_progress(&s)))
+                        }
+                        Ok(Some(Whereabouts::There { node, state: None })) => {
+                            Err(answer(&in_progress_on(&holder, &node)))
+                        }
                         _ => Err(self.fallback(Code::JournalUnavailable)),
                     };
                 }
@@ -208,9 +225,10 @@ impl Exchange {
             return Err(self.fallback(Code::JournalUnavailable));
         };
         let journal = self.proxy.journal.clone();
-        let twin = match journal.state(holder) {
-            Ok(Some(s)) => s,
-            Ok(None) => {
+        let twin = match journal.locate(holder).await.map(split) {
+            Ok((Some(s), _)) => s,
+            Ok((None, Some(node))) => return Err(answer(&in_progress_on(holder, &node))),
+            Ok((None, None)) => {
                 claim.saw = Some(holder.to_owned());
                 self.twin = Some(claim);
                 return Ok(());
@@ -283,8 +301,8 @@ impl Exchange {
         self.proxy.journal.touch_twin(touch).await;
         match verdict {
             Verdict::InProgress => answer(&attempt_in_progress(twin)),
-            Verdict::Replay if matches!(self.proxy.journal.result(&id), Ok(Some(_))) => {
-                self.replay(route, twin)
+            Verdict::Replay if matches!(self.proxy.journal.find_result(&id).await, Ok(Some(_))) => {
+                self.replay(route, twin).await
             }
             _ => self.refuse_resend(twin).await,
         }
@@ -334,6 +352,15 @@ fn deliberate(headers: &HeaderMap) -> Result<bool, ()> {
     match values.next().is_none() && v.as_bytes().eq_ignore_ascii_case(b"deliberate") {
         true => Ok(true),
         false => Err(()),
+    }
+}
+
+/// A located invocation's state, and the node that owns it when that is not this one.
+fn split(found: Option<Whereabouts>) -> (Option<State>, Option<String>) {
+    match found {
+        Some(Whereabouts::Here(s)) => (Some(s), None),
+        Some(Whereabouts::There { node, state }) => (state, Some(node)),
+        None => (None, None),
     }
 }
 

@@ -1,0 +1,218 @@
+//! The shared indexes: claims, lookups and touches of idempotency keys and twin slots,
+//! each one statement. `postern_claim` (the migration) takes a key and a twin slot, both or
+//! neither, with the invocation's directory row, so two nodes never both win one slot.
+
+use std::sync::Arc;
+
+use super::Cluster;
+use crate::journal::{
+    Directory, KeyClaim, KeyEntry, KeySlot, Lost, Shared, SharedIndex, State, StoredResult,
+    TwinClaim, TwinEntry, TwinSlot,
+};
+
+impl SharedIndex for Cluster {
+    fn node(&self) -> &str {
+        &self.node
+    }
+
+    fn claim<'a>(
+        &'a self,
+        invocation_id: &'a str,
+        key: Option<&'a KeyClaim>,
+        twin: Option<&'a TwinClaim>,
+        now_ms: i64,
+    ) -> Shared<'a, Result<(), Lost>> {
+        Box::pin(self.claim_slots(invocation_id, key, twin, now_ms))
+    }
+
+    fn release<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, ()> {
+        Box::pin(self.release_claims(invocation_id))
+    }
+
+    fn key_entry<'a>(&'a self, slot: &'a KeySlot, now_ms: i64) -> Shared<'a, Option<KeyEntry>> {
+        let slot = slot.index_key();
+        Box::pin(async move {
+            let row = self
+                .call("key_lookup", move |c| {
+                    Box::pin(async move {
+                        c.query_opt(
+                            "SELECT invocation_id, fingerprint, expires_at_ms FROM postern_keys \
+                             WHERE slot = $1 AND expires_at_ms > $2",
+                            &[&slot, &now_ms],
+                        )
+                        .await
+                    })
+                })
+                .await?;
+            Ok(row.map(|r| KeyEntry {
+                invocation_id: r.get(0),
+                fingerprint: r.get(1),
+                expires_at_ms: r.get(2),
+            }))
+        })
+    }
+
+    fn touch_key<'a>(&'a self, claim: &'a KeyClaim) -> Shared<'a, ()> {
+        let (slot, id, until) = (
+            claim.slot.index_key(),
+            claim.entry.invocation_id.clone(),
+            claim.entry.expires_at_ms,
+        );
+        Box::pin(self.touch("key_touch", TOUCH_KEY, slot, id, until))
+    }
+
+    fn twin_entry<'a>(
+        &'a self,
+        slot: &'a TwinSlot,
+        now_ms: i64,
+    ) -> Shared<'a, Option<TwinEntry>> {
+        let slot = slot.index_key();
+        Box::pin(async move {
+            let row = self
+                .call("twin_lookup", move |c| {
+                    Box::pin(async move {
+                        c.query_opt(
+                            "SELECT invocation_id, expires_at_ms FROM postern_twins \
+                             WHERE slot = $1 AND expires_at_ms > $2",
+                            &[&slot, &now_ms],
+                        )
+                        .await
+                    })
+                })
+                .await?;
+            Ok(row.map(|r| TwinEntry {
+                invocation_id: r.get(0),
+                expires_at_ms: r.get(1),
+            }))
+        })
+    }
+
+    fn touch_twin<'a>(&'a self, claim: &'a TwinClaim) -> Shared<'a, ()> {
+        let (slot, id, until) = (
+            claim.slot.index_key(),
+            claim.entry.invocation_id.clone(),
+            claim.entry.expires_at_ms,
+        );
+        Box::pin(self.touch("twin_touch", TOUCH_TWIN, slot, id, until))
+    }
+
+    fn lookup<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, Option<Directory>> {
+        Box::pin(self.find(invocation_id))
+    }
+
+    fn publish(&self, state: Arc<State>, result: Option<StoredResult>, version: u64) {
+        self.enqueue(state, result, version);
+    }
+
+    fn reachable(&self) -> bool {
+        self.reachable.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.metrics.register(registry);
+    }
+}
+
+const TOUCH_KEY: &str =
+    "UPDATE postern_keys SET expires_at_ms = $3 WHERE slot = $1 AND invocation_id = $2";
+const TOUCH_TWIN: &str =
+    "UPDATE postern_twins SET expires_at_ms = $3 WHERE slot = $1 AND invocation_id = $2";
+
+/// One statement: the unpublished row goes, and the claims with it.
+const RELEASE: &str = "WITH gone AS (DELETE FROM postern_invocations \
+     WHERE invocation_id = $1 AND state IS NULL RETURNING invocation_id), \
+     k AS (DELETE FROM postern_keys WHERE invocation_id IN (SELECT invocation_id FROM gone)), \
+     t AS (DELETE FROM postern_twins WHERE invocation_id IN (SELECT invocation_id FROM gone)) \
+     SELECT count(*) FROM gone";
+
+impl Cluster {
+    async fn claim_slots(
+        &self,
+        invocation_id: &str,
+        key: Option<&KeyClaim>,
+        twin: Option<&TwinClaim>,
+        now_ms: i64,
+    ) -> Result<Result<(), Lost>, crate::journal::SharedError> {
+        let id = invocation_id.to_owned();
+        let node = self.node.clone();
+        let k_slot = key.map(|k| k.slot.index_key());
+        let k_id = key.map(|k| k.entry.invocation_id.clone());
+        let k_fp = key.map(|k| k.entry.fingerprint.clone());
+        let k_exp = key.map(|k| k.entry.expires_at_ms);
+        let t_slot = twin.map(|t| t.slot.index_key());
+        let t_id = twin.map(|t| t.entry.invocation_id.clone());
+        let t_exp = twin.map(|t| t.entry.expires_at_ms);
+        let t_saw = twin.and_then(|t| t.saw.clone());
+        let row = self
+            .call("claim", move |c| {
+                Box::pin(async move {
+                    c.query_one(
+                        "SELECT lost, holder FROM postern_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                        &[&id, &node, &now_ms, &k_slot, &k_id, &k_fp, &k_exp, &t_slot, &t_id, &t_exp, &t_saw],
+                    )
+                    .await
+                })
+            })
+            .await?;
+        let lost: Option<String> = row.get(0);
+        let holder: String = row.get::<_, Option<String>>(1).unwrap_or_default();
+        Ok(match lost.as_deref() {
+            None => Ok(()),
+            Some("key") => Err(Lost::Key(holder)),
+            Some(_) => Err(Lost::Twin(holder)),
+        })
+    }
+
+    /// Drops the claims and the unpublished directory row of an invocation that is in no
+    /// journal (its append failed, or this node stopped between claim and append).
+    pub(super) async fn release_claims(
+        &self,
+        invocation_id: &str,
+    ) -> Result<(), crate::journal::SharedError> {
+        let id = invocation_id.to_owned();
+        self.call("release", move |c| {
+            Box::pin(async move {
+                c.execute(RELEASE, &[&id]).await.map(drop)
+            })
+        })
+        .await
+    }
+
+    async fn touch(
+        &self,
+        op: &'static str,
+        sql: &'static str,
+        slot: Vec<u8>,
+        id: String,
+        until: i64,
+    ) -> Result<(), crate::journal::SharedError> {
+        self.call(op, move |c| {
+            Box::pin(async move { c.execute(sql, &[&slot, &id, &until]).await.map(drop) })
+        })
+        .await
+    }
+}
+
+/// Removes expired index entries and directory rows (any node may; it is idempotent).
+pub(super) async fn sweep(cluster: &Cluster, now: i64) {
+    let swept = cluster
+        .call("sweep", move |c| {
+            Box::pin(async move {
+                c.execute("DELETE FROM postern_keys WHERE expires_at_ms <= $1", &[&now])
+                    .await?;
+                c.execute("DELETE FROM postern_twins WHERE expires_at_ms <= $1", &[&now])
+                    .await?;
+                c.execute(
+                    "DELETE FROM postern_invocations WHERE expires_at_ms <= $1",
+                    &[&now],
+                )
+                .await
+            })
+        })
+        .await;
+    if let Ok(n) = swept
+        && n > 0
+    {
+        tracing::debug!(rows = n, "swept expired directory rows");
+    }
+}

@@ -1,0 +1,91 @@
+//! What a fleet shares (SPEC §7), as the journal sees it: one narrow interface. A node
+//! alone has none and its own indexes decide (`keys`, `twins`, the writer's checks); with
+//! `[cluster]`, an implementation over PostgreSQL (`crate::cluster`) is the authority for
+//! the idempotency-key and twin indexes and keeps the invocation directory, and the
+//! journal asks it before its own writer. The lifecycle never knows which is in use.
+//!
+//! Every claim is one atomic decision in the shared store, made before the append that
+//! records it (and so before any `DISPATCH_STARTED`): a node whose claim lost never
+//! dispatches. A shared store that cannot answer is `SharedError::Unavailable`, and a
+//! request that needed it is refused before dispatch.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use super::keys::{KeyClaim, KeyEntry, KeySlot};
+use super::projection::State;
+use super::result::StoredResult;
+use super::twins::{TwinClaim, TwinEntry, TwinSlot};
+
+/// A shared store's answer, later.
+pub type Shared<'a, T> = Pin<Box<dyn Future<Output = Result<T, SharedError>> + Send + 'a>>;
+
+/// The shared store could not answer (down, slow past its statement timeout, refused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SharedError {
+    #[error("the cluster store is unavailable")]
+    Unavailable,
+}
+
+/// Why a claim lost: the invocation that holds the slot now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lost {
+    Key(String),
+    Twin(String),
+}
+
+/// An invocation as the directory knows it: the node that owns it, and (once its owner
+/// published it) its state and stored result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Directory {
+    pub node: String,
+    /// None while the owner has claimed it but not published a settled state: it is in
+    /// progress there (it may have dispatched).
+    pub state: Option<State>,
+    pub result: Option<StoredResult>,
+}
+
+/// What several nodes share (SPEC §7). Implemented over PostgreSQL by `crate::cluster`.
+pub trait SharedIndex: Send + Sync {
+    /// This node's id.
+    fn node(&self) -> &str;
+
+    /// Claims a key and a twin slot for `invocation_id` together, or neither.
+    fn claim<'a>(
+        &'a self,
+        invocation_id: &'a str,
+        key: Option<&'a KeyClaim>,
+        twin: Option<&'a TwinClaim>,
+        now_ms: i64,
+    ) -> Shared<'a, Result<(), Lost>>;
+
+    /// Undoes the claims of an invocation whose append failed after its claim won.
+    fn release<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, ()>;
+
+    /// The live entry of a key (an expired one reads as none).
+    fn key_entry<'a>(&'a self, slot: &'a KeySlot, now_ms: i64) -> Shared<'a, Option<KeyEntry>>;
+
+    /// Moves a key's expiry on, if the key still names the claim's invocation.
+    fn touch_key<'a>(&'a self, claim: &'a KeyClaim) -> Shared<'a, ()>;
+
+    /// The live twin of a slot.
+    fn twin_entry<'a>(&'a self, slot: &'a TwinSlot, now_ms: i64)
+    -> Shared<'a, Option<TwinEntry>>;
+
+    /// Moves a twin's expiry on, if the slot still names the claim's invocation.
+    fn touch_twin<'a>(&'a self, claim: &'a TwinClaim) -> Shared<'a, ()>;
+
+    /// Where an invocation lives, and what its owner published of it.
+    fn lookup<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, Option<Directory>>;
+
+    /// Publishes a state (and its result) to the directory. Never waits: a bounded queue,
+    /// written behind the request; `version` orders publications of one invocation.
+    fn publish(&self, state: Arc<State>, result: Option<StoredResult>, version: u64);
+
+    /// Whether the shared store answered its last call.
+    fn reachable(&self) -> bool;
+
+    /// Its metrics (latency and failures per shared operation), on `/metrics`.
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry);
+}

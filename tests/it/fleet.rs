@@ -1,0 +1,250 @@
+//! A fleet (SPEC §7): two postern nodes on one PostgreSQL the test starts, each with its
+//! own journal. What must hold across them: one key is dispatched once whichever node
+//! gets it, a resend on the other node is not sent again, any node answers for any
+//! invocation (also with its owner down), a store that does not answer refuses what needs
+//! it and serves the rest, and the anchors catch a node whose history was rewritten.
+
+mod pg;
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::idempotency::CONTRACT;
+use crate::retry_origins::{Answer, KeyedOrigin, Policy};
+use crate::support::{Daemon, Home, TEST_CONFIG, curl, get_json};
+use pg::Postgres;
+
+const AGENT: &str = "a";
+const TOKEN: &str = "ta-0123456789abcdef";
+
+/// One node's config: a keyed POST route and a plain route (GET) to the origin.
+fn config(node: &str, url: &str, port: u16) -> String {
+    format!(
+        "{TEST_CONFIG}\n[cluster]\npostgres = \"{url}\"\nnode = \"{node}\"\n\
+         [[agents]]\nid = \"{AGENT}\"\ntoken = \"{TOKEN}\"\n\
+         [[routes]]\nid = \"payments\"\nmatch = {{ scheme = \"http\", host = \"pay.test\", port = {port}, methods = [\"POST\"] }}\n\
+         resolve = \"127.0.0.1:{port}\"\n{CONTRACT}\n\
+         [[routes]]\nid = \"reads\"\nmatch = {{ scheme = \"http\", host = \"pay.test\", port = {port}, methods = [\"GET\"] }}\n\
+         resolve = \"127.0.0.1:{port}\"\n"
+    )
+}
+
+struct Node {
+    home: Home,
+    daemon: Daemon,
+    id: &'static str,
+}
+
+impl Node {
+    fn start(id: &'static str, pg: &Postgres, port: u16) -> Self {
+        let home = Home::new();
+        let daemon = Daemon::start(&home, Some(&config(id, &pg.url(), port)));
+        Self { home, daemon, id }
+    }
+
+    fn restart(self, pg: &Postgres, port: u16) -> Self {
+        let Node { home, daemon, id } = self;
+        let _ = daemon.terminate();
+        let daemon = Daemon::start(&home, Some(&config(id, &pg.url(), port)));
+        Self { home, daemon, id }
+    }
+
+    fn send(&self, method: &str, port: u16, key: Option<&str>, body: &str) -> Reply {
+        let proxy = self
+            .daemon
+            .proxy
+            .replacen("http://", &format!("http://{AGENT}:{TOKEN}@"), 1);
+        let url = format!("http://pay.test:{port}/v1/charges");
+        let key = key.map(|k| format!("Idempotency-Key: {k}"));
+        let mut args = vec!["-x", proxy.as_str(), "-X", method];
+        if method == "POST" {
+            args.extend(["-H", "Content-Type: application/json", "--data-binary", body]);
+        }
+        if let Some(k) = &key {
+            args.extend(["-H", k.as_str()]);
+        }
+        args.push(&url);
+        let (status, body, head) = curl(&args);
+        Reply { status, body, head }
+    }
+
+    fn admin(&self, path: &str) -> (u16, Value) {
+        get_json(&self.daemon.url(path), &[])
+    }
+
+    /// `http://postern.internal/…` through this node's proxy, as the agent.
+    fn internal(&self, path: &str) -> (u16, Value) {
+        let proxy = self
+            .daemon
+            .proxy
+            .replacen("http://", &format!("http://{AGENT}:{TOKEN}@"), 1);
+        let url = format!("http://postern.internal{path}");
+        let (status, body, _) = curl(&["-x", proxy.as_str(), &url]);
+        (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+    }
+}
+
+struct Reply {
+    status: u16,
+    body: String,
+    head: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
+    fn id(&self) -> String {
+        self.header("postern-invocation").unwrap_or_default().to_owned()
+    }
+
+    fn envelope(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+
+    fn code(&self) -> String {
+        self.envelope()["error"]["code"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+#[test]
+fn one_key_sent_to_two_nodes_at_the_same_moment_is_dispatched_once() {
+    let pg = Postgres::start();
+    // A slow origin keeps the first dispatch open while the other node judges the key.
+    let origin = KeyedOrigin::start(Policy::Ignores, Answer::After(Duration::from_millis(30)));
+    let port = origin.port();
+    let a = Node::start("a", &pg, port);
+    let b = Node::start("b", &pg, port);
+    let rounds = 50;
+    let mut answered = Vec::new();
+    for n in 0..rounds {
+        let key = format!("fleet-key-{n}");
+        let (ra, rb) = std::thread::scope(|s| {
+            let ta = s.spawn(|| a.send("POST", port, Some(&key), "{\"amount\":1}"));
+            let tb = s.spawn(|| b.send("POST", port, Some(&key), "{\"amount\":1}"));
+            (ta.join().unwrap(), tb.join().unwrap())
+        });
+        answered.push((ra.status, ra.code(), rb.status, rb.code()));
+    }
+    assert_eq!(
+        origin.hits(),
+        rounds,
+        "one dispatch per key across both nodes: {answered:?}"
+    );
+    // Each round: one node dispatched (200), the other was told so (in progress, or the
+    // stored result replayed), never a second dispatch.
+    for (sa, ca, sb, cb) in &answered {
+        let ok = |s: &u16, c: &str| *s == 201 || c == "ATTEMPT_IN_PROGRESS";
+        assert!(ok(sa, ca) && ok(sb, cb), "{answered:?}");
+        assert!(*sa == 201 || *sb == 201, "{answered:?}");
+    }
+    let keys = pg.sql("SELECT count(*) FROM postern_keys");
+    assert_eq!(keys.trim(), rounds.to_string());
+}
+
+#[test]
+fn a_lost_answer_resent_to_the_other_node_is_not_sent_again() {
+    let pg = Postgres::start();
+    // The origin acts, then closes without answering: the agent never learns the outcome.
+    let origin = KeyedOrigin::start(Policy::Ignores, Answer::DropsFirst);
+    let port = origin.port();
+    let a = Node::start("a", &pg, port);
+    let b = Node::start("b", &pg, port);
+    let lost = a.send("POST", port, None, "{\"amount\":7}");
+    assert_eq!(lost.status, 502, "{}", lost.body);
+    assert_eq!(origin.hits(), 1);
+    let first = lost.id();
+    // Published behind the request: give it a moment to reach the store.
+    let resend = eventually(|| {
+        let r = b.send("POST", port, None, "{\"amount\":7}");
+        (r.code() == "RESEND_REFUSED").then_some(r)
+    });
+    assert_eq!(origin.hits(), 1, "the resend on b was not sent again");
+    assert_eq!(resend.envelope()["evidence"]["resend_of"]["invocation_id"], first.as_str());
+}
+
+#[test]
+fn any_node_answers_for_an_invocation_of_another_also_with_its_owner_down() {
+    let pg = Postgres::start();
+    let origin = KeyedOrigin::start(Policy::Ignores, Answer::Always);
+    let port = origin.port();
+    let a = Node::start("a", &pg, port);
+    let b = Node::start("b", &pg, port);
+    let done = a.send("POST", port, Some("k-answers"), "{\"amount\":3}");
+    assert_eq!(done.status, 201, "{}", done.body);
+    let id = done.id();
+    let record = eventually(|| {
+        let (status, v) = b.admin(&format!("/v1/invocations/{id}"));
+        (status == 200 && v["outcome"] == "committed").then_some(v)
+    });
+    assert_eq!(record["node"], "a", "{record}");
+    let (status, result) = b.admin(&format!("/v1/invocations/{id}/result"));
+    assert_eq!(status, 200, "{result}");
+    let (status, own) = b.internal(&format!("/v1/invocations/{id}/result"));
+    assert_eq!(status, 200, "fetch_result on b: {own}");
+    // The same key on b: the stored result, replayed under a's invocation.
+    let again = b.send("POST", port, Some("k-answers"), "{\"amount\":3}");
+    assert_eq!(again.status, 201, "{}", again.body);
+    assert_eq!(again.id(), id);
+    assert_eq!(again.header("postern-replayed"), Some("true"));
+    assert_eq!(origin.hits(), 1);
+    // a is gone: b still answers from what a published.
+    let _ = a.daemon.terminate();
+    let (status, v) = b.admin(&format!("/v1/invocations/{id}"));
+    assert_eq!((status, v["outcome"].as_str()), (200, Some("committed")), "{v}");
+    let (status, _) = b.admin(&format!("/v1/invocations/{id}/result"));
+    assert_eq!(status, 200);
+    drop(a.home);
+}
+
+#[test]
+fn the_store_away_refuses_what_needs_it_before_dispatch_and_serves_the_rest() {
+    let pg = Postgres::start();
+    let origin = KeyedOrigin::start(Policy::Ignores, Answer::Always);
+    let port = origin.port();
+    let a = Node::start("a", &pg, port);
+    let ok = a.send("POST", port, Some("k-before"), "{}");
+    assert_eq!(ok.status, 201, "{}", ok.body);
+    pg.stop();
+    let refused = a.send("POST", port, Some("k-during"), "{}");
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    let env = refused.envelope();
+    assert_eq!(env["error"]["code"], "JOURNAL_UNAVAILABLE", "{env}");
+    assert_eq!(env["error"]["outcome"], "not_attempted", "{env}");
+    assert_eq!(env["evidence"]["store"], "cluster", "{env}");
+    // A POST without a key is resend-checked: that needs the store too.
+    let resend_checked = a.send("POST", port, None, "{}");
+    assert_eq!(resend_checked.code(), "JOURNAL_UNAVAILABLE", "{}", resend_checked.body);
+    assert_eq!(origin.hits(), 1, "nothing dispatched on a guess");
+    let read = a.send("GET", port, None, "");
+    assert_eq!(read.status, 201, "an idempotent request needs no shared check: {}", read.body);
+    let (status, health) = a.admin("/healthz");
+    assert_eq!((status, health["status"].as_str()), (200, Some("degraded")), "{health}");
+    assert_eq!(health["cluster"], "unreachable");
+    pg.start_again();
+    let back = eventually(|| {
+        let r = a.send("POST", port, Some("k-after"), "{}");
+        (r.status == 201).then_some(r)
+    });
+    assert_eq!(back.status, 201);
+    let (_, health) = a.admin("/healthz");
+    assert_eq!(health["cluster"], "ok", "{health}");
+    assert_eq!(health["status"], "ok", "{health}");
+}
+
+/// Retries `f` for up to 10 s until it answers.
+fn eventually<T>(mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "not within 10 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
