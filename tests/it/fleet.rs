@@ -38,14 +38,25 @@ struct Node {
 
 impl Node {
     fn start(id: &'static str, pg: &Postgres, port: u16) -> Self {
+        Self::start_with(id, pg, port, &[])
+    }
+
+    fn start_with(id: &'static str, pg: &Postgres, port: u16, envs: &[(&str, &str)]) -> Self {
         let home = Home::new();
-        let daemon = Daemon::start(&home, Some(&config(id, &pg.url(), port)));
+        let daemon = Daemon::start_with(&home, Some(&config(id, &pg.url(), port)), envs);
         Self { home, daemon, id }
     }
 
+    /// The same node (its journal) started again, after it stopped or crashed.
     fn restart(self, pg: &Postgres, port: u16) -> Self {
-        let Node { home, daemon, id } = self;
-        let _ = daemon.terminate();
+        let Node {
+            home,
+            mut daemon,
+            id,
+        } = self;
+        if daemon.wait_exit(Duration::from_millis(100)).is_none() {
+            daemon.kill();
+        }
         let daemon = Daemon::start(&home, Some(&config(id, &pg.url(), port)));
         Self { home, daemon, id }
     }
@@ -235,6 +246,40 @@ fn the_store_away_refuses_what_needs_it_before_dispatch_and_serves_the_rest() {
     let (_, health) = a.admin("/healthz");
     assert_eq!(health["cluster"], "ok", "{health}");
     assert_eq!(health["status"], "ok", "{health}");
+}
+
+#[test]
+fn a_node_lost_after_dispatch_started_is_answered_for_by_the_other_and_settled_by_its_recovery() {
+    let pg = Postgres::start();
+    let origin = KeyedOrigin::start(Policy::Ignores, Answer::Always);
+    let port = origin.port();
+    // a dies the moment DISPATCH_STARTED is durable, as under kill -9.
+    let a = Node::start_with("a", &pg, port, &[("POSTERN_CRASH_AFTER", "DISPATCH_STARTED")]);
+    let b = Node::start("b", &pg, port);
+    let lost = a.send("POST", port, Some("k-crash"), "{\"amount\":9}");
+    assert_eq!(lost.status, 0, "the agent's connection died with a: {}", lost.body);
+    // b: the key is a's, unsettled there; it may have been sent, so nothing is sent again.
+    let meanwhile = b.send("POST", port, Some("k-crash"), "{\"amount\":9}");
+    assert_eq!(meanwhile.code(), "ATTEMPT_IN_PROGRESS", "{}", meanwhile.body);
+    assert_eq!(meanwhile.envelope()["evidence"]["node"], "a");
+    assert_ne!(meanwhile.envelope()["error"]["outcome"], "not_attempted");
+    let id = meanwhile.envelope()["invocation_id"].as_str().unwrap_or_default().to_owned();
+    let a = a.restart(&pg, port);
+    // a's recovery settles it (unknown, BROKER_RESTARTED) and publishes that.
+    let record = eventually(|| {
+        let (_, v) = b.admin(&format!("/v1/invocations/{id}"));
+        (v["code"] == "BROKER_RESTARTED").then_some(v)
+    });
+    assert_eq!(record["outcome"], "unknown", "{record}");
+    assert_eq!(record["node"], "a");
+    // A new generation is leased by the owner only: b answers the record, naming a.
+    let on_b = b.send("POST", port, Some("k-crash"), "{\"amount\":9}");
+    assert_eq!(on_b.envelope()["evidence"]["node"], "a", "{}", on_b.body);
+    assert_eq!(origin.hits(), 0, "nothing sent by b");
+    let on_a = a.send("POST", port, Some("k-crash"), "{\"amount\":9}");
+    assert_eq!(on_a.status, 201, "{}", on_a.body);
+    assert_eq!(on_a.id(), id, "a new generation of the same invocation");
+    assert_eq!(origin.hits(), 1);
 }
 
 /// Retries `f` for up to 10 s until it answers.
