@@ -117,10 +117,7 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
             }
         }
         (&Method::GET, ["v1", "audit", "export"]) => export(state, &query),
-        (&Method::GET, ["v1", "audit", "verify"]) => match state.journal.verify() {
-            Ok(report) => json_reply(StatusCode::OK, &json!(report)),
-            Err(_) => storage_error(),
-        },
+        (&Method::GET, ["v1", "audit", "verify"]) => verify(state, &query).await,
         (&Method::GET, ["v1", "approvals"]) => json_reply(
             StatusCode::OK,
             &json!({"approvals": listed_approvals(state)}),
@@ -194,6 +191,34 @@ fn healthz(state: &AdminState) -> Reply {
         body["cluster"] = json!(cluster);
     }
     json_reply(status, &body)
+}
+
+/// The chain walk; with `?cluster=1` also every fleet node's check against its anchors
+/// (SPEC §7), and `ok` only when all hold.
+async fn verify(state: &AdminState, query: &str) -> Reply {
+    let Ok(report) = state.journal.verify() else {
+        return storage_error();
+    };
+    let mut body = json!(report);
+    if !query.split('&').any(|p| p == "cluster=1") {
+        return json_reply(StatusCode::OK, &body);
+    }
+    let Some(shared) = state.journal.shared() else {
+        let msg = "this node is not part of a fleet (no [cluster] in its config)";
+        return error(StatusCode::BAD_REQUEST, "NOT_A_FLEET", msg);
+    };
+    match shared.audit(&state.journal).await {
+        Ok(cluster) => {
+            body["ok"] = json!(report.ok && cluster["ok"] == true);
+            body["cluster"] = cluster;
+            json_reply(StatusCode::OK, &body)
+        }
+        Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "JOURNAL_UNAVAILABLE",
+            "The cluster store did not answer: the anchors could not be checked.",
+        ),
+    }
 }
 
 /// `?since=SEQ&limit=N` (1..=5000, 1000 unless given): the audit export's next page.

@@ -329,6 +329,10 @@ pub enum AuditCommand {
         /// Print the verification report as JSON.
         #[arg(long)]
         json: bool,
+        /// Also check every fleet node's chain against the anchors it wrote to the cluster
+        /// store (SPEC §7); asks the daemon.
+        #[arg(long)]
+        cluster: bool,
     },
     /// Print every journal event from SEQ on as JSON lines: seq, ts, invocation_id, kind,
     /// source, hop, hash, prev_hash and the invocation's agent, route, outcome and code
@@ -435,9 +439,9 @@ fn run(cli: Cli, home: &Home, env: Env<'_>) -> Result<ExitCode, CliError> {
         Command::Approvals { json, admin } => operator::approvals(&target(admin), json),
         Command::Agents { command, admin } => agents::run(&target(admin), command),
         Command::Audit {
-            command: AuditCommand::Verify { json },
+            command: AuditCommand::Verify { json, cluster },
             admin,
-        } => operator::audit_verify(&target(admin), home, json),
+        } => operator::audit_verify(&target(admin), home, json, cluster),
         Command::Audit {
             command: AuditCommand::Export { since },
             admin,

@@ -327,15 +327,43 @@ pub fn approvals(target: &AdminTarget, json: bool) -> Result<ExitCode, CliError>
 }
 
 /// Asks the daemon; with no daemon running, opens the journal itself.
-pub fn audit_verify(target: &AdminTarget, home: &Home, json: bool) -> Result<ExitCode, CliError> {
-    let report = match get(target, "/v1/audit/verify") {
+pub fn audit_verify(
+    target: &AdminTarget,
+    home: &Home,
+    json: bool,
+    cluster: bool,
+) -> Result<ExitCode, CliError> {
+    let path = match cluster {
+        true => "/v1/audit/verify?cluster=1",
+        false => "/v1/audit/verify",
+    };
+    let report = match get(target, path) {
         Ok(v) => v,
-        Err(CliError::Unreachable { .. }) => offline_verify(home)?,
+        // The anchors are in the fleet's store, which only the daemon reaches.
+        Err(CliError::Unreachable { .. }) if !cluster => offline_verify(home)?,
         Err(e) => return Err(e),
     };
     if json {
         print_json(&report);
-    } else if report["ok"].as_bool() == Some(true) {
+    } else {
+        print_verify(&report);
+    }
+    Ok(if report["ok"].as_bool() == Some(true) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn print_verify(report: &Value) {
+    if report["chain_ok"].as_bool() == Some(false) || report.get("break").is_some() {
+        outln!(
+            "BROKEN at seq {}: {} ({} events verified before it)",
+            report["break"]["seq"],
+            s(&report["break"]["reason"]),
+            report["events"]
+        );
+    } else {
         let from = match report.get("checkpoint") {
             Some(c) => format!(
                 " from seq {} (checkpoint at seq {}, hash {})",
@@ -351,19 +379,15 @@ pub fn audit_verify(target: &AdminTarget, home: &Home, json: bool) -> Result<Exi
             report["head_seq"],
             s(&report["head_hash"])
         );
-    } else {
-        outln!(
-            "BROKEN at seq {}: {} ({} events verified before it)",
-            report["break"]["seq"],
-            s(&report["break"]["reason"]),
-            report["events"]
-        );
     }
-    Ok(if report["ok"].as_bool() == Some(true) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    for node in report["cluster"]["nodes"].as_array().into_iter().flatten() {
+        let verdict = match node["ok"].as_bool() {
+            Some(true) => "ok".to_owned(),
+            Some(false) => format!("REWRITTEN: {}", s(&node["detail"])),
+            None => "not checked yet".to_owned(),
+        };
+        outln!("node {}: {verdict}", s(&node["node"]));
+    }
 }
 
 /// `postern audit export --since SEQ` (SPEC §5.8): every event from SEQ as a JSON line, page

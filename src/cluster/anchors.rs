@@ -12,7 +12,9 @@ use super::{Cluster, now_ms};
 use crate::journal::{Journal, SharedError};
 
 /// How often a node anchors its head.
-const EVERY: Duration = Duration::from_secs(10);
+const EVERY: Duration = Duration::from_secs(5);
+/// How often a node checks its chain against its anchors (and at start).
+const CHECK_EVERY: u32 = 12;
 
 /// One anchor that the journal no longer matches.
 #[derive(Debug, Clone, Serialize)]
@@ -38,11 +40,17 @@ pub fn spawn_anchoring(cluster: Weak<Cluster>, journal: Journal) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(EVERY);
         let mut last = 0u64;
+        let mut n = 0u32;
         loop {
             tick.tick().await;
             let Some(cluster) = cluster.upgrade() else {
                 return;
             };
+            // Checked before anchoring anew: a rewrite while the node was down shows at start.
+            if n.is_multiple_of(CHECK_EVERY) {
+                let _ = audit(&cluster, &journal).await;
+            }
+            n = n.wrapping_add(1);
             let Ok(Some((seq, hash))) = journal.head() else {
                 continue;
             };
@@ -126,4 +134,69 @@ pub async fn check_anchors(cluster: &Cluster, journal: &Journal) -> Result<Ancho
         }
     }
     Ok(check)
+}
+
+/// Checks this node's chain against its anchors, records the verdict for the fleet to
+/// see, and reports every node's latest one.
+pub async fn audit(cluster: &Cluster, journal: &Journal) -> Result<serde_json::Value, SharedError> {
+    let chain = journal.verify().ok();
+    let own = check_anchors(cluster, journal).await.ok();
+    let (ok, detail) = match (&chain, &own) {
+        (Some(c), _) if !c.ok => (false, Some("the hash chain is broken".to_owned())),
+        (_, Some(a)) if !a.mismatches.is_empty() => (
+            false,
+            a.mismatches.first().map(|m| {
+                format!(
+                    "history rewritten: event {} does not match the hash anchored for it",
+                    m.seq
+                )
+            }),
+        ),
+        (Some(_), Some(_)) => (true, None),
+        _ => return Err(SharedError::Unavailable),
+    };
+    let (node, now) = (cluster.node.clone(), now_ms());
+    let detail_db = detail.clone();
+    cluster
+        .call("audit", move |c| {
+            Box::pin(async move {
+                c.execute(
+                    "UPDATE postern_nodes SET checked_ms = $2, check_ok = $3, check_detail = $4 WHERE node = $1",
+                    &[&node, &now, &ok, &detail_db],
+                )
+                .await
+                .map(drop)
+            })
+        })
+        .await?;
+    let rows = cluster
+        .call("audit_nodes", move |c| {
+            Box::pin(async move {
+                c.query(
+                    "SELECT node, seen_ms, checked_ms, check_ok, check_detail FROM postern_nodes ORDER BY node",
+                    &[],
+                )
+                .await
+            })
+        })
+        .await?;
+    let nodes: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "node": r.get::<_, String>(0),
+                "seen_ms": r.get::<_, i64>(1),
+                "checked_ms": r.get::<_, Option<i64>>(2),
+                "ok": r.get::<_, Option<bool>>(3),
+                "detail": r.get::<_, Option<String>>(4),
+            })
+        })
+        .collect();
+    let all_ok = nodes.iter().all(|n| n["ok"] != serde_json::Value::Bool(false));
+    Ok(serde_json::json!({
+        "ok": all_ok,
+        "node": cluster.node,
+        "anchors": own.map(|a| serde_json::json!({"written": a.anchors, "checked": a.checked, "mismatches": a.mismatches})),
+        "nodes": nodes,
+    }))
 }

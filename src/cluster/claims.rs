@@ -108,6 +108,10 @@ impl SharedIndex for Cluster {
         self.reachable.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    fn audit<'a>(&'a self, journal: &'a crate::journal::Journal) -> Shared<'a, serde_json::Value> {
+        Box::pin(super::anchors::audit(self, journal))
+    }
+
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         self.metrics.register(registry);
     }

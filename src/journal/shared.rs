@@ -86,6 +86,10 @@ pub trait SharedIndex: Send + Sync {
     /// Whether the shared store answered its last call.
     fn reachable(&self) -> bool;
 
+    /// Checks this node's chain against the anchors it wrote, records the verdict, and
+    /// reports every node's latest verdict (`postern audit verify --cluster`).
+    fn audit<'a>(&'a self, journal: &'a super::Journal) -> Shared<'a, serde_json::Value>;
+
     /// Its metrics (latency and failures per shared operation), on `/metrics`.
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry);
 }

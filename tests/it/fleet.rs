@@ -282,6 +282,79 @@ fn a_node_lost_after_dispatch_started_is_answered_for_by_the_other_and_settled_b
     assert_eq!(origin.hits(), 1);
 }
 
+#[test]
+fn audit_verify_cluster_names_the_node_whose_history_was_rewritten() {
+    let pg = Postgres::start();
+    let origin = KeyedOrigin::start(Policy::Ignores, Answer::Always);
+    let port = origin.port();
+    let a = Node::start("a", &pg, port);
+    let b = Node::start("b", &pg, port);
+    for n in 0..3 {
+        let r = a.send("POST", port, Some(&format!("k-audit-{n}")), "{}");
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    let (_, report) = a.admin("/v1/audit/verify");
+    let head = report["head_seq"].as_u64().unwrap();
+    eventually(|| {
+        let anchored = pg.sql("SELECT coalesce(max(seq), 0) FROM postern_anchors WHERE node = 'a'");
+        (anchored.trim().parse::<u64>().unwrap_or(0) >= head).then_some(())
+    });
+    let verified = b.daemon.cli(&["audit", "verify", "--cluster"], &[]);
+    assert_eq!(verified.status.code(), Some(0), "{}", crate::support::stdout(&verified));
+    // a stops; someone with its disk rewrites an event and every hash after it.
+    let Node { home, daemon, id } = a;
+    let _ = daemon.terminate();
+    rewrite_history(&home, 2);
+    let local = home.cli(&["audit", "verify"], &[]);
+    assert_eq!(local.status.code(), Some(0), "a consistent rewrite passes the chain walk alone");
+    let daemon = Daemon::start(&home, Some(&config(id, &pg.url(), port)));
+    let a = Node { home, daemon, id };
+    let out = eventually(|| {
+        let out = b.daemon.cli(&["audit", "verify", "--cluster"], &[]);
+        (out.status.code() == Some(1)).then_some(out)
+    });
+    let text = crate::support::stdout(&out);
+    assert!(text.contains("node a: REWRITTEN"), "{text}");
+    assert!(text.contains("node b: ok"), "{text}");
+    drop(a);
+}
+
+/// Edits event `seq` in a stopped node's journal and recomputes every hash from there, so
+/// the chain is consistent in itself.
+fn rewrite_history(home: &Home, seq: u64) {
+    use fjall::{Database, KeyspaceCreateOptions};
+    let db = Database::builder(crate::support::journal_dir(&home.root()))
+        .open()
+        .expect("open journal");
+    let events = db
+        .keyspace("events", KeyspaceCreateOptions::default)
+        .expect("events");
+    let mut all = Vec::new();
+    let stored: Vec<_> = events.iter().map(|kv| kv.into_inner().expect("read")).collect();
+    for (k, v) in stored {
+        let key = u64::from_be_bytes(k.as_ref().try_into().expect("seq key"));
+        all.extend(postern::journal::decode_stored(key, &v).expect("stored events"));
+        events.remove(k).expect("remove");
+    }
+    all.sort_by_key(|e| e.seq);
+    let mut prev: Option<String> = None;
+    for mut event in all {
+        if event.seq == seq {
+            event.ts = "2001-01-01T00:00:00.000Z".into();
+        }
+        if event.seq >= seq {
+            if let Some(p) = &prev {
+                event.prev_hash = p.clone();
+            }
+            event.hash = event.compute_hash();
+        }
+        prev = Some(event.hash.clone());
+        let json = serde_json::to_vec(&event).expect("event json");
+        events.insert(event.seq.to_be_bytes(), json).expect("write");
+    }
+    db.persist(fjall::PersistMode::SyncAll).expect("persist");
+}
+
 /// Retries `f` for up to 10 s until it answers.
 fn eventually<T>(mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

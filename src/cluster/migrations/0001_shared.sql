@@ -1,10 +1,14 @@
 -- postern's shared state for a fleet (SPEC §7): only what several nodes must agree on.
 -- Each node keeps its own journal; nothing here is a secret, a body the agent sent, or an event.
 
+-- Each node; its last check of its own chain against its anchors (`audit verify --cluster`).
 CREATE TABLE postern_nodes (
     node text PRIMARY KEY,
     started_ms bigint NOT NULL,
-    seen_ms bigint NOT NULL
+    seen_ms bigint NOT NULL,
+    checked_ms bigint,
+    check_ok boolean,
+    check_detail text
 );
 
 -- The idempotency-key index (§3.4): slot = scope NUL agent NUL key.
