@@ -60,7 +60,9 @@ pub async fn switch(state: &AdminState, id: &str, body: &Value, suspend: bool) -
             }
             json_reply(StatusCode::OK, &json!(s))
         }
-        Err(JournalError::Refused(_) | JournalError::Unavailable | JournalError::SharedUnavailable) => error(
+        Err(
+            JournalError::Refused(_) | JournalError::Unavailable | JournalError::SharedUnavailable,
+        ) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "JOURNAL_UNAVAILABLE",
             "The action could not be journaled, so it was not taken.",

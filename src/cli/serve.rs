@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use super::{CliError, Env, Home};
 use crate::admin::{self, AdminState, metrics::FrontMetrics};
+use crate::cluster::{Cluster, ClusterOptions};
 use crate::config::{self, Config};
 use crate::http::agent::mitm::{Authority, CaPaths};
 use crate::http::deliver::budget::Budget;
 use crate::http::{self as proxy_http, Proxy};
-use crate::cluster::{Cluster, ClusterOptions};
 use crate::journal::{
     Durability, Journal, JournalOptions, SharedHandle, SharedIndex, SpaceGuard, StoreError,
 };
@@ -100,7 +100,10 @@ async fn join_cluster(config: &Config) -> Result<Option<Arc<Cluster>>, CliError>
     let cluster = Cluster::connect(c.postgres.expose(), options)
         .await
         .map_err(|e| CliError::Failed(format!("cluster: {e}")))?;
-    outln!("postern: node {} of a fleet (cluster store reached)", c.node);
+    outln!(
+        "postern: node {} of a fleet (cluster store reached)",
+        c.node
+    );
     Ok(Some(cluster))
 }
 
@@ -112,7 +115,10 @@ async fn settle_cluster_claims(cluster: &Arc<Cluster>, journal: &Journal) -> Res
         .await
         .map_err(|e| CliError::Failed(format!("cluster: {e}")))?;
     if released > 0 {
-        tracing::warn!(released, "released cluster claims of invocations this node never journaled");
+        tracing::warn!(
+            released,
+            "released cluster claims of invocations this node never journaled"
+        );
     }
     let _ = cluster.anchor_now(journal).await;
     crate::cluster::spawn_anchoring(Arc::downgrade(cluster), journal.clone());
@@ -389,8 +395,7 @@ async fn serve_until_stopped(
     reload_on_hangup(reloader.clone());
     let state = Arc::new(AdminState {
         registry: {
-            let mut registry =
-                admin::metrics::registry(journal.metrics(), &front, &reload_counter);
+            let mut registry = admin::metrics::registry(journal.metrics(), &front, &reload_counter);
             if let Some(shared) = journal.shared() {
                 shared.register_metrics(&mut registry);
             }

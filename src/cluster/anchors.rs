@@ -66,7 +66,11 @@ pub fn spawn_anchoring(cluster: Weak<Cluster>, journal: Journal) {
 
 impl Cluster {
     async fn anchor(&self, seq: u64, hash: String) -> Result<(), SharedError> {
-        let (node, seq, at) = (self.node.clone(), i64::try_from(seq).unwrap_or(i64::MAX), now_ms());
+        let (node, seq, at) = (
+            self.node.clone(),
+            i64::try_from(seq).unwrap_or(i64::MAX),
+            now_ms(),
+        );
         self.call("anchor", move |c| {
             Box::pin(async move {
                 c.execute(
@@ -84,10 +88,7 @@ impl Cluster {
     /// Writes the head now (at a clean stop, and for tests).
     pub async fn anchor_now(&self, journal: &Journal) -> Result<(), String> {
         match journal.head() {
-            Ok(Some((seq, hash))) => self
-                .anchor(seq, hash)
-                .await
-                .map_err(|e| e.to_string()),
+            Ok(Some((seq, hash))) => self.anchor(seq, hash).await.map_err(|e| e.to_string()),
             Ok(None) => Ok(()),
             Err(e) => Err(e.to_string()),
         }
@@ -192,7 +193,9 @@ pub async fn audit(cluster: &Cluster, journal: &Journal) -> Result<serde_json::V
             })
         })
         .collect();
-    let all_ok = nodes.iter().all(|n| n["ok"] != serde_json::Value::Bool(false));
+    let all_ok = nodes
+        .iter()
+        .all(|n| n["ok"] != serde_json::Value::Bool(false));
     Ok(serde_json::json!({
         "ok": all_ok,
         "node": cluster.node,

@@ -61,11 +61,7 @@ impl SharedIndex for Cluster {
         Box::pin(self.touch("key_touch", TOUCH_KEY, slot, id, until))
     }
 
-    fn twin_entry<'a>(
-        &'a self,
-        slot: &'a TwinSlot,
-        now_ms: i64,
-    ) -> Shared<'a, Option<TwinEntry>> {
+    fn twin_entry<'a>(&'a self, slot: &'a TwinSlot, now_ms: i64) -> Shared<'a, Option<TwinEntry>> {
         let slot = slot.index_key();
         Box::pin(async move {
             let row = self
@@ -175,9 +171,7 @@ impl Cluster {
     ) -> Result<(), crate::journal::SharedError> {
         let id = invocation_id.to_owned();
         self.call("release", move |c| {
-            Box::pin(async move {
-                c.execute(RELEASE, &[&id]).await.map(drop)
-            })
+            Box::pin(async move { c.execute(RELEASE, &[&id]).await.map(drop) })
         })
         .await
     }
@@ -202,10 +196,16 @@ pub(super) async fn sweep(cluster: &Cluster, now: i64) {
     let swept = cluster
         .call("sweep", move |c| {
             Box::pin(async move {
-                c.execute("DELETE FROM postern_keys WHERE expires_at_ms <= $1", &[&now])
-                    .await?;
-                c.execute("DELETE FROM postern_twins WHERE expires_at_ms <= $1", &[&now])
-                    .await?;
+                c.execute(
+                    "DELETE FROM postern_keys WHERE expires_at_ms <= $1",
+                    &[&now],
+                )
+                .await?;
+                c.execute(
+                    "DELETE FROM postern_twins WHERE expires_at_ms <= $1",
+                    &[&now],
+                )
+                .await?;
                 c.execute(
                     "DELETE FROM postern_invocations WHERE expires_at_ms <= $1",
                     &[&now],

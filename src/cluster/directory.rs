@@ -138,8 +138,9 @@ async fn write(cluster: &Cluster, batch: &[Publication]) -> Result<(), SharedErr
                     let statement = &statement;
                     let node = &node;
                     async move {
-                        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
-                            [&r.id, node, &now, &r.version, &r.state, &r.result, &r.expires];
+                        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+                            &r.id, node, &now, &r.version, &r.state, &r.result, &r.expires,
+                        ];
                         c.execute(statement, &params).await
                     }
                 });

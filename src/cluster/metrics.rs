@@ -40,7 +40,9 @@ impl Default for ClusterMetrics {
 impl ClusterMetrics {
     pub fn observe(&self, op: &str, took: Duration, ok: bool) {
         let labels = OpLabels { op: op.to_owned() };
-        self.seconds.get_or_create(&labels).observe(took.as_secs_f64());
+        self.seconds
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
         if !ok {
             self.failures.get_or_create(&labels).inc();
         }

@@ -110,7 +110,11 @@ impl Cluster {
     {
         let started = Instant::now();
         let done = tokio::time::timeout(CALL_DEADLINE, async {
-            let client = self.pool.get().await.map_err(|_| SharedError::Unavailable)?;
+            let client = self
+                .pool
+                .get()
+                .await
+                .map_err(|_| SharedError::Unavailable)?;
             f(&client).await.map_err(|e| {
                 tracing::debug!(op, error = %e, "cluster statement failed");
                 SharedError::Unavailable

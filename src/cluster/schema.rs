@@ -11,10 +11,12 @@ const MIGRATION_LOCK: i64 = 0x706f_7374_6572_6e00;
 
 /// Brings the schema to this build's version, or refuses a newer one.
 pub async fn migrate(pool: &Pool) -> Result<(), String> {
-    let mut client = pool
-        .get()
-        .await
-        .map_err(|e| format!("cannot reach the cluster store: {}", pg_reason(&e.to_string())))?;
+    let mut client = pool.get().await.map_err(|e| {
+        format!(
+            "cannot reach the cluster store: {}",
+            pg_reason(&e.to_string())
+        )
+    })?;
     let tx = client
         .transaction()
         .await
@@ -42,17 +44,17 @@ pub async fn migrate(pool: &Pool) -> Result<(), String> {
         tx.batch_execute(sql)
             .await
             .map_err(|e| format!("cluster store: migration {version} failed: {e}"))?;
-        tx.execute("INSERT INTO postern_schema (version) VALUES ($1)", &[&version])
-            .await
-            .map_err(|e| format!("cluster store: {e}"))?;
-    }
-    tx.commit()
+        tx.execute(
+            "INSERT INTO postern_schema (version) VALUES ($1)",
+            &[&version],
+        )
         .await
-        .map_err(|e| format!("cluster store: {e}"))
+        .map_err(|e| format!("cluster store: {e}"))?;
+    }
+    tx.commit().await.map_err(|e| format!("cluster store: {e}"))
 }
 
 /// A pool error's words without the connection string.
 fn pg_reason(e: &str) -> String {
     e.split(" for ").next().unwrap_or(e).to_owned()
 }
-

@@ -19,7 +19,10 @@ use super::{Journal, JournalError, StoreError, unix_ms};
 pub enum Whereabouts {
     Here(State),
     /// Owned by `node`; `state` is what it published (none: still in progress there).
-    There { node: String, state: Option<State> },
+    There {
+        node: String,
+        state: Option<State>,
+    },
 }
 
 impl From<SharedError> for StoreError {

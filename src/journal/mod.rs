@@ -305,11 +305,18 @@ impl Journal {
         // The fleet's index decides; this node's own is not written beside it.
         let now = unix_ms(self.now());
         let won = shared
-            .claim(invocation_id, claims.key.as_ref(), claims.twin.as_ref(), now)
+            .claim(
+                invocation_id,
+                claims.key.as_ref(),
+                claims.twin.as_ref(),
+                now,
+            )
             .await;
         match won {
             Ok(Ok(())) => {}
-            Ok(Err(Lost::Key(holder))) => return Err(JournalError::Refused(Refusal::KeyHeld(holder))),
+            Ok(Err(Lost::Key(holder))) => {
+                return Err(JournalError::Refused(Refusal::KeyHeld(holder)));
+            }
             Ok(Err(Lost::Twin(holder))) => {
                 return Err(JournalError::Refused(Refusal::TwinMoved(holder)));
             }

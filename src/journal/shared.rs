@@ -70,8 +70,7 @@ pub trait SharedIndex: Send + Sync {
     fn touch_key<'a>(&'a self, claim: &'a KeyClaim) -> Shared<'a, ()>;
 
     /// The live twin of a slot.
-    fn twin_entry<'a>(&'a self, slot: &'a TwinSlot, now_ms: i64)
-    -> Shared<'a, Option<TwinEntry>>;
+    fn twin_entry<'a>(&'a self, slot: &'a TwinSlot, now_ms: i64) -> Shared<'a, Option<TwinEntry>>;
 
     /// Moves a twin's expiry on, if the slot still names the claim's invocation.
     fn touch_twin<'a>(&'a self, claim: &'a TwinClaim) -> Shared<'a, ()>;

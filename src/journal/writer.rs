@@ -18,10 +18,10 @@ use super::metrics::JournalMetrics;
 use super::projection::{Refusal, State, apply_body, replay};
 use super::request::StoredRequest;
 use super::result::StoredResult;
+use super::shared::SharedIndex;
 use super::space::SpaceGuard;
 use super::store::{EventStore, StoreError, WriteSet};
 use super::suspensions::SuspensionWrite;
-use super::shared::SharedIndex;
 use super::twins::{TwinClaim, TwinEntry, TwinWrite};
 use super::{Durability, JournalError};
 

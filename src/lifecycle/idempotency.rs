@@ -16,9 +16,7 @@ use std::time::Duration;
 use super::Invocation;
 use super::lease::{LeaseError, LeaseTerms, attempt_in_progress, in_progress, no_generation_left};
 use crate::contract::{Envelope, IdempotencyEvidence, Outcome, Retry};
-use crate::journal::{
-    Journal, KeyClaim, KeyEntry, KeySlot, State, Whereabouts, rfc3339, unix_ms,
-};
+use crate::journal::{Journal, KeyClaim, KeyEntry, KeySlot, State, Whereabouts, rfc3339, unix_ms};
 
 /// A route's idempotency contract, as the lifecycle needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,13 +96,7 @@ pub async fn take_turn(
 /// published answers like a local record; one it has not published yet is in progress
 /// there. A new generation is leased only by the owner: a retry here that would need one
 /// gets the record's own answer, and nothing is sent.
-fn elsewhere(
-    id: &str,
-    node: &str,
-    state: Option<State>,
-    now_ms: i64,
-    terms: &LeaseTerms,
-) -> Turn {
+fn elsewhere(id: &str, node: &str, state: Option<State>, now_ms: i64, terms: &LeaseTerms) -> Turn {
     let Some(state) = state else {
         return Turn::Refuse(Box::new(in_progress_on(id, node)));
     };
@@ -133,7 +125,8 @@ pub fn in_progress_on(id: &str, node: &str) -> Envelope {
     evidence
         .extra
         .insert("node".into(), serde_json::Value::String(node.to_owned()));
-    let resolution = crate::contract::resolve_failure(crate::contract::Code::AttemptInProgress, &ctx);
+    let resolution =
+        crate::contract::resolve_failure(crate::contract::Code::AttemptInProgress, &ctx);
     Envelope::new(id, resolution, None, evidence)
 }
 

@@ -70,7 +70,12 @@ impl Node {
         let key = key.map(|k| format!("Idempotency-Key: {k}"));
         let mut args = vec!["-x", proxy.as_str(), "-X", method];
         if method == "POST" {
-            args.extend(["-H", "Content-Type: application/json", "--data-binary", body]);
+            args.extend([
+                "-H",
+                "Content-Type: application/json",
+                "--data-binary",
+                body,
+            ]);
         }
         if let Some(k) = &key {
             args.extend(["-H", k.as_str()]);
@@ -111,7 +116,9 @@ impl Reply {
     }
 
     fn id(&self) -> String {
-        self.header("postern-invocation").unwrap_or_default().to_owned()
+        self.header("postern-invocation")
+            .unwrap_or_default()
+            .to_owned()
     }
 
     fn envelope(&self) -> Value {
@@ -119,7 +126,10 @@ impl Reply {
     }
 
     fn code(&self) -> String {
-        self.envelope()["error"]["code"].as_str().unwrap_or_default().to_owned()
+        self.envelope()["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
     }
 }
 
@@ -176,7 +186,10 @@ fn a_lost_answer_resent_to_the_other_node_is_not_sent_again() {
         (r.code() == "RESEND_REFUSED").then_some(r)
     });
     assert_eq!(origin.hits(), 1, "the resend on b was not sent again");
-    assert_eq!(resend.envelope()["evidence"]["resend_of"]["invocation_id"], first.as_str());
+    assert_eq!(
+        resend.envelope()["evidence"]["resend_of"]["invocation_id"],
+        first.as_str()
+    );
 }
 
 #[test]
@@ -207,7 +220,11 @@ fn any_node_answers_for_an_invocation_of_another_also_with_its_owner_down() {
     // a is gone: b still answers from what a published.
     let _ = a.daemon.terminate();
     let (status, v) = b.admin(&format!("/v1/invocations/{id}"));
-    assert_eq!((status, v["outcome"].as_str()), (200, Some("committed")), "{v}");
+    assert_eq!(
+        (status, v["outcome"].as_str()),
+        (200, Some("committed")),
+        "{v}"
+    );
     let (status, _) = b.admin(&format!("/v1/invocations/{id}/result"));
     assert_eq!(status, 200);
     drop(a.home);
@@ -230,12 +247,25 @@ fn the_store_away_refuses_what_needs_it_before_dispatch_and_serves_the_rest() {
     assert_eq!(env["evidence"]["store"], "cluster", "{env}");
     // A POST without a key is resend-checked: that needs the store too.
     let resend_checked = a.send("POST", port, None, "{}");
-    assert_eq!(resend_checked.code(), "JOURNAL_UNAVAILABLE", "{}", resend_checked.body);
+    assert_eq!(
+        resend_checked.code(),
+        "JOURNAL_UNAVAILABLE",
+        "{}",
+        resend_checked.body
+    );
     assert_eq!(origin.hits(), 1, "nothing dispatched on a guess");
     let read = a.send("GET", port, None, "");
-    assert_eq!(read.status, 201, "an idempotent request needs no shared check: {}", read.body);
+    assert_eq!(
+        read.status, 201,
+        "an idempotent request needs no shared check: {}",
+        read.body
+    );
     let (status, health) = a.admin("/healthz");
-    assert_eq!((status, health["status"].as_str()), (200, Some("degraded")), "{health}");
+    assert_eq!(
+        (status, health["status"].as_str()),
+        (200, Some("degraded")),
+        "{health}"
+    );
     assert_eq!(health["cluster"], "unreachable");
     pg.start_again();
     let back = eventually(|| {
@@ -254,16 +284,33 @@ fn a_node_lost_after_dispatch_started_is_answered_for_by_the_other_and_settled_b
     let origin = KeyedOrigin::start(Policy::Ignores, Answer::Always);
     let port = origin.port();
     // a dies the moment DISPATCH_STARTED is durable, as under kill -9.
-    let a = Node::start_with("a", &pg, port, &[("POSTERN_CRASH_AFTER", "DISPATCH_STARTED")]);
+    let a = Node::start_with(
+        "a",
+        &pg,
+        port,
+        &[("POSTERN_CRASH_AFTER", "DISPATCH_STARTED")],
+    );
     let b = Node::start("b", &pg, port);
     let lost = a.send("POST", port, Some("k-crash"), "{\"amount\":9}");
-    assert_eq!(lost.status, 0, "the agent's connection died with a: {}", lost.body);
+    assert_eq!(
+        lost.status, 0,
+        "the agent's connection died with a: {}",
+        lost.body
+    );
     // b: the key is a's, unsettled there; it may have been sent, so nothing is sent again.
     let meanwhile = b.send("POST", port, Some("k-crash"), "{\"amount\":9}");
-    assert_eq!(meanwhile.code(), "ATTEMPT_IN_PROGRESS", "{}", meanwhile.body);
+    assert_eq!(
+        meanwhile.code(),
+        "ATTEMPT_IN_PROGRESS",
+        "{}",
+        meanwhile.body
+    );
     assert_eq!(meanwhile.envelope()["evidence"]["node"], "a");
     assert_ne!(meanwhile.envelope()["error"]["outcome"], "not_attempted");
-    let id = meanwhile.envelope()["invocation_id"].as_str().unwrap_or_default().to_owned();
+    let id = meanwhile.envelope()["invocation_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     let a = a.restart(&pg, port);
     // a's recovery settles it (unknown, BROKER_RESTARTED) and publishes that.
     let record = eventually(|| {
@@ -300,13 +347,22 @@ fn audit_verify_cluster_names_the_node_whose_history_was_rewritten() {
         (anchored.trim().parse::<u64>().unwrap_or(0) >= head).then_some(())
     });
     let verified = b.daemon.cli(&["audit", "verify", "--cluster"], &[]);
-    assert_eq!(verified.status.code(), Some(0), "{}", crate::support::stdout(&verified));
+    assert_eq!(
+        verified.status.code(),
+        Some(0),
+        "{}",
+        crate::support::stdout(&verified)
+    );
     // a stops; someone with its disk rewrites an event and every hash after it.
     let Node { home, daemon, id } = a;
     let _ = daemon.terminate();
     rewrite_history(&home, 2);
     let local = home.cli(&["audit", "verify"], &[]);
-    assert_eq!(local.status.code(), Some(0), "a consistent rewrite passes the chain walk alone");
+    assert_eq!(
+        local.status.code(),
+        Some(0),
+        "a consistent rewrite passes the chain walk alone"
+    );
     let daemon = Daemon::start(&home, Some(&config(id, &pg.url(), port)));
     let a = Node { home, daemon, id };
     let out = eventually(|| {
@@ -330,7 +386,10 @@ fn rewrite_history(home: &Home, seq: u64) {
         .keyspace("events", KeyspaceCreateOptions::default)
         .expect("events");
     let mut all = Vec::new();
-    let stored: Vec<_> = events.iter().map(|kv| kv.into_inner().expect("read")).collect();
+    let stored: Vec<_> = events
+        .iter()
+        .map(|kv| kv.into_inner().expect("read"))
+        .collect();
     for (k, v) in stored {
         let key = u64::from_be_bytes(k.as_ref().try_into().expect("seq key"));
         all.extend(postern::journal::decode_stored(key, &v).expect("stored events"));

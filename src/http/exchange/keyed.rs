@@ -192,7 +192,11 @@ impl Exchange {
 
     /// The key's (or resend twin's) invocation is resolved: its stored result, under its own id, marked
     /// `Postern-Replayed: true`. Nothing is dispatched and nothing is journaled.
-    pub(in crate::http) async fn replay(&self, route: &Route, state: &State) -> Response<ProxyBody> {
+    pub(in crate::http) async fn replay(
+        &self,
+        route: &Route,
+        state: &State,
+    ) -> Response<ProxyBody> {
         let id = &state.record.invocation_id;
         // Another node's invocation: its result as the owner published it (SPEC §7).
         let stored = self.proxy.journal.find_result(id).await.ok().flatten();

@@ -16,11 +16,11 @@ use crate::http::Exchange;
 use crate::http::deliver::outgoing::Outgoing;
 use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::Dispatch;
+use crate::journal::Whereabouts;
 use crate::journal::{
     Claims, Failure, JournalError, KeyClaim, Refusal, ResendEvidence, State, TwinClaim, TwinEntry,
     TwinSlot, unix_ms,
 };
-use crate::journal::Whereabouts;
 use crate::lifecycle::idempotency::in_progress_on;
 use crate::lifecycle::lease::{LeaseError, LeaseTerms, attempt_in_progress};
 use crate::lifecycle::twin::{Verdict, judge, twin_ref};

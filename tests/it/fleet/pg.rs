@@ -19,7 +19,11 @@ pub struct Postgres {
 /// Debian's PostgreSQL binaries (`/usr/lib/postgresql/N/bin`), the newest.
 fn bin_dir() -> PathBuf {
     let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin"))
+                .collect()
+        })
         .unwrap_or_default();
     found.retain(|p| p.join("initdb").exists());
     found.sort();
@@ -66,8 +70,11 @@ impl Postgres {
     pub fn start() -> Self {
         let bin = bin_dir();
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .expect("chmod");
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .expect("chmod");
         let data = dir.path().join("data");
         let sockets = dir.path().join("sock");
         std::fs::create_dir_all(&sockets).expect("socket dir");
@@ -77,9 +84,21 @@ impl Postgres {
         let init = run(
             &bin,
             "initdb",
-            &["-D", data.to_str().unwrap(), "-A", "trust", "-U", "postern", "--no-sync"],
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-A",
+                "trust",
+                "-U",
+                "postern",
+                "--no-sync",
+            ],
         );
-        assert!(init.status.success(), "initdb: {}", String::from_utf8_lossy(&init.stderr));
+        assert!(
+            init.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&init.stderr)
+        );
         let pg = Self {
             _dir: dir,
             data,
@@ -131,18 +150,36 @@ impl Postgres {
         let _ = run(
             &self.bin,
             "pg_ctl",
-            &["-D", self.data.to_str().unwrap(), "-m", "immediate", "-w", "stop"],
+            &[
+                "-D",
+                self.data.to_str().unwrap(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
         );
     }
 
     /// One SQL statement through psql; its output rows.
     pub fn sql(&self, statement: &str) -> String {
         let out = Command::new("psql")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postern"])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postern",
+            ])
             .args(["-d", "postgres", "-At", "-c", statement])
             .output()
             .expect("psql");
-        assert!(out.status.success(), "psql: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "psql: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
