@@ -622,3 +622,33 @@ fn an_env_token_unset_in_the_callers_shell_still_gives_the_addresses() {
         Some("127.0.0.1:4129")
     );
 }
+
+#[test]
+fn a_cluster_needs_a_node_id_the_fleet_can_tell_apart_and_a_postgres_url() {
+    let ok = "[cluster]\npostgres = \"postgres://p@127.0.0.1:5432/db\"\nnode = \"node-1\"\n";
+    let c = parse(ok, None, &env).ok();
+    let cluster = c.as_ref().and_then(|c| c.cluster.as_ref());
+    assert_eq!(cluster.map(|c| c.node.as_str()), Some("node-1"));
+    assert_eq!(
+        cluster.map(|c| c.postgres.expose()),
+        Some("postgres://p@127.0.0.1:5432/db")
+    );
+    for bad_node in ["", "Node", "a_b", "seventeen-chars-x"] {
+        let text = format!("[cluster]\npostgres = \"postgres://h/db\"\nnode = \"{bad_node}\"\n");
+        assert_eq!(paths(&text), vec!["cluster.node"], "{bad_node:?}");
+    }
+    let unset = "[cluster]\npostgres = \"env:POSTERN_PG_URL_UNSET\"\nnode = \"a\"\n";
+    assert_eq!(paths(unset), vec!["cluster.postgres"]);
+    // The URL may hold a password: the error says what is wrong, never the value.
+    let wrong = "[cluster]\npostgres = \"mysql://u:hunter2@h/db\"\nnode = \"a\"\n";
+    let e = parse(wrong, None, &env)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("cluster.postgres") && !e.contains("hunter2"),
+        "{e}"
+    );
+    let none = parse("", None, &env).ok();
+    assert!(none.is_some_and(|c| c.cluster.is_none()));
+}

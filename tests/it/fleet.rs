@@ -4,6 +4,7 @@
 //! invocation (also with its owner down), a store that does not answer refuses what needs
 //! it and serves the rest, and the anchors catch a node whose history was rewritten.
 
+mod balancer;
 mod pg;
 
 use std::time::Duration;
@@ -412,6 +413,72 @@ fn rewrite_history(home: &Home, seq: u64) {
         events.insert(event.seq.to_be_bytes(), json).expect("write");
     }
     db.persist(fjall::PersistMode::SyncAll).expect("persist");
+}
+
+/// The openai SDK (its own retries) behind a round-robin balancer: the first connection,
+/// to a, is cut while a's dispatch runs; the SDK's retry reaches b, which replays a's result
+/// from the directory or says the attempt is in progress; the action runs once.
+#[test]
+fn an_sdk_retry_that_lands_on_the_other_node_does_not_run_the_action_again() {
+    let pg = Postgres::start();
+    let origin = crate::origins::Origin::script(|stream, _request| {
+        std::thread::sleep(Duration::from_millis(300));
+        let body = r#"{"id":"chatcmpl-fleet","object":"chat.completion","created":1,"model":"gpt-4o-mini","choices":[]}"#;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = std::io::Write::write_all(stream, head.as_bytes());
+        let _ = std::io::Write::write_all(stream, body.as_bytes());
+    });
+    let port = origin.port();
+    let a = Node::start("a", &pg, port);
+    let b = Node::start("b", &pg, port);
+    let balancer = balancer::RoundRobin::start(&[&a.daemon.proxy, &b.daemon.proxy]);
+    let proxy = format!("http://{AGENT}:{TOKEN}@127.0.0.1:{}", balancer.port());
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/agent.py");
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(script)
+        .arg("openai")
+        .arg(format!("http://pay.test:{port}/v1"));
+    for var in [
+        "NO_PROXY",
+        "no_proxy",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+        "OPENAI_BASE_URL",
+    ] {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .env("HTTP_PROXY", &proxy)
+        .env("http_proxy", &proxy)
+        .env("OPENAI_API_KEY", "sk-agent-own-key")
+        .output()
+        .expect("python3 with the openai SDK (tests/run installs it)");
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let result: Value =
+        serde_json::from_str(line.lines().last().unwrap_or("")).unwrap_or_else(|_| {
+            panic!(
+                "no result line: {line} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    assert!(
+        balancer.connections() >= 2,
+        "the SDK retried through the balancer: {result}"
+    );
+    assert_eq!(
+        origin.hits(),
+        1,
+        "one execution across both nodes: {result}"
+    );
+    let answered = result["ok"] == true && result["id"] == "chatcmpl-fleet";
+    let refused =
+        ["ATTEMPT_IN_PROGRESS", "RESEND_REFUSED"].contains(&result["code"].as_str().unwrap_or(""));
+    assert!(answered || refused, "{result}");
 }
 
 /// Retries `f` for up to 10 s until it answers.
