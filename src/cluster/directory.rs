@@ -87,11 +87,7 @@ impl Cluster {
         for row in rows {
             let id: String = row.get(0);
             match journal.state(&id) {
-                Ok(None) => {
-                    if self.release_claims(&id).await.is_ok() {
-                        released += 1;
-                    }
-                }
+                Ok(None) if self.release_claims(&id).await.is_ok() => released += 1,
                 Ok(Some(state)) if state.progress.closed => {
                     // Settled before the publication reached the store: publish it now.
                     let result = journal.result(&id).ok().flatten();

@@ -62,7 +62,7 @@ impl Cluster {
             STATEMENT_TIMEOUT.as_millis()
         ));
         config.connect_timeout(CALL_DEADLINE);
-        config.application_name(&format!("postern-{}", options.node));
+        config.application_name(format!("postern-{}", options.node));
         let manager = Manager::from_config(
             config,
             NoTls,
