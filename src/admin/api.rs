@@ -357,7 +357,7 @@ fn listed_approvals(state: &AdminState) -> Vec<Value> {
 async fn record(state: &AdminState, id: &str) -> Reply {
     match state.journal.locate(id).await {
         Ok(Some(Whereabouts::Here(s))) => json_reply(StatusCode::OK, &json!(s.record)),
-        Ok(Some(Whereabouts::There { node, state })) => {
+        Ok(Some(Whereabouts::There { node, state, .. })) => {
             let mut v = match state {
                 Some(s) => json!(s.record),
                 None => json!(in_progress_on(id, &node)),

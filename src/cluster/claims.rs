@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::Cluster;
 use crate::journal::{
-    Directory, KeyClaim, KeyEntry, KeySlot, Lost, Shared, SharedIndex, State, StoredResult,
+    Directory, KeyClaim, KeyEntry, KeySlot, Leased, Lost, Shared, SharedIndex, State, StoredResult,
     TwinClaim, TwinEntry, TwinSlot,
 };
 
@@ -92,6 +92,47 @@ impl SharedIndex for Cluster {
         Box::pin(self.touch("twin_touch", TOUCH_TWIN, slot, id, until))
     }
 
+    fn lease<'a>(
+        &'a self,
+        invocation_id: &'a str,
+        generation: u32,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Shared<'a, Leased> {
+        let (id, node) = (invocation_id.to_owned(), self.node.clone());
+        let g = i32::try_from(generation).unwrap_or(i32::MAX);
+        Box::pin(async move {
+            let row = self
+                .call("lease", move |c| {
+                    Box::pin(async move {
+                        c.query_one(LEASE, &[&id, &g, &node, &now_ms, &ttl_ms])
+                            .await
+                    })
+                })
+                .await?;
+            let (known, won): (i64, i64) = (row.get(0), row.get(1));
+            Ok(match (known, won) {
+                (0, _) => Leased::Unshared,
+                (_, 0) => Leased::Lost,
+                _ => Leased::Won,
+            })
+        })
+    }
+
+    fn confirm_dispatch<'a>(&'a self, invocation_id: &'a str, generation: u32) -> Shared<'a, bool> {
+        let (id, node) = (invocation_id.to_owned(), self.node.clone());
+        let g = i32::try_from(generation).unwrap_or(i32::MAX);
+        Box::pin(async move {
+            let row = self
+                .call("confirm_dispatch", move |c| {
+                    Box::pin(async move { c.query_one(CONFIRM, &[&id, &g, &node]).await })
+                })
+                .await?;
+            let (known, held): (i64, i64) = (row.get(0), row.get(1));
+            Ok(known == 0 || held > 0)
+        })
+    }
+
     fn lookup<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, Option<Directory>> {
         Box::pin(self.find(invocation_id))
     }
@@ -117,6 +158,25 @@ const TOUCH_KEY: &str =
     "UPDATE postern_keys SET expires_at_ms = $3 WHERE slot = $1 AND invocation_id = $2";
 const TOUCH_TWIN: &str =
     "UPDATE postern_twins SET expires_at_ms = $3 WHERE slot = $1 AND invocation_id = $2";
+
+/// The next generation for `$3`, or nothing: the row must be at generation `$2`, and held by
+/// `$3` already, or published closed at that generation, or not dispatched within the ttl
+/// `$5` of its lease. Returns (rows known, rows leased).
+const LEASE: &str = "WITH won AS (UPDATE postern_invocations SET generation = generation + 1, \
+     node = $3, lease_started_ms = $4, dispatched = false \
+     WHERE invocation_id = $1 AND generation = $2 AND (node = $3 \
+       OR (pub_generation = $2 AND coalesce((state->'progress'->>'closed')::boolean, false)) \
+       OR (NOT dispatched AND lease_started_ms + $5 <= $4)) \
+     RETURNING 1) \
+     SELECT (SELECT count(*) FROM postern_invocations WHERE invocation_id = $1), \
+     (SELECT count(*) FROM won)";
+
+/// Generation `$2` crosses the dispatch boundary on `$3`, if `$3` still holds it. Returns
+/// (rows known, rows confirmed).
+const CONFIRM: &str = "WITH held AS (UPDATE postern_invocations SET dispatched = true \
+     WHERE invocation_id = $1 AND generation = $2 AND node = $3 RETURNING 1) \
+     SELECT (SELECT count(*) FROM postern_invocations WHERE invocation_id = $1), \
+     (SELECT count(*) FROM held)";
 
 /// One statement: the unpublished row goes, and the claims with it.
 const RELEASE: &str = "WITH gone AS (DELETE FROM postern_invocations \

@@ -23,12 +23,14 @@ pub(super) struct Publication {
 }
 
 const UPSERT: &str = "INSERT INTO postern_invocations \
-     (invocation_id, node, claimed_ms, version, state, result, expires_at_ms) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7) \
+     (invocation_id, node, claimed_ms, lease_started_ms, version, state, result, expires_at_ms, \
+     pub_generation) VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8) \
      ON CONFLICT (invocation_id) DO UPDATE SET version = EXCLUDED.version, \
-     state = EXCLUDED.state, result = COALESCE(EXCLUDED.result, postern_invocations.result), \
+     pub_generation = EXCLUDED.pub_generation, state = EXCLUDED.state, \
+     result = COALESCE(EXCLUDED.result, postern_invocations.result), \
      expires_at_ms = EXCLUDED.expires_at_ms \
-     WHERE postern_invocations.version < EXCLUDED.version";
+     WHERE (postern_invocations.pub_generation, postern_invocations.version) \
+     < (EXCLUDED.pub_generation, EXCLUDED.version)";
 
 impl Cluster {
     pub(super) fn enqueue(&self, state: Arc<State>, result: Option<StoredResult>, version: u64) {
@@ -48,7 +50,8 @@ impl Cluster {
             .call("lookup", move |c| {
                 Box::pin(async move {
                     c.query_opt(
-                        "SELECT node, state, result FROM postern_invocations WHERE invocation_id = $1",
+                        "SELECT node, state, result, generation, dispatched, lease_started_ms \
+                         FROM postern_invocations WHERE invocation_id = $1",
                         &[&id],
                     )
                     .await
@@ -62,6 +65,11 @@ impl Cluster {
                 node: r.get(0),
                 state: state.and_then(|v| serde_json::from_value(v).ok()),
                 result: result.and_then(|v| serde_json::from_value(v).ok()),
+                lease: crate::journal::SharedLease {
+                    generation: u32::try_from(r.get::<_, i32>(3)).unwrap_or(0),
+                    dispatched: r.get(4),
+                    started_ms: r.get(5),
+                },
             }
         }))
     }
@@ -134,8 +142,15 @@ async fn write(cluster: &Cluster, batch: &[Publication]) -> Result<(), SharedErr
                     let statement = &statement;
                     let node = &node;
                     async move {
-                        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
-                            &r.id, node, &now, &r.version, &r.state, &r.result, &r.expires,
+                        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
+                            &r.id,
+                            node,
+                            &now,
+                            &r.version,
+                            &r.state,
+                            &r.result,
+                            &r.expires,
+                            &r.generation,
                         ];
                         c.execute(statement, &params).await
                     }
@@ -151,6 +166,7 @@ async fn write(cluster: &Cluster, batch: &[Publication]) -> Result<(), SharedErr
 
 struct Row {
     id: String,
+    generation: i32,
     version: i64,
     state: Option<serde_json::Value>,
     result: Option<serde_json::Value>,
@@ -161,6 +177,7 @@ fn row(p: &Publication, now: i64, keep: i64) -> Row {
     let result_expiry = p.result.as_ref().map_or(0, |r| r.expires_at_ms);
     Row {
         id: p.state.record.invocation_id.clone(),
+        generation: i32::try_from(p.state.record.generation).unwrap_or(i32::MAX),
         version: i64::try_from(p.version).unwrap_or(i64::MAX),
         state: serde_json::to_value(p.state.as_ref()).ok(),
         result: p.result.as_ref().and_then(|r| serde_json::to_value(r).ok()),

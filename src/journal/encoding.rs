@@ -701,6 +701,7 @@ fn kind_code(kind: EventKind) -> u8 {
         JournalPruned => 18,
         AgentSuspended => 19,
         AgentResumed => 20,
+        InvocationAdopted => 21,
     }
 }
 

@@ -40,6 +40,9 @@ pub enum EventKind {
     AgentSuspended,
     /// The daemon's own: an operator lifted an agent's suspension.
     AgentResumed,
+    /// A fleet's node takes over another node's invocation for its next generation: the
+    /// record as the owner published it (SPEC §7).
+    InvocationAdopted,
 }
 
 impl EventKind {
@@ -64,6 +67,7 @@ impl EventKind {
         Self::JournalPruned,
         Self::AgentSuspended,
         Self::AgentResumed,
+        Self::InvocationAdopted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -88,6 +92,7 @@ impl EventKind {
             Self::JournalPruned => "JOURNAL_PRUNED",
             Self::AgentSuspended => "AGENT_SUSPENDED",
             Self::AgentResumed => "AGENT_RESUMED",
+            Self::InvocationAdopted => "INVOCATION_ADOPTED",
         }
     }
 
@@ -150,6 +155,7 @@ pub enum Body {
     JournalPruned(Checkpoint),
     AgentSuspended(AgentSwitch),
     AgentResumed(AgentSwitch),
+    InvocationAdopted(Adoption),
 }
 
 impl Body {
@@ -175,6 +181,7 @@ impl Body {
             Self::JournalPruned(_) => EventKind::JournalPruned,
             Self::AgentSuspended(_) => EventKind::AgentSuspended,
             Self::AgentResumed(_) => EventKind::AgentResumed,
+            Self::InvocationAdopted(_) => EventKind::InvocationAdopted,
         }
     }
 
@@ -202,6 +209,7 @@ impl Body {
             Self::ConfigReloaded(d) => serde_json::to_vec(d),
             Self::JournalPruned(d) => serde_json::to_vec(d),
             Self::AgentSuspended(d) | Self::AgentResumed(d) => serde_json::to_vec(d),
+            Self::InvocationAdopted(d) => serde_json::to_vec(d),
         };
         let json = json.unwrap_or_default();
         debug_assert_eq!(
@@ -430,6 +438,17 @@ pub struct AgentSwitch {
     /// Why, as the operator put it (`--note`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+}
+
+/// `INVOCATION_ADOPTED`: another node's invocation, as its owner published it, taken over
+/// for its next generation (the lease is won in the fleet's store first). The snapshot is
+/// the projected state as JSON text: it carries what earlier generations proved (a
+/// dispatch, its safe window, the budget), so nothing here can call it not attempted.
+// Fields in key order: journal data is written straight from them (`Body::data_json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Adoption {
+    pub from_node: String,
+    pub snapshot: String,
 }
 
 /// `JOURNAL_PRUNED` and the checkpoint row beside it: the events up to `seq` were pruned
@@ -822,6 +841,10 @@ mod tests {
                 islands_digest: GENESIS_HASH.into(),
                 records: 2,
                 seq: 3,
+            }),
+            Body::InvocationAdopted(Adoption {
+                from_node: "a".into(),
+                snapshot: "{\"record\":{}}".into(),
             }),
         ];
         for body in &bodies {

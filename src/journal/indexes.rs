@@ -9,7 +9,7 @@ use tokio::sync::oneshot;
 use super::keys::{KeyClaim, KeyEntry, KeySlot};
 use super::projection::{Record, State};
 use super::result::StoredResult;
-use super::shared::SharedError;
+use super::shared::{Leased, SharedError, SharedLease};
 use super::twins::{TwinClaim, TwinEntry, TwinSlot};
 use super::writer::Request;
 use super::{Journal, JournalError, StoreError, unix_ms};
@@ -18,11 +18,30 @@ use super::{Journal, JournalError, StoreError, unix_ms};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Whereabouts {
     Here(State),
-    /// Owned by `node`; `state` is what it published (none: still in progress there).
+    /// Held by `node`; `state` is what it published, brought up to the store's lease
+    /// (none: nothing published yet).
     There {
         node: String,
         state: Option<State>,
+        lease: SharedLease,
     },
+}
+
+/// A published state as the store's lease says it is now: dispatched once the lease says
+/// so, and a later generation (leased since, not published yet) open, from its lease.
+fn current(mut state: State, lease: SharedLease) -> State {
+    let p = &mut state.progress;
+    if lease.generation > state.record.generation {
+        state.record.generation = lease.generation;
+        p.closed = false;
+        p.dispatched_this_generation = false;
+        p.lease_started_ms = lease.started_ms;
+    }
+    if lease.generation == state.record.generation && lease.dispatched {
+        p.dispatched_this_generation = true;
+        p.dispatched_ever = true;
+    }
+    state
 }
 
 impl From<SharedError> for StoreError {
@@ -97,22 +116,53 @@ impl Journal {
 }
 
 impl Journal {
-    /// An invocation wherever it lives: here, or in the fleet's directory.
+    /// An invocation wherever it lives: here, or (in a fleet) with the node that holds its
+    /// current generation, whose copy wins over an older one here.
     pub async fn locate(&self, invocation_id: &str) -> Result<Option<Whereabouts>, StoreError> {
-        if let Some(state) = self.state(invocation_id)? {
-            return Ok(Some(Whereabouts::Here(state)));
-        }
         let Some(shared) = self.shared() else {
-            return Ok(None);
+            return Ok(self.state(invocation_id)?.map(Whereabouts::Here));
         };
-        Ok(shared
-            .lookup(invocation_id)
-            .await?
-            .filter(|d| d.node != shared.node())
-            .map(|d| Whereabouts::There {
+        match shared.lookup(invocation_id).await? {
+            Some(d) if d.node != shared.node() => Ok(Some(Whereabouts::There {
                 node: d.node,
-                state: d.state,
-            }))
+                state: d.state.map(|s| current(s, d.lease)),
+                lease: d.lease,
+            })),
+            _ => Ok(self.state(invocation_id)?.map(Whereabouts::Here)),
+        }
+    }
+
+    /// Leases the next generation in the fleet's store before it is journaled here.
+    pub async fn lease_shared(
+        &self,
+        invocation_id: &str,
+        generation: u32,
+        ttl: std::time::Duration,
+    ) -> Result<Leased, JournalError> {
+        let Some(shared) = self.shared() else {
+            return Ok(Leased::Unshared);
+        };
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        shared
+            .lease(invocation_id, generation, ttl_ms, unix_ms(self.now()))
+            .await
+            .map_err(|_| JournalError::SharedUnavailable)
+    }
+
+    /// Whether this node still holds `generation` as it crosses the dispatch boundary
+    /// (always, alone).
+    pub async fn confirm_dispatch(
+        &self,
+        invocation_id: &str,
+        generation: u32,
+    ) -> Result<bool, JournalError> {
+        let Some(shared) = self.shared() else {
+            return Ok(true);
+        };
+        shared
+            .confirm_dispatch(invocation_id, generation)
+            .await
+            .map_err(|_| JournalError::SharedUnavailable)
     }
 
     /// An invocation's record wherever it lives (another node's: as it last published it).

@@ -26,7 +26,7 @@ mod request;
 mod result;
 mod retention;
 mod shared;
-pub use shared::{Directory, Lost, Shared, SharedError, SharedIndex};
+pub use shared::{Directory, Leased, Lost, Shared, SharedError, SharedIndex, SharedLease};
 mod space;
 mod store;
 mod suspensions;
@@ -43,11 +43,11 @@ use tokio::sync::{mpsc, oneshot};
 pub use audit::{AuditReport, ChainBreak, verify};
 pub use encoding::{DecodeError, decode as decode_event, decode_stored, unpack as unpack_record};
 pub use event::{
-    Accepted, AgentSwitch, ApprovalAnswer, ApprovalRequest, Body, Checkpoint, ConfigReload,
-    ConnectAttempt, Delivered, Dispatch, Draft, Event, EventKind, Failure, GENESIS_HASH, Lease,
-    Preflight, Protocol, Reconciliation, RequestSent, ResponseComplete, ResponseStarted,
-    ResultCommitted, Source, SupersedeReason, Supersession, TlsIdentity, sha256_tagged,
-    sha256_tagged_digest,
+    Accepted, Adoption, AgentSwitch, ApprovalAnswer, ApprovalRequest, Body, Checkpoint,
+    ConfigReload, ConnectAttempt, Delivered, Dispatch, Draft, Event, EventKind, Failure,
+    GENESIS_HASH, Lease, Preflight, Protocol, Reconciliation, RequestSent, ResponseComplete,
+    ResponseStarted, ResultCommitted, Source, SupersedeReason, Supersession, TlsIdentity,
+    sha256_tagged, sha256_tagged_digest,
 };
 pub use event::{ResendEvidence, TwinRef};
 pub use fjall_store::FjallStore;

@@ -188,9 +188,18 @@ pub fn apply_body(state: Option<State>, event: &Event, body: Body) -> Result<Sta
     let Some(mut state) = state else {
         return match body {
             Body::ActionAccepted(a) => Ok(accepted(event, a)),
+            Body::InvocationAdopted(a) => adopted(event, &a),
             _ => Err(Refusal::UnknownInvocation),
         };
     };
+    if let Body::InvocationAdopted(a) = &body {
+        // A later generation another node published replaces an older copy here.
+        let newer = adopted(event, a)?;
+        return match newer.record.generation > state.record.generation {
+            true => Ok(newer),
+            false => Err(Refusal::LeaseRefused),
+        };
+    }
     let expected = match body {
         Body::RetryLeased(_) => state.record.generation + 1,
         _ => state.record.generation,
@@ -202,6 +211,19 @@ pub fn apply_body(state: Option<State>, event: &Event, body: Body) -> Result<Sta
         });
     }
     step(&mut state, event, body)?;
+    state.progress.last_seq = event.seq;
+    Ok(state)
+}
+
+/// The owner's published state, for this node's next generation of it: its own id and
+/// generation, or refused.
+fn adopted(event: &Event, a: &super::event::Adoption) -> Result<State, Refusal> {
+    let mut state: State = serde_json::from_str(&a.snapshot)
+        .map_err(|_| Refusal::BadData(EventKind::InvocationAdopted))?;
+    let r = &state.record;
+    if r.invocation_id != event.invocation_id || r.generation != event.generation {
+        return Err(Refusal::BadData(EventKind::InvocationAdopted));
+    }
     state.progress.last_seq = event.seq;
     Ok(state)
 }
@@ -482,7 +504,8 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
         Body::ConfigReloaded(_)
         | Body::JournalPruned(_)
         | Body::AgentSuspended(_)
-        | Body::AgentResumed(_) => return Err(Refusal::BadData(kind)),
+        | Body::AgentResumed(_)
+        | Body::InvocationAdopted(_) => return Err(Refusal::BadData(kind)),
     }
     Ok(())
 }

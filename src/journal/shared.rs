@@ -44,6 +44,29 @@ pub struct Directory {
     /// progress there (it may have dispatched).
     pub state: Option<State>,
     pub result: Option<StoredResult>,
+    /// The lease as the shared store holds it (the authority on generations).
+    pub lease: SharedLease,
+}
+
+/// An invocation's current generation in the fleet: which one, since when, and whether its
+/// worker crossed the dispatch boundary (then nobody may supersede it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SharedLease {
+    pub generation: u32,
+    pub dispatched: bool,
+    pub started_ms: i64,
+}
+
+/// What a lease attempt in the shared store came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leased {
+    /// This node holds the next generation now.
+    Won,
+    /// Another generation or node holds it: nothing may be sent.
+    Lost,
+    /// The store does not know the invocation (it was never claimed there): this node's
+    /// own journal decides alone.
+    Unshared,
 }
 
 /// What several nodes share (SPEC §7). Implemented over PostgreSQL by `crate::cluster`.
@@ -74,6 +97,21 @@ pub trait SharedIndex: Send + Sync {
 
     /// Moves a twin's expiry on, if the slot still names the claim's invocation.
     fn touch_twin<'a>(&'a self, claim: &'a TwinClaim) -> Shared<'a, ()>;
+
+    /// Leases generation `generation + 1` of an invocation for this node: won only while
+    /// the store's current generation is `generation` and this node holds it, or its owner
+    /// published it closed, or its worker did not dispatch within `ttl_ms`.
+    fn lease<'a>(
+        &'a self,
+        invocation_id: &'a str,
+        generation: u32,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Shared<'a, Leased>;
+
+    /// Marks generation `generation` dispatched, if this node still holds it; false: it was
+    /// superseded, and nothing may be sent. True for an invocation the store does not know.
+    fn confirm_dispatch<'a>(&'a self, invocation_id: &'a str, generation: u32) -> Shared<'a, bool>;
 
     /// Where an invocation lives, and what its owner published of it.
     fn lookup<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, Option<Directory>>;

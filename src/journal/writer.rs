@@ -150,6 +150,12 @@ pub(super) struct Writer {
     pub shared: Option<Arc<dyn SharedIndex>>,
 }
 
+/// What a durable append tells a fleet's directory.
+struct Publish {
+    result: Option<StoredResult>,
+    opened: bool,
+}
+
 struct Staged {
     events: Vec<Sealed>,
     state: Arc<State>,
@@ -290,7 +296,14 @@ impl Writer {
                         }
                         overlay.insert(invocation_id, staged.state.clone());
                         let newly_closed = closed && staged.was_live;
-                        acks.push((reply, staged.state, seqs, newly_closed, published));
+                        // A fleet hears of an invocation when it opens (a lapsed worker can be
+                        // superseded from there), when its result is stored, and when it settles.
+                        let opened = !closed && (!staged.was_open || reopened);
+                        let publish = Publish {
+                            result: published,
+                            opened,
+                        };
+                        acks.push((reply, staged.state, seqs, newly_closed, publish));
                     }
                     Err(e) => refused.push((reply, e)),
                 },
@@ -357,11 +370,11 @@ impl Writer {
         if outcome.is_err() {
             (self.head_seq, self.head_hash) = start;
         }
-        for (reply, state, seqs, newly_closed, published) in acks {
+        for (reply, state, seqs, newly_closed, publish) in acks {
             let result = match &outcome {
                 Ok(()) => {
                     self.settle(&state, newly_closed);
-                    self.publish(&state, &seqs, published);
+                    self.publish(&state, &seqs, publish);
                     Ok(Appended { seqs, state })
                 }
                 Err(e) => Err(e.clone()),
@@ -621,13 +634,13 @@ impl Writer {
 
     /// Tells the fleet's directory of a durable state that settled or stored a result
     /// (another node answers for it from there).
-    fn publish(&self, state: &Arc<State>, seqs: &[u64], result: Option<StoredResult>) {
+    fn publish(&self, state: &Arc<State>, seqs: &[u64], publish: Publish) {
         let Some(shared) = &self.shared else { return };
-        if !(state.progress.closed || result.is_some()) {
+        if !(state.progress.closed || publish.opened || publish.result.is_some()) {
             return;
         }
         let version = seqs.iter().copied().max().unwrap_or(self.head_seq);
-        shared.publish(state.clone(), result, version);
+        shared.publish(state.clone(), publish.result, version);
     }
 
     fn settle(&mut self, state: &Arc<State>, newly_closed: bool) {

@@ -74,8 +74,8 @@ pub async fn take_turn(
     let now = unix_ms(journal.now());
     let state = match journal.locate(&entry.invocation_id).await {
         Ok(Some(Whereabouts::Here(s))) => s,
-        Ok(Some(Whereabouts::There { node, state })) => {
-            return elsewhere(&entry.invocation_id, &node, state, now, &terms);
+        Ok(Some(Whereabouts::There { node, state, .. })) => {
+            return elsewhere(journal, &entry.invocation_id, &node, state, now, terms).await;
         }
         Ok(None) => return Turn::Fresh,
         Err(_) => return Turn::Unavailable,
@@ -92,17 +92,39 @@ pub async fn take_turn(
     answer
 }
 
-/// The key's invocation belongs to another node of the fleet (SPEC §7). What its owner
-/// published answers like a local record; one it has not published yet is in progress
-/// there. A new generation is leased only by the owner: a retry here that would need one
-/// gets the record's own answer, and nothing is sent.
-fn elsewhere(id: &str, node: &str, state: Option<State>, now_ms: i64, terms: &LeaseTerms) -> Turn {
+/// The key's invocation is held by another node of the fleet (SPEC §7). What that node
+/// published, brought up to the shared lease, answers like a local record; a retry that
+/// needs a new generation takes it over here (`Invocation::adopt`), if the shared lease
+/// lets it. Nothing published yet: in progress there.
+async fn elsewhere(
+    journal: &Journal,
+    id: &str,
+    node: &str,
+    state: Option<State>,
+    now_ms: i64,
+    terms: LeaseTerms,
+) -> Turn {
     let Some(state) = state else {
         return Turn::Refuse(Box::new(in_progress_on(id, node)));
     };
-    match answer_without_lease(state.clone(), now_ms, terms) {
-        Some(turn) => turn,
-        None => Turn::Refuse(Box::new(owned_elsewhere(&state, node))),
+    match answer_without_lease(state.clone(), now_ms, &terms) {
+        Some(Turn::Refuse(env)) => return Turn::Refuse(Box::new(owned_elsewhere(*env, node))),
+        Some(turn) => return turn,
+        None => {}
+    }
+    let safe_until_ms = state
+        .progress
+        .dispatched_ever
+        .then_some(state.progress.safe_until_ms)
+        .flatten();
+    match Invocation::adopt(journal.clone(), state, node, terms).await {
+        Ok(inv) => Turn::Leased {
+            inv: Box::new(inv),
+            safe_until_ms,
+        },
+        Err(LeaseError::Resolved(s)) => Turn::Replay(s),
+        Err(LeaseError::NotFound) => Turn::Refuse(Box::new(in_progress_on(id, node))),
+        Err(LeaseError::Refused(env)) => Turn::Refuse(Box::new(owned_elsewhere(*env, node))),
     }
 }
 
@@ -130,13 +152,8 @@ pub fn in_progress_on(id: &str, node: &str) -> Envelope {
     Envelope::new(id, resolution, None, evidence)
 }
 
-/// The record's own envelope, naming the node that owns it (a new generation is leased
-/// there).
-fn owned_elsewhere(state: &State, node: &str) -> Envelope {
-    let mut env = match &state.record.envelope {
-        Some(env) => env.clone(),
-        None => attempt_in_progress(state),
-    };
+/// An answer about another node's invocation, naming that node.
+fn owned_elsewhere(mut env: Envelope, node: &str) -> Envelope {
     env.evidence
         .extra
         .insert("node".into(), serde_json::Value::String(node.to_owned()));

@@ -18,8 +18,8 @@ use crate::contract::{
     Code, Envelope, FailureContext, OperationFacts, Phase, is_resolved, resolve_failure,
 };
 use crate::journal::{
-    Body, Draft, Failure, Journal, JournalError, Lease, Source, State, SupersedeReason,
-    Supersession, unix_ms,
+    Adoption, Body, Draft, Failure, Journal, JournalError, Lease, Leased, Source, State,
+    SupersedeReason, Supersession, unix_ms,
 };
 
 /// What a caller asks a new generation to be held to.
@@ -210,6 +210,17 @@ impl Invocation {
                 ttl_ms: Some(u64::try_from(terms.ttl.as_millis()).unwrap_or(u64::MAX)),
                 note: terms.note.clone(),
             };
+            // In a fleet the shared store decides first: another node may hold it by now.
+            match journal
+                .lease_shared(invocation_id, state.record.generation, terms.ttl)
+                .await
+            {
+                Ok(Leased::Won | Leased::Unshared) => {}
+                Ok(Leased::Lost) => {
+                    return Err(LeaseError::Refused(Box::new(attempt_in_progress(&state))));
+                }
+                Err(_) => return Err(unavailable(invocation_id)),
+            }
             // An operator vouching against the verdict is the source of this lease.
             let source = match terms.unsafe_override {
                 true => Source::OperatorAttested,
@@ -227,6 +238,71 @@ impl Invocation {
         match journal.state(invocation_id) {
             Ok(Some(s)) => Err(LeaseError::Refused(Box::new(attempt_in_progress(&s)))),
             _ => Err(unavailable(invocation_id)),
+        }
+    }
+}
+
+impl Invocation {
+    /// Takes another fleet node's invocation over for its next generation (SPEC §7).
+    /// `state` is what that node published, brought up to the shared lease. The shared
+    /// lease is won first — the store's generation must still be this one, settled by its
+    /// node or not dispatched within the ttl — then `INVOCATION_ADOPTED` (the state) and
+    /// `RETRY_LEASED` are journaled here together. The new generation runs as any other.
+    pub async fn adopt(
+        journal: Journal,
+        state: State,
+        from_node: &str,
+        terms: LeaseTerms,
+    ) -> Result<Invocation, LeaseError> {
+        let id = state.record.invocation_id.clone();
+        let now = unix_ms(journal.now());
+        let supersedes = match plan(&state, now, &terms) {
+            LeasePlan::Resolved => return Err(LeaseError::Resolved(Box::new(state))),
+            LeasePlan::Take { supersedes } => supersedes,
+            // Spent or running there: the record says so (its node journals a spent budget).
+            LeasePlan::InProgress | LeasePlan::Exhausted => {
+                let env = match &state.record.envelope {
+                    Some(env) if state.progress.closed => env.clone(),
+                    _ => attempt_in_progress(&state),
+                };
+                return Err(LeaseError::Refused(Box::new(env)));
+            }
+        };
+        match journal
+            .lease_shared(&id, state.record.generation, terms.ttl)
+            .await
+        {
+            Ok(Leased::Won) => {}
+            Ok(Leased::Lost | Leased::Unshared) => {
+                return Err(LeaseError::Refused(Box::new(attempt_in_progress(&state))));
+            }
+            Err(_) => return Err(unavailable(&id)),
+        }
+        let lease = Lease {
+            generation: state.record.generation + 1,
+            unsafe_override: false,
+            supersedes: supersedes.map(|generation| Supersession {
+                generation,
+                reason: SupersedeReason::LeaseExpired,
+            }),
+            ttl_ms: Some(u64::try_from(terms.ttl.as_millis()).unwrap_or(u64::MAX)),
+            note: terms.note.clone(),
+        };
+        let Ok(snapshot) = serde_json::to_string(&state) else {
+            return Err(unavailable(&id));
+        };
+        let mut adopted = Draft::observed(Body::InvocationAdopted(Adoption {
+            from_node: from_node.to_owned(),
+            snapshot,
+        }));
+        adopted.generation = Some(state.record.generation);
+        let leased_draft = Draft::observed(Body::RetryLeased(lease.clone()));
+        match journal.append(&id, vec![adopted, leased_draft]).await {
+            Ok(_) => {
+                tracing::warn!(invocation = %id, from = from_node, generation = lease.generation, "took over another node's invocation for its next generation");
+                Ok(leased(journal, &id, &state, &lease))
+            }
+            Err(_) => Err(unavailable(&id)),
         }
     }
 }
@@ -252,6 +328,7 @@ fn leased(journal: Journal, id: &str, before: &State, lease: &Lease) -> Invocati
         generation: lease.generation,
         leased: true,
         journaled: true,
+        keyed: false,
     }
 }
 

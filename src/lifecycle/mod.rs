@@ -63,6 +63,9 @@ pub struct Invocation {
     leased: bool,
     /// Some append of this invocation is in the journal: an envelope may name its id.
     journaled: bool,
+    /// It holds an idempotency key: in a fleet, another node may lease it, so its
+    /// generation is confirmed in the shared store at the dispatch boundary.
+    keyed: bool,
 }
 
 impl Invocation {
@@ -78,6 +81,7 @@ impl Invocation {
             generation: 1,
             leased: false,
             journaled: false,
+            keyed: false,
         }
     }
 
@@ -178,9 +182,11 @@ impl Invocation {
         let all = self.take_drafts(drafts);
         let claimed = claims.key.is_some() || claims.twin.is_some();
         let kept = claimed.then(|| all.clone());
+        let keyed = claims.key.is_some();
         let recorded = self.journal.append_with(&self.id, all, claims).await;
         self.note_superseded(&recorded);
         self.journaled |= recorded.is_ok();
+        self.keyed |= keyed && recorded.is_ok();
         if let Err(JournalError::Refused(Refusal::KeyHeld(_) | Refusal::TwinMoved(_))) = &recorded
             && let Some(kept) = kept
         {
@@ -355,6 +361,9 @@ impl Invocation {
             let failure = Failure::of(Code::JournalUnavailable);
             return Err(Boundary::Answer(Box::new(self.fail(drafts, failure).await)));
         }
+        if self.keyed {
+            self.still_held().await?;
+        }
         drafts.push(Draft::observed(Body::DispatchStarted(dispatch)).hop(hop));
         match self.record_with(drafts, claims).await {
             Ok(_) => {
@@ -368,6 +377,26 @@ impl Invocation {
             }
             // The generation check: a later generation owns the invocation now.
             Err(JournalError::Refused(Refusal::WrongGeneration { .. })) => {
+                Err(Boundary::Answer(Box::new(self.superseded())))
+            }
+            Err(_) => Err(Boundary::Answer(Box::new(
+                self.fallback(Code::JournalUnavailable),
+            ))),
+        }
+    }
+
+    /// In a fleet: this worker's generation is still the one the shared store holds (and is
+    /// marked dispatched there, so nobody supersedes it from here on). A generation another
+    /// node superseded meanwhile sends nothing.
+    async fn still_held(&mut self) -> Result<(), Boundary> {
+        match self
+            .journal
+            .confirm_dispatch(&self.id, self.generation)
+            .await
+        {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                tracing::warn!(invocation = %self.id, generation = self.generation, "another node superseded this generation before its dispatch; nothing was sent");
                 Err(Boundary::Answer(Box::new(self.superseded())))
             }
             Err(_) => Err(Boundary::Answer(Box::new(

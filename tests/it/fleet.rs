@@ -320,99 +320,59 @@ fn a_node_lost_after_dispatch_started_is_answered_for_by_the_other_and_settled_b
     });
     assert_eq!(record["outcome"], "unknown", "{record}");
     assert_eq!(record["node"], "a");
-    // A new generation is leased by the owner only: b answers the record, naming a.
+    // The same key on b: a new generation of a's invocation, taken over and sent by b.
     let on_b = b.send("POST", port, Some("k-crash"), "{\"amount\":9}");
-    assert_eq!(on_b.envelope()["evidence"]["node"], "a", "{}", on_b.body);
-    assert_eq!(origin.hits(), 0, "nothing sent by b");
+    assert_eq!(on_b.status, 201, "{}", on_b.body);
+    assert_eq!(on_b.id(), id, "a new generation of the same invocation");
+    assert_eq!(origin.hits(), 1);
+    let record = eventually(|| {
+        let (_, v) = a.admin(&format!("/v1/invocations/{id}"));
+        (v["outcome"] == "committed").then_some(v)
+    });
+    assert_eq!(record["node"], "b", "{record}");
+    assert_eq!(record["generation"], 2, "{record}");
+    // And on a, the key's invocation is settled now: its result, not a third dispatch.
     let on_a = a.send("POST", port, Some("k-crash"), "{\"amount\":9}");
     assert_eq!(on_a.status, 201, "{}", on_a.body);
-    assert_eq!(on_a.id(), id, "a new generation of the same invocation");
+    assert_eq!(on_a.header("postern-replayed"), Some("true"));
     assert_eq!(origin.hits(), 1);
 }
 
 #[test]
-fn audit_verify_cluster_names_the_node_whose_history_was_rewritten() {
+fn a_lease_that_ran_out_on_one_node_is_superseded_by_the_other_and_never_dispatched() {
     let pg = Postgres::start();
     let origin = KeyedOrigin::start(Policy::Ignores, Answer::Always);
     let port = origin.port();
-    let a = Node::start("a", &pg, port);
-    let b = Node::start("b", &pg, port);
-    for n in 0..3 {
-        let r = a.send("POST", port, Some(&format!("k-audit-{n}")), "{}");
-        assert_eq!(r.status, 201, "{}", r.body);
-    }
-    let (_, report) = a.admin("/v1/audit/verify");
-    let head = report["head_seq"].as_u64().unwrap();
-    eventually(|| {
-        let anchored = pg.sql("SELECT coalesce(max(seq), 0) FROM postern_anchors WHERE node = 'a'");
-        (anchored.trim().parse::<u64>().unwrap_or(0) >= head).then_some(())
-    });
-    let verified = b.daemon.cli(&["audit", "verify", "--cluster"], &[]);
-    assert_eq!(
-        verified.status.code(),
-        Some(0),
-        "{}",
-        crate::support::stdout(&verified)
+    let ttl = ("POSTERN_LEASE_TTL_MS", "400");
+    // a's worker stalls 3 s after claiming the key, past its 400 ms lease.
+    let a = Node::start_with(
+        "a",
+        &pg,
+        port,
+        &[ttl, ("POSTERN_PAUSE_AFTER_LEASE_MS", "3000")],
     );
-    // a stops; someone with its disk rewrites an event and every hash after it.
-    let Node { home, daemon, id } = a;
-    let _ = daemon.terminate();
-    rewrite_history(&home, 2);
-    let local = home.cli(&["audit", "verify"], &[]);
-    assert_eq!(
-        local.status.code(),
-        Some(0),
-        "a consistent rewrite passes the chain walk alone"
-    );
-    let daemon = Daemon::start(&home, Some(&config(id, &pg.url(), port)));
-    let a = Node { home, daemon, id };
-    let out = eventually(|| {
-        let out = b.daemon.cli(&["audit", "verify", "--cluster"], &[]);
-        (out.status.code() == Some(1)).then_some(out)
+    let b = Node::start_with("b", &pg, port, &[ttl]);
+    let stalled = std::thread::scope(|s| {
+        let first = s.spawn(|| a.send("POST", port, Some("k-lapse"), "{}"));
+        std::thread::sleep(Duration::from_millis(1000));
+        let taken = b.send("POST", port, Some("k-lapse"), "{}");
+        assert_eq!(
+            taken.status, 201,
+            "b superseded the lapsed worker: {}",
+            taken.body
+        );
+        assert_eq!(origin.hits(), 1);
+        let stalled = first.join().unwrap();
+        assert_eq!(stalled.id(), taken.id(), "one invocation, two generations");
+        stalled
     });
-    let text = crate::support::stdout(&out);
-    assert!(text.contains("node a: REWRITTEN"), "{text}");
-    assert!(text.contains("node b: ok"), "{text}");
-    drop(a);
-}
-
-/// Edits event `seq` in a stopped node's journal and recomputes every hash from there, so
-/// the chain is consistent in itself.
-fn rewrite_history(home: &Home, seq: u64) {
-    use fjall::{Database, KeyspaceCreateOptions};
-    let db = Database::builder(crate::support::journal_dir(&home.root()))
-        .open()
-        .expect("open journal");
-    let events = db
-        .keyspace("events", KeyspaceCreateOptions::default)
-        .expect("events");
-    let mut all = Vec::new();
-    let stored: Vec<_> = events
-        .iter()
-        .map(|kv| kv.into_inner().expect("read"))
-        .collect();
-    for (k, v) in stored {
-        let key = u64::from_be_bytes(k.as_ref().try_into().expect("seq key"));
-        all.extend(postern::journal::decode_stored(key, &v).expect("stored events"));
-        events.remove(k).expect("remove");
-    }
-    all.sort_by_key(|e| e.seq);
-    let mut prev: Option<String> = None;
-    for mut event in all {
-        if event.seq == seq {
-            event.ts = "2001-01-01T00:00:00.000Z".into();
-        }
-        if event.seq >= seq {
-            if let Some(p) = &prev {
-                event.prev_hash = p.clone();
-            }
-            event.hash = event.compute_hash();
-        }
-        prev = Some(event.hash.clone());
-        let json = serde_json::to_vec(&event).expect("event json");
-        events.insert(event.seq.to_be_bytes(), json).expect("write");
-    }
-    db.persist(fjall::PersistMode::SyncAll).expect("persist");
+    assert_eq!(stalled.code(), "ATTEMPT_IN_PROGRESS", "{}", stalled.body);
+    assert_eq!(origin.hits(), 1, "the superseded worker on a sent nothing");
+    let record = eventually(|| {
+        let (_, v) = a.admin(&format!("/v1/invocations/{}", stalled.id()));
+        (v["outcome"] == "committed").then_some(v)
+    });
+    assert_eq!(record["generation"], 2, "{record}");
 }
 
 /// The openai SDK (its own retries) behind a round-robin balancer: the first connection,

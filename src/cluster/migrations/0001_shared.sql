@@ -28,10 +28,17 @@ CREATE TABLE postern_twins (
 
 -- The invocation directory: which node owns an invocation, and the state (and result) it
 -- published once settled. A row without a state is claimed and in progress on its node.
+-- The lease: `generation` is the current one, held by `node` since `lease_started_ms`;
+-- `dispatched` once its worker crossed the dispatch boundary (then nobody supersedes it).
+-- A state published for an older generation never overwrites a newer one.
 CREATE TABLE postern_invocations (
     invocation_id text PRIMARY KEY,
     node text NOT NULL,
     claimed_ms bigint NOT NULL,
+    generation integer NOT NULL DEFAULT 1,
+    lease_started_ms bigint NOT NULL,
+    dispatched boolean NOT NULL DEFAULT false,
+    pub_generation integer NOT NULL DEFAULT 0,
     version bigint NOT NULL DEFAULT 0,
     state jsonb,
     result jsonb,
@@ -92,8 +99,8 @@ BEGIN
                 RAISE EXCEPTION USING ERRCODE = 'PT001', MESSAGE = COALESCE(held, '');
             END IF;
         END IF;
-        INSERT INTO postern_invocations (invocation_id, node, claimed_ms)
-        VALUES (p_id, p_node, p_now)
+        INSERT INTO postern_invocations (invocation_id, node, claimed_ms, lease_started_ms)
+        VALUES (p_id, p_node, p_now, p_now)
         ON CONFLICT (invocation_id) DO NOTHING;
     EXCEPTION
         WHEN SQLSTATE 'PT002' THEN

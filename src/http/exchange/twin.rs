@@ -168,9 +168,9 @@ impl Exchange {
                         | Ok(Some(Whereabouts::There { state: Some(s), .. })) => {
                             Err(respond::envelope(&attempt_in_progress(&s)))
                         }
-                        Ok(Some(Whereabouts::There { node, state: None })) => {
-                            Err(answer(&in_progress_on(&holder, &node)))
-                        }
+                        Ok(Some(Whereabouts::There {
+                            node, state: None, ..
+                        })) => Err(answer(&in_progress_on(&holder, &node))),
                         _ => Err(self.fallback(Code::JournalUnavailable)),
                     };
                 }
@@ -355,11 +355,15 @@ fn deliberate(headers: &HeaderMap) -> Result<bool, ()> {
     }
 }
 
-/// A located invocation's state, and the node that owns it when that is not this one.
+/// A located invocation's state, and the node that holds it when that is not this one.
+/// Another node's unsettled state is not judged here (whether its agent still waits is
+/// that node's to know): only its settled one; an unsettled one is in progress there.
 fn split(found: Option<Whereabouts>) -> (Option<State>, Option<String>) {
     match found {
         Some(Whereabouts::Here(s)) => (Some(s), None),
-        Some(Whereabouts::There { node, state }) => (state, Some(node)),
+        Some(Whereabouts::There { node, state, .. }) => {
+            (state.filter(|s| s.progress.closed), Some(node))
+        }
         None => (None, None),
     }
 }

@@ -590,3 +590,66 @@ fn records_and_preflights_written_before_budgets_were_bound_still_read() {
     let back: Result<Progress, _> = serde_json::from_value(progress);
     assert!(back.is_ok_and(|p| p.retry_budget.is_none()));
 }
+
+/// SPEC §7: another node's published state, adopted for the next generation, keeps what
+/// earlier generations proved; a snapshot of another invocation or an older generation is
+/// refused.
+#[test]
+fn an_adopted_invocation_keeps_its_dispatch_and_only_a_newer_generation_replaces_a_copy() {
+    use Move::*;
+    let Ok(published) = run(&[
+        Accept,
+        Preflight(true),
+        Dispatch,
+        Fail(Code::RemoteTimeout, Source::TransportObserved),
+    ]) else {
+        panic!("a published state")
+    };
+    let adopt = |snapshot: &State, generation: u32| {
+        let body = Body::InvocationAdopted(crate::journal::Adoption {
+            from_node: "a".into(),
+            snapshot: serde_json::to_string(snapshot).unwrap_or_default(),
+        });
+        (
+            event(40, &body, Source::TransportObserved, generation),
+            body,
+        )
+    };
+    let (e, body) = adopt(&published, 1);
+    let adopted = apply_body(None, &e, body);
+    let Ok(adopted) = adopted else {
+        panic!("adopted: {adopted:?}")
+    };
+    assert!(adopted.progress.dispatched_ever && adopted.record.outcome == Outcome::Unknown);
+    assert_eq!(adopted.progress.last_seq, 40);
+    // Its next generation leases as any other.
+    let lease = Body::RetryLeased(crate::journal::Lease {
+        generation: 2,
+        unsafe_override: false,
+        supersedes: None,
+        ttl_ms: None,
+        note: None,
+    });
+    let next = apply_body(
+        Some(adopted.clone()),
+        &event(41, &lease, Source::TransportObserved, 2),
+        lease,
+    );
+    assert!(
+        next.as_ref()
+            .is_ok_and(|s| s.record.generation == 2 && s.progress.dispatched_ever)
+    );
+    // The same generation again, or another invocation's state, is refused.
+    let (e, body) = adopt(&published, 1);
+    assert_eq!(
+        apply_body(Some(adopted), &e, body),
+        Err(Refusal::LeaseRefused)
+    );
+    let mut other = published.clone();
+    other.record.invocation_id = "act_other".into();
+    let (e, body) = adopt(&other, 1);
+    assert_eq!(
+        apply_body(None, &e, body),
+        Err(Refusal::BadData(EventKind::InvocationAdopted))
+    );
+}
