@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use super::Cluster;
 use crate::journal::{
-    Directory, KeyClaim, KeyEntry, KeySlot, Leased, Lost, Shared, SharedIndex, State, StoredResult,
-    TwinClaim, TwinEntry, TwinSlot,
+    Directory, KeyClaim, KeyEntry, KeySlot, Leased, Lost, MintShared, Shared, SharedIndex, State,
+    StoredResult, TwinClaim, TwinEntry, TwinSlot,
 };
 
 impl SharedIndex for Cluster {
@@ -131,6 +131,23 @@ impl SharedIndex for Cluster {
             let (known, held): (i64, i64) = (row.get(0), row.get(1));
             Ok(known == 0 || held > 0)
         })
+    }
+
+    fn mint_lock<'a>(
+        &'a self,
+        slot: &'a str,
+        hold_ms: i64,
+        now_ms: i64,
+    ) -> Shared<'a, Option<MintShared>> {
+        Box::pin(self.lock_minted(slot, hold_ms, now_ms))
+    }
+
+    fn mint_store<'a>(&'a self, slot: &'a str, kept: MintShared, now_ms: i64) -> Shared<'a, ()> {
+        Box::pin(self.store_minted(slot, kept, now_ms))
+    }
+
+    fn mint_unlock<'a>(&'a self, slot: &'a str) -> Shared<'a, ()> {
+        Box::pin(self.unlock_minted(slot))
     }
 
     fn lookup<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, Option<Directory>> {

@@ -12,6 +12,7 @@ mod anchors;
 mod claims;
 mod directory;
 mod metrics;
+mod minted;
 mod schema;
 
 use std::sync::Arc;

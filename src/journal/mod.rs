@@ -26,7 +26,9 @@ mod request;
 mod result;
 mod retention;
 mod shared;
-pub use shared::{Directory, Leased, Lost, Shared, SharedError, SharedIndex, SharedLease};
+pub use shared::{
+    Directory, Leased, Lost, MintShared, Shared, SharedError, SharedIndex, SharedLease,
+};
 mod space;
 mod store;
 mod suspensions;

@@ -69,6 +69,15 @@ pub enum Leased {
     Unshared,
 }
 
+/// What a fleet keeps for a minted-token slot, sealed under the fleet's key (never clear).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MintShared {
+    /// The access token and the unix ms it stops being handed out.
+    pub token: Option<(String, i64)>,
+    /// The newest refresh token, when the grant rotates it.
+    pub refresh: Option<String>,
+}
+
 /// What several nodes share (SPEC §7). Implemented over PostgreSQL by `crate::cluster`.
 pub trait SharedIndex: Send + Sync {
     /// This node's id.
@@ -112,6 +121,21 @@ pub trait SharedIndex: Send + Sync {
     /// Marks generation `generation` dispatched, if this node still holds it; false: it was
     /// superseded, and nothing may be sent. True for an invocation the store does not know.
     fn confirm_dispatch<'a>(&'a self, invocation_id: &'a str, generation: u32) -> Shared<'a, bool>;
+
+    /// Takes the fleet's lock on a minted-token slot for `hold_ms`, with what the fleet
+    /// keeps for it; None while another node holds it.
+    fn mint_lock<'a>(
+        &'a self,
+        slot: &'a str,
+        hold_ms: i64,
+        now_ms: i64,
+    ) -> Shared<'a, Option<MintShared>>;
+
+    /// Keeps a minted token (and a rotated refresh token), sealed, and lets the lock go.
+    fn mint_store<'a>(&'a self, slot: &'a str, kept: MintShared, now_ms: i64) -> Shared<'a, ()>;
+
+    /// Lets the lock go without a new token.
+    fn mint_unlock<'a>(&'a self, slot: &'a str) -> Shared<'a, ()>;
 
     /// Where an invocation lives, and what its owner published of it.
     fn lookup<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, Option<Directory>>;

@@ -16,7 +16,7 @@ pub use source::{FileFailure, KEY_FILE, SecretError, Unavailable};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::SystemTime;
 
 use chacha20poly1305::aead::{Aead, Generate, KeyInit, Payload};
@@ -127,6 +127,8 @@ pub struct Vault {
     loaded: Mutex<Option<Loaded>>,
     /// The other secret sources' state: the digest key, commands' last runs.
     sources: source::Sources,
+    /// The fleet's sealing key, derived once (`seal_for_fleet`).
+    fleet: OnceLock<Option<XChaCha20Poly1305>>,
 }
 
 impl std::fmt::Debug for Vault {
@@ -166,6 +168,9 @@ fn open(cipher: &XChaCha20Poly1305, aad: &[u8], sealed: &Sealed) -> Result<Vec<u
         .map_err(|_| VaultError::DecryptFailed)
 }
 
+/// The salt of the fleet's sealing key (the same on every node, unlike a vault file's).
+const FLEET_SALT: &[u8] = b"postern fleet seal, v1";
+
 fn aad(name: &str, version: u64) -> Vec<u8> {
     format!("{name}\0{version}").into_bytes()
 }
@@ -177,7 +182,35 @@ impl Vault {
             passphrase: passphrase.filter(|p| !p.is_empty()),
             loaded: Mutex::new(None),
             sources: source::Sources::new(home),
+            fleet: OnceLock::new(),
         }
+    }
+
+    /// The key a fleet's nodes seal what they share with (SPEC §7: a minted token, a
+    /// rotated refresh token): derived from the vault passphrase every node of a fleet is
+    /// given, under a salt of the fleet's own. None while the vault is locked.
+    fn fleet_cipher(&self) -> Option<&XChaCha20Poly1305> {
+        self.fleet
+            .get_or_init(|| {
+                let pass = self.passphrase.as_deref()?;
+                derive(pass, FLEET_SALT).ok()
+            })
+            .as_ref()
+    }
+
+    /// `value` sealed for the other nodes of the fleet, bound to `context`.
+    pub fn seal_for_fleet(&self, context: &str, value: &str) -> Result<String, VaultError> {
+        let cipher = self.fleet_cipher().ok_or(VaultError::Locked)?;
+        let sealed = seal(cipher, context.as_bytes(), value.as_bytes())?;
+        serde_json::to_string(&sealed).map_err(|e| VaultError::File(e.to_string()))
+    }
+
+    /// A value another node sealed for `context`.
+    pub fn open_from_fleet(&self, context: &str, sealed: &str) -> Result<String, VaultError> {
+        let cipher = self.fleet_cipher().ok_or(VaultError::Locked)?;
+        let sealed: Sealed = serde_json::from_str(sealed).map_err(|_| VaultError::DecryptFailed)?;
+        let plain = open(cipher, context.as_bytes(), &sealed)?;
+        String::from_utf8(plain).map_err(|_| VaultError::DecryptFailed)
     }
 
     fn read_file(&self) -> Result<Option<VaultFile>, VaultError> {

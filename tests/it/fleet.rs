@@ -5,7 +5,7 @@
 //! it and serves the rest, and the anchors catch a node whose history was rewritten.
 
 mod balancer;
-mod pg;
+pub(crate) mod pg;
 
 use std::time::Duration;
 

@@ -46,6 +46,19 @@ CREATE TABLE postern_invocations (
 );
 CREATE INDEX postern_invocations_unpublished ON postern_invocations (node) WHERE state IS NULL;
 
+-- Minted tokens (§3.8) a fleet shares: one node at a time asks the token endpoint (the
+-- lock), and the token and a rotated refresh token are kept here sealed under the fleet's
+-- key (derived from the vault passphrase every node is given): never in the clear.
+CREATE TABLE postern_minted (
+    slot text PRIMARY KEY,
+    lock_node text,
+    lock_until_ms bigint,
+    token_sealed text,
+    token_until_ms bigint,
+    refresh_sealed text,
+    updated_ms bigint
+);
+
 -- Each node's chain head, written periodically (`postern audit verify --cluster`).
 CREATE TABLE postern_anchors (
     node text NOT NULL,

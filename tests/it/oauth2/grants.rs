@@ -517,6 +517,15 @@ struct Family {
 }
 
 fn rotating(family: Arc<Mutex<Family>>, client_secret: Option<&'static str>) -> Answer {
+    rotating_for(family, client_secret, 1)
+}
+
+/// `rotating`, with tokens good for `expires_in` seconds.
+fn rotating_for(
+    family: Arc<Mutex<Family>>,
+    client_secret: Option<&'static str>,
+    expires_in: u64,
+) -> Answer {
     Arc::new(move |n, (auth, _, form): &Seen| {
         let mut f = family.lock().unwrap();
         let presented = form_value(form, "refresh_token").unwrap_or_default();
@@ -543,7 +552,7 @@ fn rotating(family: Arc<Mutex<Family>>, client_secret: Option<&'static str>) -> 
         (
             200,
             format!(
-                r#"{{"access_token":"at-minted-{n}","expires_in":1,"refresh_token":"{next}"}}"#
+                r#"{{"access_token":"at-minted-{n}","expires_in":{expires_in},"refresh_token":"{next}"}}"#
             ),
         )
     })
@@ -683,5 +692,105 @@ fn a_crash_around_a_token_request_never_presents_a_revoked_refresh_token() {
             .unwrap_or_else(|| panic!("{list}"))
             .clone();
         assert_eq!(first["outcome"], left, "{failpoint}: {first}");
+    }
+}
+
+/// SPEC §7: a rotating refresh token used from two fleet nodes. Each node's vault holds the
+/// first refresh token; the token one node minted serves the other while it is fresh, and
+/// the one that asks next presents the refresh token the other rotated to. One refresh per
+/// expiry, the family never revoked.
+#[test]
+fn a_rotating_refresh_token_used_from_two_fleet_nodes_is_refreshed_once_and_its_family_kept() {
+    let pg = crate::fleet::pg::Postgres::start();
+    let family = Arc::new(Mutex::new(Family {
+        current: "rt-family-1".into(),
+        used: HashSet::new(),
+        revoked: false,
+    }));
+    let entry = json!({"client_id": "app", "refresh_token": "rt-family-1"});
+    let inject = r#"grant = "refresh_token", token_url = "https://idp.test:{port}/oauth/token""#;
+    let answer = rotating_for(family.clone(), None, 3);
+    let Setup {
+        home,
+        daemon,
+        config,
+        endpoint,
+        origin,
+    } = setup("idp.test", inject, &entry, answer, "rt-family-1".into());
+    let _ = daemon.terminate();
+    let node = |id: &str| {
+        format!(
+            "{config}[cluster]\npostgres = \"{}\"\nnode = \"{id}\"\n",
+            pg.url()
+        )
+    };
+    let a = Setup {
+        daemon: start(&home, &node("a")),
+        home,
+        config: String::new(),
+        endpoint,
+        origin,
+    };
+    let b_home = Home::new();
+    assert!(
+        secret_set(&b_home, "minting", &entry.to_string(), Some(VAULT_KEY))
+            .status
+            .success()
+    );
+    let b = start(&b_home, &node("b"));
+    let call = |home: &Home, daemon: &Daemon| {
+        let ca = home.root().join("certs/ca.pem").display().to_string();
+        let url = format!("https://api.test:{}/v1/x", a.origin.tls.addr.port());
+        let (status, body, _) = curl(&[
+            "--cacert",
+            &ca,
+            "-x",
+            &daemon.proxy,
+            "-H",
+            "Authorization: Bearer postern:m",
+            &url,
+        ]);
+        assert_eq!(status, 200, "{body}");
+    };
+    call(&a.home, &a.daemon);
+    call(&b_home, &b);
+    assert_eq!(
+        a.endpoint.hits.load(Ordering::SeqCst),
+        1,
+        "b used the token a minted"
+    );
+    // Past its lifetime: b asks, with the refresh token a rotated to.
+    std::thread::sleep(Duration::from_millis(3100));
+    call(&b_home, &b);
+    call(&a.home, &a.daemon);
+    let presented: Vec<String> = a
+        .endpoint
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|(_, _, form)| form_value(form, "refresh_token"))
+        .collect();
+    assert_eq!(presented, ["rt-family-1", "rt-family-2"]);
+    assert!(
+        !family.lock().unwrap().revoked,
+        "never presented a used token"
+    );
+    let seen = a.origin.seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            "Bearer at-minted-1",
+            "Bearer at-minted-1",
+            "Bearer at-minted-2",
+            "Bearer at-minted-2"
+        ]
+    );
+    // Sealed in the store: no token there in the clear.
+    let kept = pg.sql(
+        "SELECT coalesce(token_sealed, '') || coalesce(refresh_sealed, '') FROM postern_minted",
+    );
+    for secret in ["at-minted", "rt-family"] {
+        assert!(!kept.contains(secret), "{secret} in the cluster store");
     }
 }

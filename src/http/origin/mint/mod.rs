@@ -10,6 +10,7 @@
 //! the answer, `jwt` signs the assertions; a `refresh_token` grant's rotated refresh token
 //! is stored back as a new vault version before its access token is handed out (`rotate`).
 
+mod fleet;
 mod grant;
 mod jwt;
 pub(crate) mod material;
@@ -192,6 +193,17 @@ impl Slot {
             .map(|k| k.token.clone())
     }
 
+    /// Keeps `token` for `handed_out` from now, standing for vault `version`.
+    fn keep(&self, token: Token, handed_out: Duration, version: u64) {
+        if let Ok(mut kept) = self.kept.lock() {
+            *kept = Some(Kept {
+                token,
+                until: Instant::now() + handed_out,
+                version,
+            });
+        }
+    }
+
     fn failed_since(&self, asked: Instant) -> Option<MintFailure> {
         let failed = self.failed.lock().ok()?;
         failed
@@ -239,10 +251,16 @@ impl Minter {
         let (proxy, slot) = (proxy.clone(), slot.clone());
         let task = tokio::spawn(async move {
             let _minting = minting;
-            let minted = proxy
-                .minter
-                .mint(&proxy, &config, &owned.ask(), &slot)
-                .await;
+            let minted = match fleet::shared_for(&proxy, &owned.ask()) {
+                Some(shared) => {
+                    fleet::token(&proxy.minter, &proxy, &config, &owned.ask(), &slot, shared).await
+                }
+                None => proxy
+                    .minter
+                    .mint(&proxy, &config, &owned.ask(), &slot, None)
+                    .await
+                    .map(|(token, _)| token),
+            };
             if let Err(f) = &minted
                 && let Ok(mut failed) = slot.failed.lock()
             {
@@ -258,21 +276,24 @@ impl Minter {
         })
     }
 
-    /// One token request (the slot's `minting` held), its token kept.
+    /// One token request (the slot's `minting` held), its token kept; and how long it is
+    /// handed out. `newest`: a refresh token another fleet node rotated to, presented
+    /// instead of the vault's.
     async fn mint(
         &self,
         proxy: &Proxy,
         config: &Config,
         ask: &Ask<'_>,
         slot: &Slot,
-    ) -> Result<Token, MintFailure> {
-        let current = rotate::current(proxy, ask, slot).await?;
+        newest: Option<String>,
+    ) -> Result<(Token, Duration), MintFailure> {
+        let current = rotate::current(proxy, ask, slot, newest).await?;
         let (material, version) = match &current {
             Some((m, v)) => (m, *v),
             None => (ask.material, ask.version),
         };
         let (answer, answered) = request_token(proxy, config, ask, material).await?;
-        let serial = self.serial.fetch_add(1, Ordering::Relaxed) + 1;
+        let serial = self.next_serial();
         // Stored before the token is handed out (a restart never presents a revoked one),
         // and before the token request's result is committed.
         let stored = rotate::store(
@@ -291,15 +312,13 @@ impl Minter {
             serial,
             refresh,
         };
-        let until = Instant::now() + answer.lifetime.saturating_sub(margin(answer.lifetime));
-        if let Ok(mut kept) = slot.kept.lock() {
-            *kept = Some(Kept {
-                token: token.clone(),
-                until,
-                version,
-            });
-        }
-        Ok(token)
+        let handed_out = answer.lifetime.saturating_sub(margin(answer.lifetime));
+        slot.keep(token.clone(), handed_out, version);
+        Ok((token, handed_out))
+    }
+
+    fn next_serial(&self) -> u64 {
+        self.serial.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// The origin answered `401` to a request that carried `token`: the next request mints

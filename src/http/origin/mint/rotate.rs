@@ -20,6 +20,7 @@ pub(super) async fn current(
     proxy: &Proxy,
     ask: &Ask<'_>,
     slot: &Slot,
+    newest: Option<String>,
 ) -> Result<Option<(Material, u64)>, MintFailure> {
     if ask.material.grant() != Grant::RefreshToken {
         return Ok(None);
@@ -36,6 +37,10 @@ pub(super) async fn current(
         .ok()
         .and_then(|u| u.clone())
         .filter(|(v, _)| *v == secret.version.vault_number());
+    // In a fleet, the newest refresh token any node rotated to wins over this vault's.
+    let unstored = newest
+        .map(|token| (secret.version.vault_number(), token))
+        .or(unstored);
     let mut material = Material::parse(Grant::RefreshToken, &secret.value)
         .map_err(|why| MintFailure::new("material", why))?;
     if let (
