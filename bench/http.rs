@@ -585,6 +585,9 @@ fn main() {
     if std::env::var("POSTERN_BENCH_ONLY").is_ok_and(|only| only == "soak") {
         return soak();
     }
+    if std::env::var("POSTERN_BENCH_ONLY").is_ok_and(|only| only == "cluster") {
+        return cluster_cost();
+    }
     if std::env::var("POSTERN_BENCH_ONLY").is_ok_and(|only| only == "credentials") {
         return credential_cost();
     }
@@ -746,6 +749,58 @@ fn credential_cost() {
                 us(cell.p99),
                 cpu / (cell.served.max(1) as f64 / 1000.0)
             );
+        }
+    }
+}
+
+#[path = "../tests/it/fleet/pg.rs"]
+#[allow(dead_code)]
+mod pg;
+
+/// `POSTERN_BENCH_ONLY=cluster` (SPEC §7): one node with `[cluster]` on a PostgreSQL of its
+/// own (loopback, `fsync` on) against the same node alone, same run: a GET (no shared
+/// call), a POST 1 KiB (resend-checked: twin lookup, claim) and a keyed POST (a key postern
+/// generates: claim, and the generation confirmed before dispatch).
+fn cluster_cost() {
+    let rt = runtime();
+    let origin = start_origin(&rt);
+    let pg = pg::Postgres::start();
+    let keyed = "idempotency = { header = \"Idempotency-Key\", scope = \"bench\", retention = \"1h\", safe_margin = \"10m\", generate = true }\n";
+    println!("| node | request | concurrency | req/s | p50 | p99 | postern CPU s / 1000 req |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    for (node, cluster) in [
+        ("alone", String::new()),
+        (
+            "[cluster]",
+            format!("[cluster]\npostgres = \"{}\"\nnode = \"bench\"\n", pg.url()),
+        ),
+    ] {
+        for (request, route, post) in [
+            ("GET", "", false),
+            ("POST 1 KiB", "", true),
+            ("POST 1 KiB, keyed", keyed, true),
+        ] {
+            let p = start_postern_journal(&origin, "fsync", None, &cluster, route);
+            let tls = tls_client(&std::fs::read(&p.ca).unwrap());
+            for concurrency in [1usize, 8] {
+                let cpu0 = cpu_seconds(p.child.id());
+                let cell = rt.block_on(load_with(
+                    origin.addr,
+                    Some(p.proxy),
+                    tls.clone(),
+                    concurrency,
+                    post,
+                    &[],
+                ));
+                let cpu = cpu_seconds(p.child.id()) - cpu0;
+                println!(
+                    "| {node} | {request} | {concurrency} | {:.0} | {} | {} | {:.3} |",
+                    cell.per_sec,
+                    us(cell.p50),
+                    us(cell.p99),
+                    cpu / (cell.served.max(1) as f64 / 1000.0)
+                );
+            }
         }
     }
 }

@@ -1,11 +1,18 @@
 //! A PostgreSQL of the test's own: `initdb` into a temporary directory, started on a free
 //! loopback port (as the `postgres` user when the test runs as root: PostgreSQL refuses
 //! root), stopped and removed at the end. Fails, never skips, when PostgreSQL is missing.
+//! Shared with `bench/http.rs` (the cluster cell), so it depends on nothing of the tests.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::support::free_port;
+/// A loopback port free now (PostgreSQL binds it a moment later).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
 
 pub struct Postgres {
     _dir: tempfile::TempDir,
