@@ -154,6 +154,10 @@ impl SharedIndex for Cluster {
         Box::pin(self.find(invocation_id))
     }
 
+    fn result<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, Option<StoredResult>> {
+        Box::pin(self.find_result(invocation_id))
+    }
+
     fn publish(&self, state: Arc<State>, result: Option<StoredResult>, version: u64) {
         self.enqueue(state, result, version);
     }

@@ -30,7 +30,8 @@ const UPSERT: &str = "INSERT INTO postern_invocations \
      result = COALESCE(EXCLUDED.result, postern_invocations.result), \
      expires_at_ms = EXCLUDED.expires_at_ms \
      WHERE (postern_invocations.pub_generation, postern_invocations.version) \
-     < (EXCLUDED.pub_generation, EXCLUDED.version)";
+     < (EXCLUDED.pub_generation, EXCLUDED.version) \
+     AND EXCLUDED.pub_generation >= postern_invocations.generation";
 
 impl Cluster {
     pub(super) fn enqueue(&self, state: Arc<State>, result: Option<StoredResult>, version: u64) {
@@ -50,7 +51,7 @@ impl Cluster {
             .call("lookup", move |c| {
                 Box::pin(async move {
                     c.query_opt(
-                        "SELECT node, state, result, generation, dispatched, lease_started_ms \
+                        "SELECT node, state, generation, dispatched, lease_started_ms \
                          FROM postern_invocations WHERE invocation_id = $1",
                         &[&id],
                     )
@@ -60,18 +61,38 @@ impl Cluster {
             .await?;
         Ok(row.map(|r| {
             let state: Option<serde_json::Value> = r.get(1);
-            let result: Option<serde_json::Value> = r.get(2);
             Directory {
                 node: r.get(0),
                 state: state.and_then(|v| serde_json::from_value(v).ok()),
-                result: result.and_then(|v| serde_json::from_value(v).ok()),
                 lease: crate::journal::SharedLease {
-                    generation: u32::try_from(r.get::<_, i32>(3)).unwrap_or(0),
-                    dispatched: r.get(4),
-                    started_ms: r.get(5),
+                    generation: u32::try_from(r.get::<_, i32>(2)).unwrap_or(0),
+                    dispatched: r.get(3),
+                    started_ms: r.get(4),
                 },
             }
         }))
+    }
+
+    /// The stored result its node published, if any (read apart: it may be large).
+    pub(super) async fn find_result(
+        &self,
+        invocation_id: &str,
+    ) -> Result<Option<StoredResult>, SharedError> {
+        let id = invocation_id.to_owned();
+        let row = self
+            .call("result", move |c| {
+                Box::pin(async move {
+                    c.query_opt(
+                        "SELECT result FROM postern_invocations WHERE invocation_id = $1",
+                        &[&id],
+                    )
+                    .await
+                })
+            })
+            .await?;
+        Ok(row
+            .and_then(|r| r.get::<_, Option<serde_json::Value>>(0))
+            .and_then(|v| serde_json::from_value(v).ok()))
     }
 
     /// At start: claims this node made for invocations its journal never recorded (it

@@ -41,6 +41,10 @@ fn current(mut state: State, lease: SharedLease) -> State {
         p.dispatched_this_generation = true;
         p.dispatched_ever = true;
     }
+    // Once anything was dispatched, nothing reads `not_attempted` again (SPEC §1).
+    if p.dispatched_ever && state.record.outcome == crate::contract::Outcome::NotAttempted {
+        state.record.outcome = crate::contract::Outcome::Unknown;
+    }
     state
 }
 
@@ -187,9 +191,8 @@ impl Journal {
         };
         let now = unix_ms(self.now());
         Ok(shared
-            .lookup(invocation_id)
+            .result(invocation_id)
             .await?
-            .and_then(|d| d.result)
             .filter(|r| r.expires_at_ms > now))
     }
 }

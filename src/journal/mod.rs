@@ -277,6 +277,7 @@ impl Journal {
             result: None,
             claim: None,
             twin: None,
+            shared: false,
             reply,
         };
         let _ = self.tx.send(request).await;
@@ -302,7 +303,9 @@ impl Journal {
     ) -> Result<Appended, JournalError> {
         let claimed = claims.key.is_some() || claims.twin.is_some();
         let Some(shared) = self.shared().filter(|_| claimed) else {
-            return self.write(invocation_id, drafts, result, claims).await;
+            return self
+                .write(invocation_id, drafts, result, claims, false)
+                .await;
         };
         // The fleet's index decides; this node's own is not written beside it.
         let now = unix_ms(self.now());
@@ -325,7 +328,7 @@ impl Journal {
             Err(SharedError::Unavailable) => return Err(JournalError::SharedUnavailable),
         }
         let written = self
-            .write(invocation_id, drafts, result, Claims::default())
+            .write(invocation_id, drafts, result, Claims::default(), true)
             .await;
         if written.is_err() {
             // Nothing of it is in this journal: the claim must not stand for it.
@@ -345,6 +348,7 @@ impl Journal {
         drafts: Vec<Draft>,
         result: Option<StoredResult>,
         claims: Claims,
+        shared: bool,
     ) -> Result<Appended, JournalError> {
         let (reply, rx) = oneshot::channel();
         let request = Request::Append {
@@ -353,6 +357,7 @@ impl Journal {
             result,
             claim: claims.key,
             twin: claims.twin.map(Box::new),
+            shared,
             reply,
         };
         self.tx
@@ -375,6 +380,7 @@ impl Journal {
             result: None,
             claim: None,
             twin: None,
+            shared: false,
             reply,
         };
         self.tx

@@ -35,15 +35,14 @@ pub enum Lost {
     Twin(String),
 }
 
-/// An invocation as the directory knows it: the node that owns it, and (once its owner
-/// published it) its state and stored result.
+/// An invocation as the directory knows it: the node that holds it, what it published of
+/// it, and the shared lease (its stored result is read apart: `SharedIndex::result`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Directory {
     pub node: String,
     /// None while the owner has claimed it but not published a settled state: it is in
     /// progress there (it may have dispatched).
     pub state: Option<State>,
-    pub result: Option<StoredResult>,
     /// The lease as the shared store holds it (the authority on generations).
     pub lease: SharedLease,
 }
@@ -139,6 +138,9 @@ pub trait SharedIndex: Send + Sync {
 
     /// Where an invocation lives, and what its owner published of it.
     fn lookup<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, Option<Directory>>;
+
+    /// The stored result another node published for an invocation.
+    fn result<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, Option<StoredResult>>;
 
     /// Publishes a state (and its result) to the directory. Never waits: a bounded queue,
     /// written behind the request; `version` orders publications of one invocation.

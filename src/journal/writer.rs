@@ -47,6 +47,9 @@ pub(super) enum Request {
         claim: Option<KeyClaim>,
         /// A twin index entry written in the same batch (SPEC §3.7).
         twin: Option<Box<TwinClaim>>,
+        /// A fleet's store holds a claim of it (SPEC §7): the directory hears of it as soon
+        /// as it opens, so another node can supersede a lapsed worker of it.
+        shared: bool,
         reply: oneshot::Sender<Result<Appended, JournalError>>,
     },
     /// A twin's expiry moved on, if the slot still names it; rides the next sync.
@@ -256,6 +259,7 @@ impl Writer {
                     result,
                     claim,
                     twin,
+                    shared,
                     reply,
                 } => match self.stage_claimed(
                     &invocation_id,
@@ -298,7 +302,7 @@ impl Writer {
                         let newly_closed = closed && staged.was_live;
                         // A fleet hears of an invocation when it opens (a lapsed worker can be
                         // superseded from there), when its result is stored, and when it settles.
-                        let opened = !closed && (!staged.was_open || reopened);
+                        let opened = shared && !closed && (!staged.was_open || reopened);
                         let publish = Publish {
                             result: published,
                             opened,
@@ -636,11 +640,15 @@ impl Writer {
     /// (another node answers for it from there).
     fn publish(&self, state: &Arc<State>, seqs: &[u64], publish: Publish) {
         let Some(shared) = &self.shared else { return };
-        if !(state.progress.closed || publish.opened || publish.result.is_some()) {
+        // A result is copied where repeating the request is not safe (what a replay or a
+        // fetch_result elsewhere stands in for); an idempotent one is simply asked again.
+        let copied = !state.progress.idempotent || state.record.evidence.idempotency.is_some();
+        let result = publish.result.filter(|_| copied);
+        if !(state.progress.closed || publish.opened || result.is_some()) {
             return;
         }
         let version = seqs.iter().copied().max().unwrap_or(self.head_seq);
-        shared.publish(state.clone(), publish.result, version);
+        shared.publish(state.clone(), result, version);
     }
 
     fn settle(&mut self, state: &Arc<State>, newly_closed: bool) {
