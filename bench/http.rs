@@ -730,26 +730,39 @@ fn credential_cost() {
         ("oauth2 (minted), GET", &OAUTH2, &[][..], false),
     ] {
         let p = start_postern_journal(&origin, "fsync", Some(cred), "", "");
-        let tls = tls_client(&std::fs::read(&p.ca).unwrap());
-        for concurrency in [1usize, 8] {
-            let cpu0 = cpu_seconds(p.child.id());
-            let cell = rt.block_on(load_with(
-                origin.addr,
-                Some(p.proxy),
-                tls.clone(),
-                concurrency,
-                post,
-                headers,
-            ));
-            let cpu = cpu_seconds(p.child.id()) - cpu0;
-            println!(
-                "| {name} | {concurrency} | {:.0} | {} | {} | {:.3} |",
-                cell.per_sec,
-                us(cell.p50),
-                us(cell.p99),
-                cpu / (cell.served.max(1) as f64 / 1000.0)
-            );
-        }
+        cpu_rows(&rt, &origin, &p, post, headers, name);
+    }
+}
+
+/// One row per concurrency (1, 8) of `label`: req/s, p50, p99 and postern's CPU seconds per
+/// 1000 requests.
+fn cpu_rows(
+    rt: &tokio::runtime::Runtime,
+    origin: &Origin,
+    p: &Postern,
+    post: bool,
+    headers: &'static [(&'static str, &'static str)],
+    label: &str,
+) {
+    let tls = tls_client(&std::fs::read(&p.ca).unwrap());
+    for concurrency in [1usize, 8] {
+        let cpu0 = cpu_seconds(p.child.id());
+        let cell = rt.block_on(load_with(
+            origin.addr,
+            Some(p.proxy),
+            tls.clone(),
+            concurrency,
+            post,
+            headers,
+        ));
+        let cpu = cpu_seconds(p.child.id()) - cpu0;
+        println!(
+            "| {label} | {concurrency} | {:.0} | {} | {} | {:.3} |",
+            cell.per_sec,
+            us(cell.p50),
+            us(cell.p99),
+            cpu / (cell.served.max(1) as f64 / 1000.0)
+        );
     }
 }
 
@@ -781,26 +794,7 @@ fn cluster_cost() {
             ("POST 1 KiB, keyed", keyed, true),
         ] {
             let p = start_postern_journal(&origin, "fsync", None, &cluster, route);
-            let tls = tls_client(&std::fs::read(&p.ca).unwrap());
-            for concurrency in [1usize, 8] {
-                let cpu0 = cpu_seconds(p.child.id());
-                let cell = rt.block_on(load_with(
-                    origin.addr,
-                    Some(p.proxy),
-                    tls.clone(),
-                    concurrency,
-                    post,
-                    &[],
-                ));
-                let cpu = cpu_seconds(p.child.id()) - cpu0;
-                println!(
-                    "| {node} | {request} | {concurrency} | {:.0} | {} | {} | {:.3} |",
-                    cell.per_sec,
-                    us(cell.p50),
-                    us(cell.p99),
-                    cpu / (cell.served.max(1) as f64 / 1000.0)
-                );
-            }
+            cpu_rows(&rt, &origin, &p, post, &[], &format!("{node} | {request}"));
         }
     }
 }

@@ -61,6 +61,16 @@ fn endpoint(host: &str, answer: Answer) -> Endpoint {
     }
 }
 
+impl Endpoint {
+    /// The refresh tokens presented to it, in order.
+    fn presented(&self) -> Vec<String> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .filter_map(|(_, _, form)| form_value(form, "refresh_token"))
+            .collect()
+    }
+}
+
 /// The origin: echoes the `Authorization` it got and `knows`, a secret an origin may hold.
 struct Origin {
     tls: TlsOrigin,
@@ -607,15 +617,7 @@ fn a_rotated_refresh_token_is_stored_and_used_next() {
         !family.lock().unwrap().revoked,
         "never presented a used token"
     );
-    let presented: Vec<String> = s
-        .endpoint
-        .seen
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|(_, _, form)| form_value(form, "refresh_token"))
-        .collect();
-    assert_eq!(presented, ["rt-family-1", "rt-family-2"]);
+    assert_eq!(s.endpoint.presented(), ["rt-family-1", "rt-family-2"]);
     // The second request is bound to version 2: rt-family-1 is revoked by then and no
     // longer guarded; what it holds and what it rotated to are.
     for secret in ["at-minted-2", "rt-family-2", "rt-family-3"] {
@@ -763,15 +765,7 @@ fn a_rotating_refresh_token_used_from_two_fleet_nodes_is_refreshed_once_and_its_
     std::thread::sleep(Duration::from_millis(3100));
     call(&b_home, &b);
     call(&a.home, &a.daemon);
-    let presented: Vec<String> = a
-        .endpoint
-        .seen
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|(_, _, form)| form_value(form, "refresh_token"))
-        .collect();
-    assert_eq!(presented, ["rt-family-1", "rt-family-2"]);
+    assert_eq!(a.endpoint.presented(), ["rt-family-1", "rt-family-2"]);
     assert!(
         !family.lock().unwrap().revoked,
         "never presented a used token"
