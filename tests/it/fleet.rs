@@ -26,6 +26,8 @@ fn config(node: &str, url: &str, port: u16) -> String {
          [[agents]]\nid = \"{AGENT}\"\ntoken = \"{TOKEN}\"\n\
          [[routes]]\nid = \"payments\"\nmatch = {{ scheme = \"http\", host = \"pay.test\", port = {port}, methods = [\"POST\"] }}\n\
          resolve = \"127.0.0.1:{port}\"\n{CONTRACT}\n\
+         [[routes]]\nid = \"orders\"\nmatch = {{ scheme = \"http\", host = \"pay.test\", port = {port}, path_prefix = \"/v1/orders\", methods = [\"POST\"] }}\n\
+         resolve = \"127.0.0.1:{port}\"\n\
          [[routes]]\nid = \"reads\"\nmatch = {{ scheme = \"http\", host = \"pay.test\", port = {port}, methods = [\"GET\"] }}\n\
          resolve = \"127.0.0.1:{port}\"\n"
     )
@@ -63,11 +65,15 @@ impl Node {
     }
 
     fn send(&self, method: &str, port: u16, key: Option<&str>, body: &str) -> Reply {
+        self.send_to("/v1/charges", method, port, key, body)
+    }
+
+    fn send_to(&self, path: &str, method: &str, port: u16, key: Option<&str>, body: &str) -> Reply {
         let proxy = self
             .daemon
             .proxy
             .replacen("http://", &format!("http://{AGENT}:{TOKEN}@"), 1);
-        let url = format!("http://pay.test:{port}/v1/charges");
+        let url = format!("http://pay.test:{port}{path}");
         let key = key.map(|k| format!("Idempotency-Key: {k}"));
         let mut args = vec!["-x", proxy.as_str(), "-X", method];
         if method == "POST" {
@@ -191,6 +197,32 @@ fn a_lost_answer_resent_to_the_other_node_is_not_sent_again() {
         resend.envelope()["evidence"]["resend_of"]["invocation_id"],
         first.as_str()
     );
+}
+
+/// On a route without a key contract the twin claim is the lookup (one round trip): the
+/// slot a's request holds comes back from the claim and is judged then.
+#[test]
+fn a_lost_answer_on_a_route_without_a_key_contract_is_not_sent_again_elsewhere() {
+    let pg = Postgres::start();
+    let origin = KeyedOrigin::start(Policy::Ignores, Answer::DropsFirst);
+    let port = origin.port();
+    let a = Node::start("a", &pg, port);
+    let b = Node::start("b", &pg, port);
+    let lost = a.send_to("/v1/orders", "POST", port, None, "{\"n\":1}");
+    assert_eq!(lost.status, 502, "{}", lost.body);
+    let resend = eventually(|| {
+        let r = b.send_to("/v1/orders", "POST", port, None, "{\"n\":1}");
+        (r.code() == "RESEND_REFUSED").then_some(r)
+    });
+    assert_eq!(
+        resend.envelope()["evidence"]["resend_of"]["invocation_id"],
+        lost.id().as_str()
+    );
+    assert_eq!(origin.hits(), 1, "not sent again");
+    // Another request goes out.
+    let other = b.send_to("/v1/orders", "POST", port, None, "{\"n\":2}");
+    assert_eq!(other.status, 201, "{}", other.body);
+    assert_eq!(origin.hits(), 2);
 }
 
 #[test]

@@ -68,6 +68,13 @@ impl Exchange {
             fingerprint: fingerprint.to_owned(),
         };
         let journal = self.proxy.journal.clone();
+        if journal.shared().is_some() && !deliberate && route.idempotency.is_none() {
+            // In a fleet the claim is the lookup (one round trip): an empty slot is taken
+            // with the preflight, and a held one comes back as its holder, judged then
+            // (`rejudge`). A keyed route looks first: its verdict may be a same-key retry.
+            self.twin = Some(self.twin_claim(route, slot, None));
+            return Ok(None);
+        }
         let Ok(seen) = journal.find_twin(&slot).await else {
             return Err(self.fallback(Code::JournalUnavailable));
         };
@@ -235,7 +242,11 @@ impl Exchange {
             }
             Err(_) => return Err(self.fallback(Code::JournalUnavailable)),
         };
-        let verdict = judge(&twin, unix_ms(journal.now()), route.idempotency.is_some());
+        let (twin, verdict) =
+            match judge(&twin, unix_ms(journal.now()), route.idempotency.is_some()) {
+                Verdict::Parallel => self.judge_again(route, twin).await?,
+                v => (twin, v),
+            };
         if verdict.dispatches_anew() {
             claim.saw = Some(holder.to_owned());
             self.twin = Some(claim);
