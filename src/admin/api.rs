@@ -14,7 +14,7 @@ use super::state::{AdminState, Reply, error, json_reply, not_found, storage_erro
 use crate::config::SecretSource;
 use crate::contract::{Outcome, Phase};
 use crate::journal::{
-    Body, Draft, JournalError, Payload, Reconciliation, Record, Source, Whereabouts, unb64,
+    Body, Draft, JournalError, Listed, Payload, Reconciliation, Record, Source, Whereabouts, unb64,
 };
 use crate::lifecycle::idempotency::in_progress_on;
 use crate::listen::{Guarded, IdleRoster};
@@ -97,7 +97,7 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
             );
             r
         }
-        (&Method::GET, ["v1", "invocations"]) => list(state, &query),
+        (&Method::GET, ["v1", "invocations"]) => list(state, &query).await,
         (&Method::GET, ["v1", "invocations", id]) => record(state, id).await,
         (&Method::GET, ["v1", "invocations", id, "events"]) => events(state, id),
         (&Method::GET, ["v1", "invocations", id, "result"]) => result(state, id).await,
@@ -298,36 +298,46 @@ fn matches(q: &ListQuery, r: &Record) -> bool {
         && q.phase.is_none_or(|p| r.phase == p)
 }
 
-fn list(state: &AdminState, query: &str) -> Reply {
+/// Newest first, this node's and (in a fleet) what the other nodes published, each of
+/// theirs naming its `node`.
+async fn list(state: &AdminState, query: &str) -> Reply {
     let q = match parse_list_query(query) {
         Ok(q) => q,
         Err(r) => return *r,
     };
     if let Some(c) = &q.cursor
-        && !matches!(state.journal.record(c), Ok(Some(_)))
+        && !matches!(state.journal.find_record(c).await, Ok(Some(_)))
     {
         let msg = "cursor names no invocation (use the `next` of the previous page)";
         return error(StatusCode::BAD_REQUEST, "BAD_QUERY", msg);
     }
-    let mut found: Vec<Record> = Vec::new();
+    let mut found: Vec<Listed> = Vec::new();
     let mut cursor = q.cursor.clone();
     let mut exhausted = false;
     while found.len() <= q.limit && !exhausted {
-        let page = match state.journal.records_before(cursor.as_deref(), 256) {
+        let page = match state
+            .journal
+            .fleet_records_before(cursor.as_deref(), 256)
+            .await
+        {
             Ok(p) => p,
             Err(_) => return storage_error(),
         };
         exhausted = page.len() < 256;
-        cursor = page.last().map(|r| r.invocation_id.clone());
-        found.extend(page.into_iter().filter(|r| matches(&q, r)));
+        cursor = page.last().map(|l| l.record.invocation_id.clone());
+        found.extend(page.into_iter().filter(|l| matches(&q, &l.record)));
     }
     let next = if found.len() > q.limit {
         found.truncate(q.limit);
-        found.last().map(|r| r.invocation_id.clone())
+        found.last().map(|l| l.record.invocation_id.clone())
     } else {
         None
     };
-    json_reply(StatusCode::OK, &json!({"invocations": found, "next": next}))
+    let invocations: Vec<Value> = found.iter().map(Listed::json).collect();
+    json_reply(
+        StatusCode::OK,
+        &json!({"invocations": invocations, "next": next}),
+    )
 }
 
 /// The held requests, each marked `stale` when the config in force no longer has its

@@ -154,6 +154,14 @@ impl SharedIndex for Cluster {
         Box::pin(self.find(invocation_id))
     }
 
+    fn published_before<'a>(
+        &'a self,
+        before: Option<&'a str>,
+        limit: usize,
+    ) -> Shared<'a, Vec<(String, State)>> {
+        Box::pin(self.list_published(before, limit))
+    }
+
     fn result<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, Option<StoredResult>> {
         Box::pin(self.find_result(invocation_id))
     }

@@ -73,6 +73,36 @@ impl Cluster {
         }))
     }
 
+    /// Other nodes' published states, newest first, strictly older than `before`.
+    pub(super) async fn list_published(
+        &self,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, State)>, SharedError> {
+        let (node, before) = (self.node.clone(), before.map(str::to_owned));
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .call("list", move |c| {
+                Box::pin(async move {
+                    c.query(
+                        "SELECT node, state FROM postern_invocations WHERE node <> $1 \
+                         AND state IS NOT NULL AND ($2::text IS NULL OR invocation_id < $2) \
+                         ORDER BY invocation_id DESC LIMIT $3",
+                        &[&node, &before, &limit],
+                    )
+                    .await
+                })
+            })
+            .await?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let state: serde_json::Value = r.get(1);
+                Some((r.get(0), serde_json::from_value(state).ok()?))
+            })
+            .collect())
+    }
+
     /// The stored result its node published, if any (read apart: it may be large).
     pub(super) async fn find_result(
         &self,

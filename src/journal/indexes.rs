@@ -27,6 +27,24 @@ pub enum Whereabouts {
     },
 }
 
+/// A record as a listing shows it: this node's, or another fleet node's as it published it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listed {
+    pub record: Record,
+    /// The node that published it; none for this node's own.
+    pub node: Option<String>,
+}
+
+impl Listed {
+    pub fn json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(&self.record).unwrap_or_default();
+        if let Some(node) = &self.node {
+            v["node"] = serde_json::Value::String(node.clone());
+        }
+        v
+    }
+}
+
 /// A published state as the store's lease says it is now: dispatched once the lease says
 /// so, and a later generation (leased since, not published yet) open, from its lease.
 fn current(mut state: State, lease: SharedLease) -> State {
@@ -167,6 +185,33 @@ impl Journal {
             .confirm_dispatch(invocation_id, generation)
             .await
             .map_err(|_| JournalError::SharedUnavailable)
+    }
+
+    /// Records newest first, strictly older than `before`: this node's and, in a fleet, the
+    /// other nodes' (as published; the node holding an invocation's current generation wins).
+    pub async fn fleet_records_before(
+        &self,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Listed>, StoreError> {
+        let own = self.records_before(before, limit)?;
+        let mut all: Vec<Listed> = own
+            .into_iter()
+            .map(|record| Listed { record, node: None })
+            .collect();
+        if let Some(shared) = self.shared() {
+            for (node, state) in shared.published_before(before, limit).await? {
+                // Taken over by another node: its copy is the current one.
+                all.retain(|l| l.record.invocation_id != state.record.invocation_id);
+                all.push(Listed {
+                    record: state.record,
+                    node: Some(node),
+                });
+            }
+        }
+        all.sort_by(|a, b| b.record.invocation_id.cmp(&a.record.invocation_id));
+        all.truncate(limit);
+        Ok(all)
     }
 
     /// An invocation's record wherever it lives (another node's: as it last published it).

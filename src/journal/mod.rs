@@ -18,7 +18,7 @@ pub use failpoints::{lease_ttl_override, pause_after_lease, pause_before_send};
 mod fjall_store;
 mod health;
 mod indexes;
-pub use indexes::Whereabouts;
+pub use indexes::{Listed, Whereabouts};
 mod keys;
 mod metrics;
 mod projection;

@@ -139,6 +139,14 @@ pub trait SharedIndex: Send + Sync {
     /// Where an invocation lives, and what its owner published of it.
     fn lookup<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, Option<Directory>>;
 
+    /// Other nodes' published states, newest first, strictly older than `before` (for a
+    /// listing): each with its node.
+    fn published_before<'a>(
+        &'a self,
+        before: Option<&'a str>,
+        limit: usize,
+    ) -> Shared<'a, Vec<(String, State)>>;
+
     /// The stored result another node published for an invocation.
     fn result<'a>(&'a self, invocation_id: &'a str) -> Shared<'a, Option<StoredResult>>;
 

@@ -240,6 +240,18 @@ fn any_node_answers_for_an_invocation_of_another_also_with_its_owner_down() {
         (status == 200 && v["outcome"] == "committed").then_some(v)
     });
     assert_eq!(record["node"], "a", "{record}");
+    // b's listing shows a's invocation beside its own, naming a.
+    let (_, listed) = b.admin("/v1/invocations?limit=10");
+    let entry = listed["invocations"].as_array().and_then(|l| {
+        l.iter()
+            .find(|r| r["invocation_id"] == id.as_str())
+            .cloned()
+    });
+    assert_eq!(
+        entry.map(|e| e["node"].clone()),
+        Some(Value::from("a")),
+        "{listed}"
+    );
     let (status, result) = b.admin(&format!("/v1/invocations/{id}/result"));
     assert_eq!(status, 200, "{result}");
     let (status, own) = b.internal(&format!("/v1/invocations/{id}/result"));
