@@ -392,6 +392,8 @@ fn cluster_config(c: &mut Checker<'_>, raw: RawCluster) -> Option<ClusterConfig>
             "must be 1 to 16 characters of a-z, 0-9 and '-' (unique in the fleet)",
         );
     }
+    // A value from the environment is checked when the daemon connects: the CLI's own
+    // commands (`postern env`, `postern jail`) read the config without it.
     let url = match raw.postgres.strip_prefix("env:") {
         Some(name) => (c.env)(name).filter(|v| !v.is_empty()).or_else(|| {
             c.bad(
@@ -400,19 +402,18 @@ fn cluster_config(c: &mut Checker<'_>, raw: RawCluster) -> Option<ClusterConfig>
             );
             None
         }),
-        None => Some(raw.postgres),
-    };
-    // The URL may hold a password: say what is wrong, never what it says.
-    let url = url.filter(|u| {
-        let ok = u.starts_with("postgres://") || u.starts_with("postgresql://");
-        if !ok {
+        // The URL may hold a password: say what is wrong, never what it says.
+        None if !(raw.postgres.starts_with("postgres://")
+            || raw.postgres.starts_with("postgresql://")) =>
+        {
             c.bad(
                 "cluster.postgres",
                 "must be a postgres:// or postgresql:// URL, or env:NAME naming one",
             );
+            None
         }
-        ok
-    })?;
+        None => Some(raw.postgres),
+    }?;
     id_ok.then(|| ClusterConfig {
         postgres: SecretValue::new(url),
         node: raw.node,

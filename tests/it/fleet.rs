@@ -485,6 +485,32 @@ fn an_sdk_retry_that_lands_on_the_other_node_does_not_run_the_action_again() {
     assert!(answered || refused, "{result}");
 }
 
+/// The database URL is the daemon's secret, read from its environment: `postern env` (and
+/// `postern jail`, which reads the config the same way and withholds every variable it
+/// names) works in a shell that does not hold it, and never prints it.
+#[test]
+fn a_fleet_nodes_config_is_read_by_the_cli_without_the_database_url() {
+    let home = Home::new();
+    let file = home.config(&config("a", "env:POSTERN_PG_URL", 9));
+    let file = file.to_str().unwrap();
+    let init = home.cli(&["init"], &[]);
+    assert!(init.status.success(), "{}", crate::support::stderr(&init));
+    let out = home.cli(&["env", "--agent", AGENT, "--config", file], &[]);
+    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    let url = "postgres://postern:pg-secret-7f3a@127.0.0.1:5/postgres";
+    let out = home.cli(
+        &["env", "--agent", AGENT, "--config", file],
+        &[("POSTERN_PG_URL", url)],
+    );
+    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    let printed = format!(
+        "{}{}",
+        crate::support::stdout(&out),
+        crate::support::stderr(&out)
+    );
+    assert!(!printed.contains("pg-secret-7f3a"), "{printed}");
+}
+
 /// Retries `f` for up to 10 s until it answers.
 fn eventually<T>(mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
