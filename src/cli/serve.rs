@@ -96,6 +96,7 @@ async fn join_cluster(config: &Config) -> Result<Option<Arc<Cluster>>, CliError>
     let options = ClusterOptions {
         node: c.node.clone(),
         retention: config.journal.result_retention,
+        anchor_retention: config.journal.event_retention,
     };
     let cluster = Cluster::connect(c.postgres.expose(), options)
         .await

@@ -280,8 +280,10 @@ impl Cluster {
     }
 }
 
-/// Removes expired index entries and directory rows (any node may; it is idempotent).
+/// Removes expired index entries, directory rows and anchors (any node may; it is
+/// idempotent).
 pub(super) async fn sweep(cluster: &Cluster, now: i64) {
+    let anchors_before = now.saturating_sub(cluster.anchor_retention_ms);
     let swept = cluster
         .call("sweep", move |c| {
             Box::pin(async move {
@@ -293,6 +295,11 @@ pub(super) async fn sweep(cluster: &Cluster, now: i64) {
                 c.execute(
                     "DELETE FROM postern_twins WHERE expires_at_ms <= $1",
                     &[&now],
+                )
+                .await?;
+                c.execute(
+                    "DELETE FROM postern_anchors WHERE at_ms <= $1",
+                    &[&anchors_before],
                 )
                 .await?;
                 c.execute(

@@ -39,6 +39,9 @@ pub struct ClusterOptions {
     pub node: String,
     /// How long a published record and result stay in the directory.
     pub retention: Duration,
+    /// How long a chain anchor is kept (the journal's event retention: an anchor older
+    /// than the events it vouches for checks nothing).
+    pub anchor_retention: Duration,
 }
 
 /// This node's handle on the fleet's PostgreSQL.
@@ -48,6 +51,7 @@ pub struct Cluster {
     reachable: AtomicBool,
     publications: mpsc::Sender<directory::Publication>,
     retention_ms: i64,
+    anchor_retention_ms: i64,
     metrics: ClusterMetrics,
 }
 
@@ -87,6 +91,8 @@ impl Cluster {
             reachable: AtomicBool::new(true),
             publications: tx,
             retention_ms: i64::try_from(options.retention.as_millis()).unwrap_or(i64::MAX),
+            anchor_retention_ms: i64::try_from(options.anchor_retention.as_millis())
+                .unwrap_or(i64::MAX),
             metrics: ClusterMetrics::default(),
         });
         cluster.register_node().await?;
