@@ -131,25 +131,8 @@ async fn elsewhere(
 /// `ATTEMPT_IN_PROGRESS` for an invocation another node runs and has not settled: it may
 /// have dispatched, so nothing here calls it safe to repeat; its result is fetched by id.
 pub fn in_progress_on(id: &str, node: &str) -> Envelope {
-    let ctx = crate::contract::FailureContext {
-        phase_reached: crate::contract::Phase::RemoteExecution,
-        current_outcome: Outcome::Unknown,
-        dispatched: true,
-        result_stored: false,
-        operation: crate::contract::OperationFacts::default(),
-        now_ms: 0,
-        hop_status: None,
-    };
-    let mut evidence = crate::contract::Evidence {
-        hop: "postern".into(),
-        ..Default::default()
-    };
-    evidence
-        .extra
-        .insert("node".into(), serde_json::Value::String(node.to_owned()));
-    let resolution =
-        crate::contract::resolve_failure(crate::contract::Code::AttemptInProgress, &ctx);
-    Envelope::new(id, resolution, None, evidence)
+    let env = super::unrecorded(id, crate::contract::Code::AttemptInProgress, true);
+    owned_elsewhere(env, node)
 }
 
 /// An answer about another node's invocation, naming that node.

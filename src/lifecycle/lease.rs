@@ -14,9 +14,7 @@
 use std::time::Duration;
 
 use super::Invocation;
-use crate::contract::{
-    Code, Envelope, FailureContext, OperationFacts, Phase, is_resolved, resolve_failure,
-};
+use crate::contract::{Code, Envelope, FailureContext, Phase, is_resolved, resolve_failure};
 use crate::journal::{
     Adoption, Body, Draft, Failure, Journal, JournalError, Lease, Leased, Source, State,
     SupersedeReason, Supersession, unix_ms,
@@ -352,21 +350,11 @@ async fn exhausted(journal: &Journal, state: State) -> LeaseError {
 
 /// The journal could not be read or written: this request did nothing.
 fn unavailable(id: &str) -> LeaseError {
-    let ctx = FailureContext {
-        phase_reached: Phase::Validation,
-        current_outcome: crate::contract::Outcome::NotAttempted,
-        dispatched: false,
-        result_stored: false,
-        operation: OperationFacts::default(),
-        now_ms: 0,
-        hop_status: None,
-    };
-    let evidence = crate::contract::Evidence {
-        hop: "postern".into(),
-        ..Default::default()
-    };
-    let resolution = resolve_failure(Code::JournalUnavailable, &ctx);
-    LeaseError::Refused(Box::new(Envelope::new(id, resolution, None, evidence)))
+    LeaseError::Refused(Box::new(super::unrecorded(
+        id,
+        Code::JournalUnavailable,
+        false,
+    )))
 }
 
 /// `ATTEMPT_IN_PROGRESS` for a live invocation: its own phase and outcome, retry

@@ -269,29 +269,8 @@ impl Invocation {
     /// An envelope computed without the journal (it could not record).
     pub fn fallback(&self, code: Code) -> Envelope {
         let d = self.dispatched || self.dispatched_before;
-        let ctx = FailureContext {
-            phase_reached: if d {
-                Phase::RemoteExecution
-            } else {
-                Phase::Validation
-            },
-            current_outcome: if d {
-                Outcome::Unknown
-            } else {
-                Outcome::NotAttempted
-            },
-            dispatched: d,
-            result_stored: false,
-            operation: OperationFacts::default(),
-            now_ms: 0,
-            hop_status: None,
-        };
-        let evidence = Evidence {
-            dispatch_started: d,
-            hop: "postern".into(),
-            ..Evidence::default()
-        };
-        let mut env = Envelope::new(&self.id, resolve_failure(code, &ctx), None, evidence);
+        let mut env = unrecorded(&self.id, code, d);
+        env.evidence.dispatch_started = d;
         if self.journal.shared().is_some_and(|s| !s.reachable()) {
             // A fleet's node whose shared store is away (SPEC §7).
             env.evidence.extra.insert("store".into(), "cluster".into());
@@ -476,6 +455,30 @@ impl Invocation {
         });
         self.observe(vec![Draft::observed(done)]).await;
     }
+}
+
+/// The contract's envelope for an invocation no record here answers for (the journal could
+/// not record it, or another fleet node holds it): `dispatched` says whether a dispatch may
+/// have happened, and the contract computes phase, outcome and retry from that alone.
+pub fn unrecorded(id: &str, code: Code, dispatched: bool) -> Envelope {
+    let (phase_reached, current_outcome) = match dispatched {
+        true => (Phase::RemoteExecution, Outcome::Unknown),
+        false => (Phase::Validation, Outcome::NotAttempted),
+    };
+    let ctx = FailureContext {
+        phase_reached,
+        current_outcome,
+        dispatched,
+        result_stored: false,
+        operation: OperationFacts::default(),
+        now_ms: 0,
+        hop_status: None,
+    };
+    let evidence = Evidence {
+        hop: "postern".into(),
+        ..Evidence::default()
+    };
+    Envelope::new(id, resolve_failure(code, &ctx), None, evidence)
 }
 
 #[cfg(test)]
