@@ -51,21 +51,36 @@ pub fn run(target: &AdminTarget, command: AgentsCommand) -> Result<ExitCode, Cli
 }
 
 fn list(target: &AdminTarget, json: bool) -> Result<ExitCode, CliError> {
-    let (status, reply) = call(target, Method::GET, "/v1/agents", None)?;
-    if status != StatusCode::OK {
-        return Err(api_error(status, &reply));
-    }
+    let reply = ask(target, Method::GET, "/v1/agents", None)?;
     if json {
-        outln!(
-            "{}",
-            serde_json::to_string_pretty(&reply).unwrap_or_default()
-        );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(print_json(&reply));
     }
     for agent in reply["agents"].as_array().into_iter().flatten() {
         outln!("{}", agent_line(agent));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The admin API's answer, or its error.
+fn ask(
+    target: &AdminTarget,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Value, CliError> {
+    let (status, reply) = call(target, method, path, body)?;
+    match status == StatusCode::OK {
+        true => Ok(reply),
+        false => Err(api_error(status, &reply)),
+    }
+}
+
+fn print_json(reply: &Value) -> ExitCode {
+    outln!(
+        "{}",
+        serde_json::to_string_pretty(reply).unwrap_or_default()
+    );
+    ExitCode::SUCCESS
 }
 
 /// `ci  active`, or `ci  SUSPENDED since … (sus_…, seq N): note`.
@@ -100,16 +115,9 @@ fn switch(
     let verb = if note.is_some() { "suspend" } else { "resume" };
     let body = json!({"note": note.flatten()});
     let path = format!("/v1/agents/{}/{verb}", percent_encode(id));
-    let (status, reply) = call(target, Method::POST, &path, Some(&body))?;
-    if status != StatusCode::OK {
-        return Err(api_error(status, &reply));
-    }
+    let reply = ask(target, Method::POST, &path, Some(&body))?;
     if json {
-        outln!(
-            "{}",
-            serde_json::to_string_pretty(&reply).unwrap_or_default()
-        );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(print_json(&reply));
     }
     outln!("{}", switched_line(id, verb, &reply));
     for denied in reply["denied_approvals"].as_array().into_iter().flatten() {
