@@ -5,7 +5,7 @@
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use super::state::{AdminState, Reply, error, json_reply};
+use super::state::{AdminState, Problem, Reply, error, json_reply, reply_of};
 use crate::journal::JournalError;
 
 /// The longest note kept with a suspension (it is journaled).
@@ -36,18 +36,27 @@ pub fn list(state: &AdminState) -> Reply {
 /// Suspends (`suspend`) or resumes agent `id`; idempotent (`changed: false`, nothing
 /// journaled, when it already was as asked).
 pub async fn switch(state: &AdminState, id: &str, body: &Value, suspend: bool) -> Reply {
-    let note = match note_of(body) {
-        Ok(n) => n,
-        Err(why) => return error(StatusCode::BAD_REQUEST, "BAD_REQUEST_BODY", why),
-    };
+    match note_of(body) {
+        Ok(note) => reply_of(switched(state, id, note, suspend).await),
+        Err(why) => error(StatusCode::BAD_REQUEST, "BAD_REQUEST_BODY", why),
+    }
+}
+
+/// The kill switch itself: the API's and the console's one path.
+pub(super) async fn switched(
+    state: &AdminState,
+    id: &str,
+    note: Option<String>,
+    suspend: bool,
+) -> Result<Value, Problem> {
     let config = state.live.current();
     let known = known_ids(&config).iter().any(|a| a == id) || state.suspended.of(id).is_some();
     if !known {
-        return error(
+        return Err(Problem::new(
             StatusCode::NOT_FOUND,
             "AGENT_NOT_FOUND",
             "No agent with this id in the config in force (see `postern agents list`).",
-        );
+        ));
     }
     let switched = state
         .suspended
@@ -58,28 +67,28 @@ pub async fn switch(state: &AdminState, id: &str, body: &Value, suspend: bool) -
             if s.changed {
                 tracing::warn!(agent = %id, suspended = suspend, "kill switch: operator action journaled");
             }
-            json_reply(StatusCode::OK, &json!(s))
+            Ok(json!(s))
         }
         Err(
             JournalError::Refused(_) | JournalError::Unavailable | JournalError::SharedUnavailable,
-        ) => error(
+        ) => Err(Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "JOURNAL_UNAVAILABLE",
             "The action could not be journaled, so it was not taken.",
-        ),
+        )),
     }
 }
 
 /// The agent ids of a config: its `[[agents]]`, or `anonymous` when it has none (then
 /// every request is that agent's).
-fn known_ids(config: &crate::config::Config) -> Vec<String> {
+pub(super) fn known_ids(config: &crate::config::Config) -> Vec<String> {
     match config.agents.is_empty() {
         true => vec!["anonymous".to_owned()],
         false => config.agents.iter().map(|a| a.id.clone()).collect(),
     }
 }
 
-fn note_of(body: &Value) -> Result<Option<String>, &'static str> {
+pub(super) fn note_of(body: &Value) -> Result<Option<String>, &'static str> {
     match body.get("note") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) if s.len() > MAX_NOTE => Err("note is longer than 1024 bytes."),

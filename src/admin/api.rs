@@ -5,12 +5,15 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{Value, json};
 
-use super::state::{AdminState, Reply, error, json_reply, not_found, storage_error};
+use super::state::{
+    AdminState, Problem, Reply, error, json_reply, not_found, not_found_problem, reply_of,
+    storage_error,
+};
 use crate::config::SecretSource;
 use crate::contract::{Outcome, Phase};
 use crate::journal::{
@@ -18,7 +21,7 @@ use crate::journal::{
 };
 use crate::lifecycle::idempotency::in_progress_on;
 use crate::listen::{Guarded, IdleRoster};
-use crate::policy::approvals::Verdict;
+use crate::policy::approvals::{Decision, Verdict};
 use crate::vault::{KeyState, Vault};
 
 /// A client gets this long to send a request head (and to stay idle between requests).
@@ -41,7 +44,10 @@ pub async fn serve(listener: Guarded, state: Arc<AdminState>) {
                 let (state, m) = (state.clone(), m.clone());
                 async move {
                     m.busy();
-                    let reply = handle(&state, req).await;
+                    let reply = match super::console::owns(req.uri().path()) {
+                        true => super::console::handle(state, req).await,
+                        false => handle(&state, req).await.map(UnsyncBoxBody::new),
+                    };
                     m.idle();
                     Ok::<_, Infallible>(reply)
                 }
@@ -77,6 +83,12 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
     let method = req.method().clone();
     if path == "/healthz" {
         return healthz(state);
+    }
+    // A page in the operator's browser may post here (with no admin token configured,
+    // nothing else would stop it): a state change a browser marks cross-site is refused.
+    if method != Method::GET && !super::console::same_origin(req.headers()) {
+        let why = "A browser sent this from another site; the admin API takes none.";
+        return error(StatusCode::FORBIDDEN, "CROSS_SITE_REFUSED", why);
     }
     if !authorized(state, &req) {
         return error(
@@ -122,10 +134,17 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
             StatusCode::OK,
             &json!({"approvals": listed_approvals(state)}),
         ),
-        (&Method::POST, ["v1", "approvals", id, "approve"]) => {
-            answer(state, id, Verdict::Approve).await
+        (&Method::POST, ["v1", "approvals", id, verb @ ("approve" | "deny")]) => {
+            let id = (*id).to_owned();
+            let verdict = match *verb {
+                "approve" => Verdict::Approve,
+                _ => Verdict::Deny,
+            };
+            match read_json(req).await {
+                Ok(body) => answer(state, &id, verdict, &body).await,
+                Err(r) => r,
+            }
         }
-        (&Method::POST, ["v1", "approvals", id, "deny"]) => answer(state, id, Verdict::Deny).await,
         (&Method::GET, ["v1", "agents"]) => super::agents::list(state),
         (&Method::POST, ["v1", "agents", id, verb @ ("suspend" | "resume")]) => {
             let (id, suspend) = (percent_decode(id), *verb == "suspend");
@@ -509,61 +528,91 @@ async fn reconcile(state: &AdminState, id: &str, body: Value) -> Reply {
             );
         }
     };
-    let note = body
-        .get("note")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
+    let note = body.get("note").and_then(Value::as_str).unwrap_or("");
+    reply_of(reconciled(state, id, outcome, note).await)
+}
+
+/// Journals an operator's reconciliation (`RECONCILED`, operator_attested) and returns the
+/// record: the API's and the console's one path.
+pub(super) async fn reconciled(
+    state: &AdminState,
+    id: &str,
+    outcome: Outcome,
+    note: &str,
+) -> Result<Value, Problem> {
     if note.trim().is_empty() {
-        return error(
+        return Err(Problem::new(
             StatusCode::BAD_REQUEST,
             "BAD_REQUEST_BODY",
             "note must say how the outcome was established.",
-        );
+        ));
     }
     match state.journal.record(id) {
         Ok(Some(_)) => {}
-        Ok(None) => return not_found(id),
-        Err(_) => return storage_error(),
+        Ok(None) => return Err(not_found_problem(id)),
+        Err(_) => return Err(Problem::storage()),
     }
     let draft = Draft::observed(Body::Reconciled(Reconciliation {
         outcome,
-        note,
+        note: note.to_owned(),
         unsafe_retry: None,
     }))
     .source(Source::OperatorAttested)
     .hop("postern");
     match state.journal.append(id, vec![draft]).await {
-        Ok(appended) => json_reply(StatusCode::OK, &json!(appended.state.record)),
-        Err(JournalError::Refused(refusal)) => error(
+        Ok(appended) => Ok(json!(appended.state.record)),
+        Err(JournalError::Refused(refusal)) => Err(Problem::new(
             StatusCode::CONFLICT,
             "RECONCILE_REFUSED",
-            &refusal.to_string(),
-        ),
-        Err(JournalError::Unavailable | JournalError::SharedUnavailable) => storage_error(),
+            refusal.to_string(),
+        )),
+        Err(JournalError::Unavailable | JournalError::SharedUnavailable) => Err(Problem::storage()),
     }
 }
 
-/// An operator's verdict on a held request; replies with the record once it is journaled.
-async fn answer(state: &AdminState, id: &str, verdict: Verdict) -> Reply {
-    let Some(recorded) = state.approvals.answer(id, verdict) else {
-        return error(
+/// An operator's verdict on a held request (`{"note": "…"}` optional); replies with the
+/// record once it is journaled.
+async fn answer(state: &AdminState, id: &str, verdict: Verdict, body: &Value) -> Reply {
+    let note = match body.get("note") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.len() <= 1024 => Some(s.clone()),
+        Some(_) => {
+            let why = "note must be a string of at most 1024 bytes.";
+            return error(StatusCode::BAD_REQUEST, "BAD_REQUEST_BODY", why);
+        }
+    };
+    let decision = Decision {
+        verdict,
+        note: note.filter(|n| !n.trim().is_empty()),
+        via: "api",
+    };
+    reply_of(decided(state, id, decision).await)
+}
+
+/// Hands a decision to a held request and waits for its journaled record: the API's and
+/// the console's one path.
+pub(super) async fn decided(
+    state: &AdminState,
+    id: &str,
+    decision: Decision,
+) -> Result<Value, Problem> {
+    let Some(recorded) = state.approvals.answer(id, decision) else {
+        return Err(Problem::new(
             StatusCode::NOT_FOUND,
             "NOT_PENDING",
             "No request is waiting for approval under this id.",
-        );
+        ));
     };
-    match recorded.await {
-        Ok(record) => json_reply(StatusCode::OK, &record),
-        Err(_) => error(
+    recorded.await.map_err(|_| {
+        Problem::new(
             StatusCode::CONFLICT,
             "NOT_PENDING",
             "The request stopped waiting before the answer was recorded.",
-        ),
-    }
+        )
+    })
 }
 
-fn percent_decode(s: &str) -> String {
+pub(super) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -29,6 +29,8 @@ pub struct AdminState {
     pub reloader: Arc<super::reload::Reloader>,
     /// Sends a kept request again for `POST …/retry`.
     pub resend: Arc<dyn Resend>,
+    /// The web console's signed-in sessions (SPEC §5.8).
+    pub console: super::console::Sessions,
 }
 
 pub(super) type Reply = Response<Full<Bytes>>;
@@ -44,6 +46,44 @@ pub(super) fn json_reply(status: StatusCode, body: &Value) -> Reply {
     r
 }
 
+/// A refused admin action, for the API (as its JSON error) and the console (as a page).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Problem {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl Problem {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Problem {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn storage() -> Self {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "JOURNAL_UNAVAILABLE",
+            "The journal could not be read.",
+        )
+    }
+
+    pub fn reply(&self) -> Reply {
+        error(self.status, self.code, &self.message)
+    }
+}
+
+/// An action's JSON answer, or its problem.
+pub(super) fn reply_of(done: Result<Value, Problem>) -> Reply {
+    match done {
+        Ok(v) => json_reply(StatusCode::OK, &v),
+        Err(p) => p.reply(),
+    }
+}
+
 pub(super) fn error(status: StatusCode, code: &str, message: &str) -> Reply {
     json_reply(
         status,
@@ -52,19 +92,19 @@ pub(super) fn error(status: StatusCode, code: &str, message: &str) -> Reply {
 }
 
 pub(super) fn storage_error() -> Reply {
-    error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "JOURNAL_UNAVAILABLE",
-        "The journal could not be read.",
-    )
+    Problem::storage().reply()
 }
 
 pub(super) fn not_found(id: &str) -> Reply {
+    not_found_problem(id).reply()
+}
+
+pub(super) fn not_found_problem(id: &str) -> Problem {
     let prefixes = ["act_", "rld_", "prn_", "sus_", "rsm_"];
     let msg = if prefixes.iter().any(|p| id.starts_with(p)) {
         "No invocation with this id."
     } else {
         "Invocation ids look like act_<ULID> (reloads rld_<ULID>, retention cuts prn_<ULID>, suspensions sus_<ULID>, resumes rsm_<ULID>)."
     };
-    error(StatusCode::NOT_FOUND, "INVOCATION_NOT_FOUND", msg)
+    Problem::new(StatusCode::NOT_FOUND, "INVOCATION_NOT_FOUND", msg)
 }

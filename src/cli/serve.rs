@@ -412,6 +412,7 @@ async fn serve_until_stopped(
             http: Arc::new(crate::http::exchange::retry::HttpResend(proxy.clone())),
             ssh: Arc::new(crate::ssh::retry::SshResend(exec)),
         }),
+        console: admin::Sessions::default(),
     });
     tokio::spawn(admin::serve(admin_listener, state));
     tokio::spawn(proxy_http::serve(proxy_listener, proxy));

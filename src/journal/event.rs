@@ -279,6 +279,12 @@ pub struct ApprovalRequest {
 pub struct ApprovalAnswer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// The operator's note with the verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Where it was given: `api` (and the CLI) or `console`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 /// One connection-setup stage and its result.
@@ -759,7 +765,11 @@ mod tests {
                 expires_at: "2026-01-01T00:00:00Z".into(),
                 fingerprint: "sha256:f".into(),
             }),
-            Body::ApprovalGranted(ApprovalAnswer { by: some("op") }),
+            Body::ApprovalGranted(ApprovalAnswer {
+                by: some("op"),
+                note: some("n"),
+                via: some("console"),
+            }),
             Body::ConnectAttempt(ConnectAttempt {
                 address: some("127.0.0.1:1"),
                 code: Some(Code::ConnectTimeout),

@@ -46,15 +46,18 @@ impl Invocation {
         answer: Answer,
         changed: impl FnOnce() -> Option<Code>,
     ) -> Result<(), Envelope> {
+        let decision = &answer.decision;
         let by = ApprovalAnswer {
             by: Some("operator".into()),
+            note: decision.note.clone(),
+            via: Some(decision.via.to_owned()),
         };
-        let verdict = match answer.verdict {
+        let verdict = match decision.verdict {
             Verdict::Approve => Body::ApprovalGranted(by),
             Verdict::Deny => Body::ApprovalDenied(by),
         };
         let mut drafts = vec![Draft::observed(verdict).source(Source::OperatorAttested)];
-        let refusal = match answer.verdict {
+        let refusal = match decision.verdict {
             Verdict::Deny => Some(Code::ApprovalDenied),
             Verdict::Approve => changed(),
         };

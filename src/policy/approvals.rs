@@ -22,6 +22,9 @@ pub struct Held {
     pub expires_at: String,
     pub body_bytes: usize,
     pub body_preview: String,
+    /// The credential the request would be sent with (its id, never its value).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
 }
 
 /// How much of a body the preview shows.
@@ -132,10 +135,30 @@ pub enum Verdict {
     Deny,
 }
 
-/// An operator's verdict, and where the exchange sends the record once it journaled it.
+/// An operator's decision on a held request: the verdict, a note, and where it was given
+/// (`api` for the API and the CLI, `console` for the web console).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub note: Option<String>,
+    pub via: &'static str,
+}
+
+impl Decision {
+    /// A verdict nobody gave for this request alone (a suspension's denial).
+    fn standing(verdict: Verdict) -> Self {
+        Decision {
+            verdict,
+            note: None,
+            via: "api",
+        }
+    }
+}
+
+/// An operator's decision, and where the exchange sends the record once it journaled it.
 #[derive(Debug)]
 pub struct Answer {
-    pub verdict: Verdict,
+    pub decision: Decision,
     pub recorded: oneshot::Sender<Value>,
     /// Evidence of a denial no operator gave for this request alone: the agent's suspension
     /// (SPEC §5.8 kill switch), recorded as the failure's `suspension`.
@@ -162,6 +185,8 @@ pub struct Approvals {
     /// is denied as it is held. Checked under the same lock a suspension denies under, so a
     /// request that passed the suspension check just before cannot slip into the wait.
     barred: Mutex<HashMap<String, Value>>,
+    /// Moves on whenever the held set changes (the console's live list).
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl Approvals {
@@ -179,9 +204,8 @@ impl Approvals {
             .and_then(|b| b.get(&held.agent).cloned());
         if let Some(because) = barred {
             let (recorded, _) = oneshot::channel();
-            let verdict = Verdict::Deny;
             let _ = tx.send(Answer {
-                verdict,
+                decision: Decision::standing(Verdict::Deny),
                 recorded,
                 because: Some(because),
             });
@@ -193,7 +217,18 @@ impl Approvals {
             caller_gone: false,
         };
         map.insert(id, (listed, tx));
+        drop(map);
+        self.bump();
         rx
+    }
+
+    /// A receiver that sees every change of the held set.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn bump(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// SPEC §5.8: denies every request `agent` has held, with `because` as evidence, and
@@ -216,11 +251,15 @@ impl Approvals {
                 let (recorded, _) = oneshot::channel();
                 let because = Some(because.clone());
                 let _ = waiter.send(Answer {
-                    verdict: Verdict::Deny,
+                    decision: Decision::standing(Verdict::Deny),
                     recorded,
                     because,
                 });
             }
+        }
+        drop(map);
+        if !ids.is_empty() {
+            self.bump();
         }
         ids
     }
@@ -249,18 +288,21 @@ impl Approvals {
             && let Some((listed, _)) = map.get_mut(id)
         {
             listed.caller_gone = true;
+            drop(map);
+            self.bump();
         }
     }
 
     /// Hands the verdict to the waiting exchange; `None` when nothing waits under `id`
     /// (never held, already answered, or expired). The receiver yields the record.
-    pub fn answer(&self, id: &str, verdict: Verdict) -> Option<oneshot::Receiver<Value>> {
+    pub fn answer(&self, id: &str, decision: Decision) -> Option<oneshot::Receiver<Value>> {
         let (_, waiter) = self.held.lock().ok()?.remove(id)?;
+        self.bump();
         let (recorded, rx) = oneshot::channel();
         let because = None;
         waiter
             .send(Answer {
-                verdict,
+                decision,
                 recorded,
                 because,
             })
@@ -270,8 +312,11 @@ impl Approvals {
 
     /// Stops holding `id` (its wait ended without an answer).
     pub fn release(&self, id: &str) {
-        if let Ok(mut map) = self.held.lock() {
-            map.remove(id);
+        if let Ok(mut map) = self.held.lock()
+            && map.remove(id).is_some()
+        {
+            drop(map);
+            self.bump();
         }
     }
 }
@@ -292,6 +337,15 @@ mod tests {
             expires_at: at.into(),
             body_bytes: 0,
             body_preview: String::new(),
+            credential: None,
+        }
+    }
+
+    fn decide(verdict: Verdict) -> Decision {
+        Decision {
+            verdict,
+            note: None,
+            via: "api",
         }
     }
 
@@ -326,14 +380,20 @@ mod tests {
             .map(|h| h.held.invocation_id)
             .collect();
         assert_eq!(ids, ["act_a", "act_b"]);
-        assert!(approvals.answer("act_b", Verdict::Deny).is_some());
-        let got = waiter.try_recv().map(|a| a.verdict).ok();
+        assert!(approvals.answer("act_b", decide(Verdict::Deny)).is_some());
+        let got = waiter.try_recv().map(|a| a.decision.verdict).ok();
         assert_eq!(got, Some(Verdict::Deny));
         assert!(
-            approvals.answer("act_b", Verdict::Approve).is_none(),
+            approvals
+                .answer("act_b", decide(Verdict::Approve))
+                .is_none(),
             "answered once"
         );
-        assert!(approvals.answer("act_zz", Verdict::Approve).is_none());
+        assert!(
+            approvals
+                .answer("act_zz", decide(Verdict::Approve))
+                .is_none()
+        );
     }
 
     #[test]
@@ -345,10 +405,16 @@ mod tests {
         let _other = approvals.hold(other);
         let why = serde_json::json!({"id": "sus_1"});
         assert_eq!(approvals.bar("ci", why.clone()), ["act_d"]);
-        let got = first.try_recv().map(|a| (a.verdict, a.because)).ok();
+        let got = first
+            .try_recv()
+            .map(|a| (a.decision.verdict, a.because))
+            .ok();
         assert_eq!(got, Some((Verdict::Deny, Some(why.clone()))));
         let mut next = approvals.hold(held("act_f", "2026-01-01T00:00:01.000Z"));
-        let got = next.try_recv().map(|a| (a.verdict, a.because)).ok();
+        let got = next
+            .try_recv()
+            .map(|a| (a.decision.verdict, a.because))
+            .ok();
         assert_eq!(got, Some((Verdict::Deny, Some(why))));
         let listed: Vec<String> = approvals.list().into_iter().map(|l| l.held.agent).collect();
         assert_eq!(listed, ["other"], "another agent's request still waits");
@@ -367,6 +433,10 @@ mod tests {
         let _waiter = approvals.hold(held("act_c", "2026-01-01T00:00:00.000Z"));
         approvals.release("act_c");
         assert!(approvals.list().is_empty());
-        assert!(approvals.answer("act_c", Verdict::Approve).is_none());
+        assert!(
+            approvals
+                .answer("act_c", decide(Verdict::Approve))
+                .is_none()
+        );
     }
 }

@@ -6,6 +6,7 @@ mod approvals;
 mod audit;
 mod aws;
 mod cli;
+mod console;
 mod crash;
 mod crash_http;
 mod crash_ssh;

@@ -37,6 +37,7 @@ impl Exchange {
             expires_at: rfc3339(now + route.approval_timeout),
             body_bytes: body.len(),
             body_preview: preview(body),
+            credential: credential.map(str::to_owned),
         };
         let approvals = self.proxy.approvals.clone();
         let proxy = self.proxy.clone();

@@ -207,6 +207,7 @@ impl Tunnel {
             expires_at: rfc3339(now + route.approval_timeout),
             body_bytes: 0,
             body_preview: preview(b""),
+            credential: None,
         };
         let (approvals, timeout) = (self.proxy.approvals.clone(), route.approval_timeout);
         let id = self.inv.id().to_owned();

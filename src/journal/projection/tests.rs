@@ -452,7 +452,11 @@ fn a_request_held_for_approval_stopped_at_credential_injection() {
             expires_at: "2026-01-01T00:05:00.000Z".into(),
         }),
     ];
-    let granted = Body::ApprovalGranted(ApprovalAnswer { by: None });
+    let granted = Body::ApprovalGranted(ApprovalAnswer {
+        by: None,
+        note: None,
+        via: None,
+    });
     let restarted = Body::Failed(Failure::of(Code::BrokerRestartedBeforeDispatch));
     for (answered, phase) in [
         (false, Phase::CredentialInjection),

@@ -90,6 +90,7 @@ impl Run {
             expires_at: rfc3339(now + target.approval_timeout),
             body_bytes: command.len(),
             body_preview: preview(command),
+            credential: Some(target.credential.clone()),
         };
         let (config, vault) = (self.config.clone(), self.vault.clone());
         let bound = login.evidence.clone();
