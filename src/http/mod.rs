@@ -119,6 +119,9 @@ struct Exchange {
     busy: Option<crate::listen::Busy>,
     /// The twin slot this request claims with its preflight (SPEC §3.7 resends).
     twin: Option<crate::journal::TwinClaim>,
+    /// The agent's key is claimed in the fleet's index already (`Journal::reserve_key`):
+    /// the preflight records it without claiming it again.
+    key_reserved: bool,
     /// The route signs with SigV4: postern's own answers also name their code as AWS SDKs
     /// read it (SPEC §3.8).
     aws_route: bool,

@@ -161,6 +161,9 @@ pub struct Claims {
     pub key: Option<KeyClaim>,
     /// A resend twin (refused with `Refusal::TwinMoved`).
     pub twin: Option<TwinClaim>,
+    /// The key was claimed in the fleet's index already, for this invocation
+    /// (`Journal::reserve_key`): it is not claimed again.
+    pub reserved: bool,
 }
 
 /// A fresh invocation id: `act_<ULID>`.
@@ -251,7 +254,7 @@ impl Journal {
     ) -> Result<Appended, JournalError> {
         let claims = Claims {
             key: Some(claim),
-            twin: None,
+            ..Claims::default()
         };
         self.submit(invocation_id, drafts, None, claims).await
     }
@@ -309,14 +312,19 @@ impl Journal {
         };
         // The fleet's index decides; this node's own is not written beside it.
         let now = unix_ms(self.now());
-        let won = shared
-            .claim(
-                invocation_id,
-                claims.key.as_ref(),
-                claims.twin.as_ref(),
-                now,
-            )
-            .await;
+        let won = match claims.reserved && claims.twin.is_none() {
+            true => Ok(Ok(())),
+            false => {
+                shared
+                    .claim(
+                        invocation_id,
+                        claims.key.as_ref(),
+                        claims.twin.as_ref(),
+                        now,
+                    )
+                    .await
+            }
+        };
         match won {
             Ok(Ok(())) => {}
             Ok(Err(Lost::Key(holder))) => {
@@ -335,6 +343,26 @@ impl Journal {
             let _ = shared.release(invocation_id).await;
         }
         written
+    }
+
+    /// In a fleet, claims an agent's key for `invocation_id` before its preflight is built:
+    /// the claim is the lookup (one round trip), and the preflight then records it
+    /// without claiming again (`Claims::reserved`). `Ok(Err(holder))`: another invocation
+    /// holds the key (judge it: `find_key`). Alone: `Ok(Err(""))` (look it up instead).
+    pub async fn reserve_key(
+        &self,
+        invocation_id: &str,
+        claim: &KeyClaim,
+    ) -> Result<Result<(), String>, JournalError> {
+        let Some(shared) = self.shared() else {
+            return Ok(Err(String::new()));
+        };
+        let now = unix_ms(self.now());
+        match shared.claim(invocation_id, Some(claim), None, now).await {
+            Ok(Ok(())) => Ok(Ok(())),
+            Ok(Err(Lost::Key(holder) | Lost::Twin(holder))) => Ok(Err(holder)),
+            Err(SharedError::Unavailable) => Err(JournalError::SharedUnavailable),
+        }
     }
 
     /// The fleet's shared index, if this node is one of several.

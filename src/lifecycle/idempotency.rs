@@ -92,6 +92,28 @@ pub async fn take_turn(
     answer
 }
 
+/// `take_turn`, in a fleet by claiming the key for `invocation_id` first: the claim is the
+/// lookup (one round trip), so an unseen key costs no read before it. True: the key is
+/// claimed (`Claims::reserved`). A key another invocation holds is judged as `take_turn`
+/// judges it.
+pub async fn reserve_or_take_turn(
+    journal: &Journal,
+    request: &KeyedRequest,
+    contract: &KeyContract,
+    invocation_id: &str,
+    terms: LeaseTerms,
+) -> (Turn, bool) {
+    if journal.shared().is_some() {
+        let claim = claim(journal, request, contract, invocation_id);
+        match journal.reserve_key(invocation_id, &claim).await {
+            Ok(Ok(())) => return (Turn::Fresh, true),
+            Ok(Err(_held)) => {}
+            Err(_) => return (Turn::Unavailable, false),
+        }
+    }
+    (take_turn(journal, request, contract, terms).await, false)
+}
+
 /// The key's invocation is held by another node of the fleet (SPEC §7). What that node
 /// published, brought up to the shared lease, answers like a local record; a retry that
 /// needs a new generation takes it over here (`Invocation::adopt`), if the shared lease

@@ -167,7 +167,7 @@ impl Invocation {
     ) -> Result<Appended, JournalError> {
         let claims = Claims {
             key: Some(claim),
-            twin: None,
+            ..Claims::default()
         };
         self.record_with(drafts, claims).await
     }

@@ -201,6 +201,27 @@ fn a_lost_answer_resent_to_the_other_node_is_not_sent_again() {
 
 /// On a route without a key contract the twin claim is the lookup (one round trip): the
 /// slot a's request holds comes back from the claim and is judged then.
+/// Identical requests sent at once, each agent waiting for its own, contend for one twin
+/// slot in the store: each goes out (parallel, not a resend), none is refused as if the
+/// journal were down (it was 503 `JOURNAL_UNAVAILABLE` under a load test's identical POSTs).
+#[test]
+fn identical_requests_sent_at_once_to_a_fleet_node_all_go_out() {
+    let pg = Postgres::start();
+    let origin = KeyedOrigin::start(Policy::Ignores, Answer::After(Duration::from_millis(20)));
+    let port = origin.port();
+    let a = Node::start("a", &pg, port);
+    let n = 24;
+    let replies: Vec<Reply> = std::thread::scope(|s| {
+        let sent: Vec<_> = (0..n)
+            .map(|_| s.spawn(|| a.send_to("/v1/orders", "POST", port, None, "{\"same\":1}")))
+            .collect();
+        sent.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let statuses: Vec<(u16, String)> = replies.iter().map(|r| (r.status, r.code())).collect();
+    assert!(replies.iter().all(|r| r.status == 201), "{statuses:?}");
+    assert_eq!(origin.hits(), n, "{statuses:?}");
+}
+
 #[test]
 fn a_lost_answer_on_a_route_without_a_key_contract_is_not_sent_again_elsewhere() {
     let pg = Postgres::start();

@@ -241,6 +241,56 @@ fn suspending_an_agent_denies_its_held_approval_and_nothing_is_sent() {
     drop(s.home);
 }
 
+/// SPEC §5.8: in-flight exchanges finish and are recorded. A response streaming when its
+/// agent is suspended reaches the agent whole and is committed; the next request is refused.
+#[test]
+fn a_response_streaming_when_its_agent_is_suspended_finishes_and_is_recorded() {
+    use std::io::Write;
+    let origin = Origin::script(|s, _| {
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n");
+        let _ = s.flush();
+        std::thread::sleep(Duration::from_millis(1500));
+        let _ = s.write_all(b"4\r\nlast\r\n0\r\n\r\n");
+    });
+    let home = Home::new();
+    let daemon = std::sync::Arc::new(Daemon::start(&home, Some(&config(origin.port()))));
+    let port = origin.port();
+    let streaming = {
+        let daemon = daemon.clone();
+        std::thread::spawn(move || send(&daemon, port, "a", "/open/stream", &["-N"]))
+    };
+    for _ in 0..200 {
+        if origin.hits() == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    agents(&daemon, &["suspend", "a"]);
+    let (status, body, head) = streaming.join().unwrap();
+    assert_eq!((status, body.as_str()), (200, "firstlast"), "{head}");
+    let id = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("postern-invocation: ")
+                .or_else(|| l.strip_prefix("Postern-Invocation: "))
+        })
+        .map(|v| v.trim().to_owned())
+        .expect("the invocation header");
+    let record = admin_get(&daemon, &format!("/v1/invocations/{id}"));
+    assert_eq!(record["outcome"], "committed", "{record}");
+    let events = admin_get(&daemon, &format!("/v1/invocations/{id}/events"));
+    let kinds: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert!(kinds.contains(&"RESULT_COMMITTED"), "{kinds:?}");
+    suspended_envelope(send(&daemon, port, "a", "/open/x", &[]));
+    assert_eq!(origin.hits(), 1);
+}
+
 #[test]
 fn a_suspension_survives_a_restart() {
     let s = setup();

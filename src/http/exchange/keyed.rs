@@ -16,7 +16,9 @@ use crate::contract::{
 use crate::http::Exchange;
 use crate::http::message::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody};
 use crate::journal::{Failure, KeySlot, Payload, State, StoredResult, unb64};
-use crate::lifecycle::idempotency::{KeyBinding, KeyContract, KeyedRequest, Turn, bind, take_turn};
+use crate::lifecycle::idempotency::{
+    KeyBinding, KeyContract, KeyedRequest, Turn, bind, reserve_or_take_turn,
+};
 use crate::lifecycle::lease::LeaseTerms;
 
 /// Marks an answer replayed from the result store (no dispatch).
@@ -94,13 +96,15 @@ impl Exchange {
             return Ok(Some(key_use));
         }
         let journal = self.proxy.journal.clone();
-        let turn = take_turn(
+        let (turn, reserved) = reserve_or_take_turn(
             &journal,
             &key_use.request,
             &key_use.contract,
+            self.inv.id(),
             LeaseTerms::for_route(route, Some("same idempotency key".into())),
         )
         .await;
+        self.key_reserved = reserved;
         match turn {
             Turn::Fresh => Ok(Some(key_use)),
             Turn::Leased { inv, safe_until_ms } => {

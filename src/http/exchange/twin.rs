@@ -155,10 +155,11 @@ impl Exchange {
         route: &Route,
     ) -> Result<(), Response<ProxyBody>> {
         let mut drafts = drafts;
-        for _ in 0..MAX_REJUDGE {
+        for round in 0..=MAX_REJUDGE {
             let claims = Claims {
                 key: key.clone(),
-                twin: self.twin.clone(),
+                twin: self.contended_twin(round),
+                reserved: self.key_reserved,
             };
             match self
                 .inv
@@ -178,7 +179,12 @@ impl Exchange {
                         Ok(Some(Whereabouts::There {
                             node, state: None, ..
                         })) => Err(answer(&in_progress_on(&holder, &node))),
-                        _ => Err(self.fallback(Code::JournalUnavailable)),
+                        // Claimed (reserved) a moment ago and not journaled yet.
+                        Ok(None) => {
+                            let node = journal_node(&self.proxy.journal);
+                            Err(answer(&in_progress_on(&holder, &node)))
+                        }
+                        Err(_) => Err(self.fallback(Code::JournalUnavailable)),
                     };
                 }
                 Err(JournalError::Refused(Refusal::TwinMoved(holder))) => {
@@ -198,10 +204,10 @@ impl Exchange {
         dispatch: Dispatch,
     ) -> Result<(), Outgoing> {
         let hop = self.written_to();
-        for _ in 0..MAX_REJUDGE {
+        for round in 0..=MAX_REJUDGE {
             let claims = Claims {
-                key: None,
-                twin: self.twin.clone(),
+                twin: self.contended_twin(round),
+                ..Claims::default()
             };
             let crossed = self
                 .inv
@@ -223,6 +229,19 @@ impl Exchange {
             }
         }
         Err(Outgoing::Respond(self.fallback(Code::JournalUnavailable)))
+    }
+
+    /// The twin slot to claim in round `round` of `record_claims`/`claimed_boundary`. A slot
+    /// that moved `MAX_REJUDGE` times, each holder judged a parallel request whose agent
+    /// waits (else the round ended in an answer), is contended by identical requests sent
+    /// at once: this one goes out too, without the slot (a later resend is judged against
+    /// whichever holds it), rather than failing as if the journal were down.
+    fn contended_twin(&mut self, round: usize) -> Option<crate::journal::TwinClaim> {
+        if round < MAX_REJUDGE {
+            return self.twin.clone();
+        }
+        self.twin = None;
+        None
     }
 
     /// The slot names `holder` now (it won the compare-and-set): this request judges
@@ -352,6 +371,13 @@ fn resend_checked(route: &Route, headers: &HeaderMap, idempotent: bool) -> bool 
         .as_ref()
         .is_some_and(|c| headers.contains_key(c.header.to_ascii_lowercase().as_str()));
     !idempotent && !own_key && !route.resend_window.is_zero()
+}
+
+/// This node's id in a fleet (`local` alone, where a holder is always journaled).
+fn journal_node(journal: &crate::journal::Journal) -> String {
+    journal
+        .shared()
+        .map_or_else(|| "local".to_owned(), |s| s.node().to_owned())
 }
 
 /// `Postern-Resend: deliberate` (one value, that one; anything else is malformed).

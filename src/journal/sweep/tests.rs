@@ -76,6 +76,7 @@ fn claims(n: usize, id: &str, expires_at_ms: i64) -> Claims {
     Claims {
         key: Some(key),
         twin: Some(twin),
+        reserved: false,
     }
 }
 

@@ -55,6 +55,7 @@ fn claim(id: &str, saw: Option<&str>, expires_at_ms: i64) -> Claims {
             },
             saw: saw.map(str::to_owned),
         }),
+        reserved: false,
     }
 }
 
