@@ -6,9 +6,11 @@
 //! Transports only report observations; the journal's projection asks `contract` what
 //! they mean (phase, outcome, retry, evidence). Operators read the journal through
 //! `admin` and the `cli`. Shared by every transport: `dns` (name resolution, `[dns]`)
-//! and `guard` (the reflection guard over what a remote sends back).
+//! and `guard` (the reflection guard over what a remote sends back). Beside the request's
+//! path, `audit` exports the journal's events to an OTLP receiver from a task of its own.
 
 pub mod admin;
+pub mod audit;
 pub mod cli;
 pub mod cluster;
 pub mod config;

@@ -45,6 +45,11 @@ impl Home {
         self.root.join("certs")
     }
 
+    /// The audit export's cursor (the last seq its receiver acknowledged).
+    pub fn audit_dir(&self) -> PathBuf {
+        self.root.join("audit")
+    }
+
     /// postern's SSH host key and the known_hosts file for agents.
     pub fn ssh_dir(&self) -> PathBuf {
         self.root.join("ssh")
@@ -60,6 +65,7 @@ impl Home {
             (&self.journal_dir(), 0o700),
             (&self.certs_dir(), 0o755),
             (&self.ssh_dir(), 0o700),
+            (&self.audit_dir(), 0o700),
         ] {
             std::fs::create_dir_all(dir)?;
             set_mode(dir, mode)?;

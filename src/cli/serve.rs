@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::registry::Registry;
+
 use super::{CliError, Env, Home};
 use crate::admin::{self, AdminState, metrics::FrontMetrics};
 use crate::cluster::{Cluster, ClusterOptions};
@@ -394,14 +396,13 @@ async fn serve_until_stopped(
         vault: vault.clone(),
     });
     reload_on_hangup(reloader.clone());
+    let mut registry = admin::metrics::registry(journal.metrics(), &front, &reload_counter);
+    if let Some(shared) = journal.shared() {
+        shared.register_metrics(&mut registry);
+    }
+    start_audit_export(&config, &journal, &banner.home, &mut registry);
     let state = Arc::new(AdminState {
-        registry: {
-            let mut registry = admin::metrics::registry(journal.metrics(), &front, &reload_counter);
-            if let Some(shared) = journal.shared() {
-                shared.register_metrics(&mut registry);
-            }
-            registry
-        },
+        registry,
         journal: journal.clone(),
         live: live.clone(),
         approvals: approvals.clone(),
@@ -435,6 +436,9 @@ async fn serve_until_stopped(
         "  journal  {} (durability {durability})",
         banner.home.journal_dir().display()
     );
+    if let Some(endpoint) = &config.audit.otlp_endpoint {
+        outln!("  audit    {endpoint} (OTLP logs)");
+    }
     outln!("agent environment (in the agent's shell):");
     outln!("  {}", banner.hint);
     if config.agents.is_empty() {
@@ -457,6 +461,24 @@ async fn serve_until_stopped(
             Ok(ExitCode::from(EXIT_STORAGE_FAULT))
         }
     }
+}
+
+/// `[audit] otlp_endpoint` (SPEC §5.8): the export runs beside the request path, on its
+/// own task, with its metrics on `/metrics`.
+fn start_audit_export(config: &Config, journal: &Journal, home: &Home, registry: &mut Registry) {
+    let Some(endpoint) = &config.audit.otlp_endpoint else {
+        return;
+    };
+    let metrics = crate::audit::ExportMetrics::default();
+    metrics.register(registry);
+    let exporter = crate::audit::Exporter {
+        journal: journal.clone(),
+        endpoint: endpoint.clone(),
+        dir: home.audit_dir(),
+        node: config.cluster.as_ref().map(|c| c.node.clone()),
+        metrics,
+    };
+    tokio::spawn(exporter.run());
 }
 
 /// Caps both listeners; the proxy's cap leaves descriptors for upstreams and the admin API.

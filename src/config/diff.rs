@@ -1,7 +1,7 @@
 //! What a reload changes (SPEC §5.1 `postern reload`): the ids of routes, agents,
 //! credentials and SSH targets added, removed or changed — never a value (an agent's
 //! token counts as a change of the agent, not as text) — and the settings only a restart
-//! applies (listeners, the journal, connection limits, resolvers).
+//! applies (listeners, the journal, connection limits, resolvers, the audit export).
 
 use serde::Serialize;
 
@@ -97,7 +97,7 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
         (Some(a), Some(b)) => a.node == b.node && a.postgres.expose() == b.postgres.expose(),
         _ => false,
     };
-    let sections: [(&'static str, bool); 7] = [
+    let sections: [(&'static str, bool); 8] = [
         ("proxy", alike(&old.proxy, &new.proxy)),
         ("ssh", alike(&old.ssh, &new.ssh)),
         ("admin.listen", old.admin.listen == new.admin.listen),
@@ -108,6 +108,7 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
         ("journal", alike(&old.journal, &new.journal)),
         ("dns", alike(&old.dns, &new.dns)),
         ("cluster", same_cluster),
+        ("audit", alike(&old.audit, &new.audit)),
     ];
     for (name, same) in sections {
         if !same {

@@ -48,6 +48,7 @@ pub struct Config {
     pub dns: Option<DnsConfig>,
     /// A fleet on PostgreSQL (SPEC §7); none on a node alone.
     pub cluster: Option<ClusterConfig>,
+    pub audit: AuditConfig,
     pub agents: Vec<Agent>,
     pub credentials: Vec<Credential>,
     pub routes: Vec<Route>,
@@ -114,6 +115,49 @@ pub struct ClusterConfig {
     pub postgres: SecretValue,
     /// This node's id, unique in the fleet: `[a-z0-9-]{1,16}`.
     pub node: String,
+}
+
+/// `[audit]` (SPEC §5.8).
+#[derive(Debug, Clone, Default)]
+pub struct AuditConfig {
+    /// The OTLP/HTTP receiver every journal event is sent to; none: no export.
+    pub otlp_endpoint: Option<OtlpEndpoint>,
+}
+
+/// An OTLP/HTTP receiver's base URL, split up: logs go to `{base_path}/v1/logs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtlpEndpoint {
+    pub scheme: Scheme,
+    /// Lower case; an IPv6 address without brackets.
+    pub host: String,
+    pub port: u16,
+    /// The URL's path without its trailing `/` (empty for none).
+    pub base_path: String,
+}
+
+impl OtlpEndpoint {
+    /// The request target of an export.
+    pub fn logs_path(&self) -> String {
+        format!("{}/v1/logs", self.base_path)
+    }
+
+    /// `host:port` as a `Host` header writes it.
+    pub fn authority(&self) -> String {
+        match self.host.contains(':') {
+            true => format!("[{}]:{}", self.host, self.port),
+            false => format!("{}:{}", self.host, self.port),
+        }
+    }
+}
+
+impl std::fmt::Display for OtlpEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = match self.scheme {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        };
+        write!(f, "{scheme}://{}{}", self.authority(), self.base_path)
+    }
 }
 
 #[derive(Debug, Clone)]

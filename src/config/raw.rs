@@ -57,6 +57,12 @@ pub struct RawCluster {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct RawAudit {
+    pub otlp_endpoint: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawDns {
     pub servers: Vec<String>,
 }

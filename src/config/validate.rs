@@ -17,6 +17,7 @@ use crate::journal::Durability;
 /// Shortest agent or admin token accepted (SPEC §3.1).
 pub const MIN_TOKEN_CHARS: usize = 16;
 
+mod audit;
 mod oauth2;
 mod secret;
 mod ssh_target;
@@ -204,6 +205,7 @@ pub fn parse(
         "journal",
         "dns",
         "cluster",
+        "audit",
         "agents",
         "credentials",
         "routes",
@@ -223,6 +225,7 @@ pub fn parse(
     let journal: RawJournal = c.section("journal", table.get("journal"));
     let dns: Option<RawDns> = table.get("dns").and_then(|v| c.item("dns", v));
     let cluster: Option<RawCluster> = table.get("cluster").and_then(|v| c.item("cluster", v));
+    let audit: RawAudit = c.section("audit", table.get("audit"));
     let agents: Vec<RawAgent> = c.list("agents", table.get("agents"));
     let credentials: Vec<RawCredential> = c.list("credentials", table.get("credentials"));
     let routes: Vec<RawRoute> = c.list("routes", table.get("routes"));
@@ -252,6 +255,7 @@ pub fn parse(
                 .collect(),
         }),
         cluster: cluster.and_then(|raw| cluster_config(&mut c, raw)),
+        audit: audit::validate(&mut c, &audit),
         agents: agents
             .iter()
             .enumerate()

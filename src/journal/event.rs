@@ -113,6 +113,17 @@ pub enum Source {
 }
 
 impl Source {
+    /// The wire name (as serde writes it).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::TransportObserved => "transport_observed",
+            Self::RemoteResponse => "remote_response",
+            Self::RemoteQuery => "remote_query",
+            Self::OperatorAttested => "operator_attested",
+            Self::Recovery => "recovery",
+        }
+    }
+
     pub const ALL: &'static [Source] = &[
         Self::TransportObserved,
         Self::RemoteResponse,
@@ -706,6 +717,14 @@ pub struct ResendEvidence {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_source_names_itself_as_serde_writes_it() {
+        for source in Source::ALL {
+            let json = serde_json::to_value(source).unwrap();
+            assert_eq!(json.as_str(), Some(source.as_str()));
+        }
+    }
 
     /// Every kind with every optional field set: the straight serialization matches the
     /// sorted one the audit and the API read (`data_json` also asserts it in debug builds).

@@ -46,7 +46,7 @@ pub fn page(store: &dyn EventStore, since: u64, limit: usize) -> Result<ExportPa
             break;
         };
         if last.as_ref().is_none_or(|(id, _)| *id != e.invocation_id) {
-            let record = store.state(&e.invocation_id)?.map(|s| s.record);
+            let record = facts(store, &e.invocation_id)?;
             last = Some((e.invocation_id.clone(), record));
         }
         let record = last.as_ref().and_then(|(_, r)| r.as_ref());
@@ -70,4 +70,15 @@ pub fn page(store: &dyn EventStore, since: u64, limit: usize) -> Result<ExportPa
     }
     let next_since = events.last().map_or(since.max(1), |e| e.seq + 1);
     Ok(ExportPage { events, next_since })
+}
+
+/// The invocation's record as the journal now proves it. A record that cannot be rebuilt
+/// (one of its events does not decode) leaves its events without facts rather than
+/// stopping the export at them; any other store failure is the caller's.
+fn facts(store: &dyn EventStore, invocation_id: &str) -> Result<Option<super::Record>, StoreError> {
+    match store.state(invocation_id) {
+        Ok(state) => Ok(state.map(|s| s.record)),
+        Err(StoreError::Corrupt { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
 }

@@ -18,7 +18,7 @@ fn open_events(home: &Home) -> (Database, fjall::Keyspace) {
 
 /// The events keyspace with the value holding `seq` split into one stored event per seq
 /// (a run holds several), so one of them can be edited or removed alone.
-fn split_at(home: &Home, seq: u64) -> (Database, fjall::Keyspace) {
+pub(crate) fn split_at(home: &Home, seq: u64) -> (Database, fjall::Keyspace) {
     let (db, events) = open_events(home);
     let (k, v) = events
         .range(..=seq.to_be_bytes())

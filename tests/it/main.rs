@@ -4,6 +4,7 @@
 mod admin_api;
 mod approvals;
 mod audit;
+mod audit_export;
 mod aws;
 mod cli;
 mod console;

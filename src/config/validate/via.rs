@@ -86,6 +86,14 @@ fn parse(text: &str) -> Result<(String, u16), String> {
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() || text.contains('#') {
         return Err("must be a proxy URL without path or query (\"http://host:port\")".into());
     }
+    host_and_port(authority, 80)
+}
+
+/// An authority's host (lower case, IPv6 without brackets) and port, `default` without one.
+pub(super) fn host_and_port(
+    authority: &http::uri::Authority,
+    default: u16,
+) -> Result<(String, u16), String> {
     let host = authority
         .host()
         .trim_start_matches('[')
@@ -100,7 +108,7 @@ fn parse(text: &str) -> Result<(String, u16), String> {
         .rsplit_once(']')
         .map_or(authority.as_str(), |(_, rest)| rest);
     let port = match after_host.rsplit_once(':') {
-        None => 80,
+        None => default,
         Some((_, p)) => match p.parse::<u16>() {
             Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
             _ => return Err(format!("names port `{p}`, not 1..65535")),
