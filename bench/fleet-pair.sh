@@ -74,7 +74,9 @@ launcher() {
     echo 'pids=()'
     echo 'trap '"'"'kill -TERM "${pids[@]}" 2>/dev/null; wait'"'"' TERM INT EXIT'
     if [ "$mode" != single ]; then
-      echo "su postgres -s /bin/sh -c 'exec $pgbin/postgres -D $work/pg/data -p $pg_port -k $work/pg -c listen_addresses=127.0.0.1' >$work/pg.log 2>&1 & pids+=(\$!)"
+      # Its own pid (no su in between), so the trap's SIGINT is PostgreSQL's fast shutdown.
+      echo "setpriv --reuid postgres --regid postgres --clear-groups -- $pgbin/postgres -D $work/pg/data -p $pg_port -k $work/pg -c listen_addresses=127.0.0.1 >$work/pg.log 2>&1 & pg=\$!"
+      echo 'trap '"'"'kill -INT $pg 2>/dev/null; kill -TERM "${pids[@]}" 2>/dev/null; wait'"'"' TERM INT EXIT'
       echo "for _ in \$(seq 100); do (echo > /dev/tcp/127.0.0.1/$pg_port) 2>/dev/null && break; sleep 0.1; done"
     fi
     case $mode in
@@ -117,6 +119,8 @@ listen postern
 EOT
 
 for mode in $modes; do
+  # The previous mode's PostgreSQL is gone before the next starts on the same data.
+  for _ in $(seq 100); do [ -e "$work/pg/data/postmaster.pid" ] || break; sleep 0.1; done
   ca=$work/$mode/certs/ca.pem
   [ "$mode" = pair ] && ca=$work/pair-a/certs/ca.pem
   echo "=== $mode"

@@ -25,10 +25,30 @@ pub struct Held {
     /// The credential the request would be sent with (its id, never its value).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credential: Option<String>,
+    /// A binary body's first `HEX_BYTES` as hex (a text body is in the preview).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_hex: Option<String>,
 }
 
 /// How much of a body the preview shows.
 pub const PREVIEW_BYTES: usize = 256;
+
+/// How much of a binary body the hex view shows.
+pub const HEX_BYTES: usize = 64;
+
+/// A binary body's head as hex bytes (`89 50 4e 47 …`); none for text (see `preview`).
+pub fn hex_head(body: &[u8]) -> Option<String> {
+    let head = body.get(..PREVIEW_BYTES).unwrap_or(body);
+    if body.is_empty() || crate::journal::as_text(head).is_some() {
+        return None;
+    }
+    let shown = body.get(..HEX_BYTES).unwrap_or(body);
+    let mut hex: Vec<String> = shown.iter().map(|b| format!("{b:02x}")).collect();
+    if shown.len() < body.len() {
+        hex.push("…".into());
+    }
+    Some(hex.join(" "))
+}
 
 /// Names whose values a preview never shows (form fields, JSON keys, header-like lines).
 const SENSITIVE: &[&str] = &[
@@ -338,6 +358,7 @@ mod tests {
             body_bytes: 0,
             body_preview: String::new(),
             credential: None,
+            body_hex: None,
         }
     }
 
@@ -365,6 +386,10 @@ mod tests {
         );
         assert_eq!(preview(b"tokens are fine"), "tokens are fine");
         assert_eq!(preview(&[0, 1, 2, 255]), "(binary, 4 bytes)");
+        assert_eq!(hex_head(&[0, 1, 2, 255]).as_deref(), Some("00 01 02 ff"));
+        assert_eq!(hex_head(b"plain text"), None);
+        let long = [7u8; 100];
+        assert!(hex_head(&long).is_some_and(|h| h.ends_with("07 …")));
         let long = "a".repeat(PREVIEW_BYTES + 10);
         assert_eq!(preview(long.as_bytes()).chars().count(), PREVIEW_BYTES + 1);
     }

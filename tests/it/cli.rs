@@ -411,6 +411,7 @@ fn cli_approvals_show_method_target_body_and_the_decision() {
     let pending = s.send_with(&["--data-binary", &at]);
     let held = s.held();
     assert_eq!(held["body_preview"], "(binary, 8 bytes)", "{held}");
+    assert_eq!(held["body_hex"], "00 9f 92 96 01 02 03 ff", "{held}");
     let id = approvals::id_of(&held);
     let said = stdout(&s.daemon.cli(&["approve", &id], &[]));
     assert!(

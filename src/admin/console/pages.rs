@@ -49,7 +49,7 @@ fn held_card(l: &approvals::Listed, csrf: &str) -> String {
          <dt>Credential</dt><dd>{credential}</dd><dt>Fingerprint</dt><dd><code>{fp}</code></dd>\
          <dt>Requested</dt><dd>{at}</dd><dt>Expires</dt><dd>{until}</dd>\
          <dt>Body</dt><dd>{bytes} bytes (first {preview} shown, sensitive-looking values redacted)\
-         <pre class=\"body\">{body}</pre></dd></dl>\
+         <pre class=\"body\">{body}</pre>{hex}</dd></dl>\
          <form method=\"post\" action=\"{action}/approve\" class=\"decide\">{hidden}\
          <label>Note <input name=\"note\" maxlength=\"1024\"></label>\
          <button type=\"submit\" class=\"approve\">Approve</button>\
@@ -66,6 +66,9 @@ fn held_card(l: &approvals::Listed, csrf: &str) -> String {
         bytes = h.body_bytes,
         preview = approvals::PREVIEW_BYTES,
         body = esc(&h.body_preview),
+        hex = h.body_hex.as_deref().map_or(String::new(), |x| {
+            format!("<pre class=\"hex\" title=\"the first {} bytes\">{}</pre>", approvals::HEX_BYTES, esc(x))
+        }),
         hidden = csrf_field(csrf),
     )
 }

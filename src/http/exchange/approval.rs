@@ -11,7 +11,7 @@ use crate::http::Proxy;
 use crate::http::message::respond::{self, ProxyBody};
 use crate::http::origin::inject::Injection;
 use crate::journal::{Draft, rfc3339};
-use crate::policy::approvals::{Approvals, Held, preview};
+use crate::policy::approvals::{Approvals, Held, hex_head, preview};
 
 impl Exchange {
     /// Holds the request (after `drafts`, the preflight) until it is approved and nothing
@@ -38,6 +38,7 @@ impl Exchange {
             body_bytes: body.len(),
             body_preview: preview(body),
             credential: credential.map(str::to_owned),
+            body_hex: hex_head(body),
         };
         let approvals = self.proxy.approvals.clone();
         let proxy = self.proxy.clone();

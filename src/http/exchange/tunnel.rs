@@ -208,6 +208,7 @@ impl Tunnel {
             body_bytes: 0,
             body_preview: preview(b""),
             credential: None,
+            body_hex: None,
         };
         let (approvals, timeout) = (self.proxy.approvals.clone(), route.approval_timeout);
         let id = self.inv.id().to_owned();

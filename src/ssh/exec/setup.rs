@@ -91,6 +91,7 @@ impl Run {
             body_bytes: command.len(),
             body_preview: preview(command),
             credential: Some(target.credential.clone()),
+            body_hex: None,
         };
         let (config, vault) = (self.config.clone(), self.vault.clone());
         let bound = login.evidence.clone();
