@@ -380,6 +380,7 @@ async fn serve_until_stopped(
         rates,
         suspended: suspended.clone(),
         busy,
+        departures: Default::default(),
     });
     let reload_counter = admin::reload::ReloadCounter::default();
     let reloader = Arc::new(admin::reload::Reloader {

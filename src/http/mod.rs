@@ -67,6 +67,8 @@ pub struct Proxy {
     pub suspended: Arc<crate::lifecycle::suspended::Suspended>,
     /// Connections each agent keeps busy (requests, tunnels, WebSockets).
     pub busy: Arc<crate::listen::BusyPerAgent>,
+    /// Agents that left an exchange a moment ago (SPEC §3.7 resends).
+    pub departures: crate::lifecycle::twin::Departures,
 }
 
 /// A request as the front received it, with the agent already identified.

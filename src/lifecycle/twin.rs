@@ -9,6 +9,9 @@
 //! `resend_window = "0s"`, a leased generation, SSH execs. `Postern-Resend: deliberate`
 //! makes a new invocation whatever the twin.
 
+use std::collections::HashSet;
+use std::sync::Mutex;
+
 use crate::contract::Outcome;
 use crate::journal::{State, TwinRef};
 
@@ -95,6 +98,35 @@ fn resolved(twin: &State) -> Verdict {
 fn committed_5xx(twin: &State) -> bool {
     let status = twin.record.result.as_ref().and_then(|r| r.status);
     twin.record.outcome == Outcome::Committed && status.is_some_and(|s| s >= 500)
+}
+
+/// Invocations whose agent left a moment ago, while their `CALLER_CANCELLED` is being
+/// journaled: a resend judged meanwhile must not read the twin as still awaited (an SDK
+/// resends at once after it closes). Marked before the write, cleared after it.
+#[derive(Debug, Default)]
+pub struct Departures {
+    leaving: Mutex<HashSet<String>>,
+}
+
+impl Departures {
+    pub fn mark(&self, invocation_id: &str) {
+        if let Ok(mut l) = self.leaving.lock() {
+            l.insert(invocation_id.to_owned());
+        }
+    }
+
+    pub fn clear(&self, invocation_id: &str) {
+        if let Ok(mut l) = self.leaving.lock() {
+            l.remove(invocation_id);
+        }
+    }
+
+    pub fn left(&self, invocation_id: &str) -> bool {
+        self.leaving
+            .lock()
+            .map(|l| l.contains(invocation_id))
+            .unwrap_or(false)
+    }
 }
 
 /// The twin as a resend's evidence names it (`resend_of`).

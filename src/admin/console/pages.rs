@@ -67,7 +67,11 @@ fn held_card(l: &approvals::Listed, csrf: &str) -> String {
         preview = approvals::PREVIEW_BYTES,
         body = esc(&h.body_preview),
         hex = h.body_hex.as_deref().map_or(String::new(), |x| {
-            format!("<pre class=\"hex\" title=\"the first {} bytes\">{}</pre>", approvals::HEX_BYTES, esc(x))
+            format!(
+                "<pre class=\"hex\" title=\"the first {} bytes\">{}</pre>",
+                approvals::HEX_BYTES,
+                esc(x)
+            )
         }),
         hidden = csrf_field(csrf),
     )

@@ -382,7 +382,10 @@ impl Exchange {
                 }
                 () = reply.closed(), if !cancelled => {
                     cancelled = true;
+                    let departures = &self.proxy.departures;
+                    departures.mark(self.inv.id());
                     self.inv.caller_cancelled().await;
+                    departures.clear(self.inv.id());
                 }
             }
         }
