@@ -284,16 +284,7 @@ mod receiver {
 
 fn config(origin_port: u16, endpoint: &str) -> String {
     format!(
-        r#"
-[proxy]
-listen = "127.0.0.1:0"
-[ssh]
-listen = "127.0.0.1:0"
-[admin]
-listen = "127.0.0.1:0"
-[journal]
-min_free_bytes = "1MiB"
-reserve_bytes = "1MiB"
+        r#"{TEST_CONFIG}
 [audit]
 otlp_endpoint = "{endpoint}"
 

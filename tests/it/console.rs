@@ -131,15 +131,14 @@ impl Console {
         panic!("{n} held request(s) never listed");
     }
 
-    /// The kinds of an invocation's events, and the events.
-    pub fn events(&self, id: &str) -> (Vec<String>, Vec<Value>) {
+    /// The first event of `kind` of an invocation (null when there is none).
+    pub fn event(&self, id: &str, kind: &str) -> Value {
         let v = self.api(&format!("/v1/invocations/{id}/events"));
         let events = v["events"].as_array().cloned().unwrap_or_default();
-        let kinds = events
-            .iter()
-            .filter_map(|e| e["kind"].as_str().map(str::to_owned))
-            .collect();
-        (kinds, events)
+        events
+            .into_iter()
+            .find(|e| e["kind"] == kind)
+            .unwrap_or_default()
     }
 }
 
@@ -354,12 +353,7 @@ fn what_an_agent_sent_is_shown_as_text_and_no_page_shows_a_secret() {
     let (status, _, _) = waiting.join().unwrap_or_default();
     assert_eq!(status, 201);
     assert_eq!(c.held.hits(), 1);
-    let (_, events) = c.events(&id);
-    let granted = events
-        .iter()
-        .find(|e| e["kind"] == "APPROVAL_GRANTED")
-        .cloned()
-        .unwrap_or_default();
+    let granted = c.event(&id, "APPROVAL_GRANTED");
     assert_eq!(granted["data"]["via"], "console", "{granted}");
     assert_eq!(granted["data"]["note"], "looked fine", "{granted}");
     assert_eq!(granted["source"], "operator_attested", "{granted}");

@@ -217,18 +217,25 @@ pub async fn journal(state: &AdminState, q: &Filter) -> String {
         return out;
     };
     let rows: Vec<Vec<String>> = found.iter().map(row).collect();
-    let head = [
-        "Invocation",
-        "Created",
-        "Agent",
-        "Route",
-        "Target",
-        "Outcome",
-        "Code",
-    ];
-    out.push_str(&table("results", &head, &rows, "No invocation matches."));
+    out.push_str(&table(
+        "results",
+        &ROW_HEAD,
+        &rows,
+        "No invocation matches.",
+    ));
     out
 }
+
+/// The columns of `row`.
+const ROW_HEAD: [&str; 7] = [
+    "Invocation",
+    "Created",
+    "Agent",
+    "Route",
+    "Target",
+    "Outcome",
+    "Code",
+];
 
 fn row(l: &Listed) -> Vec<String> {
     let r = &l.record;
@@ -432,15 +439,6 @@ pub async fn agents(state: &AdminState, csrf: &str) -> String {
             .take(5)
             .map(row)
             .collect();
-        let head = [
-            "Invocation",
-            "Created",
-            "Agent",
-            "Route",
-            "Target",
-            "Outcome",
-            "Code",
-        ];
         let _ = write!(
             out,
             "<article class=\"agent\" id=\"agent-{eid}\"><h2>{eid}</h2>{status}\
@@ -452,7 +450,7 @@ pub async fn agents(state: &AdminState, csrf: &str) -> String {
             hidden = csrf_field(csrf),
             recent = table(
                 &format!("recent-{}", esc(&id)),
-                &head,
+                &ROW_HEAD,
                 &rows,
                 "No recent invocation."
             ),

@@ -164,12 +164,7 @@ async fn drive(console: &Console, webdriver: &str, profile: &std::path::Path) {
         1,
         "the origin saw the approved request once"
     );
-    let (_, events) = console.events(&id);
-    let granted = events
-        .iter()
-        .find(|e| e["kind"] == "APPROVAL_GRANTED")
-        .cloned()
-        .unwrap_or_default();
+    let granted = console.event(&id, "APPROVAL_GRANTED");
     assert_eq!(granted["data"]["via"], "console", "{granted}");
     assert_eq!(granted["data"]["note"], "checked the amount", "{granted}");
 
@@ -219,13 +214,8 @@ async fn drive(console: &Console, webdriver: &str, profile: &std::path::Path) {
         .await
         .expect("click");
     wait_for(&c, "p.done").await;
-    let (kinds, events) = console.events(&unknown_id);
-    assert!(kinds.iter().any(|k| k == "RECONCILED"), "{kinds:?}");
-    let reconciled = events
-        .iter()
-        .find(|e| e["kind"] == "RECONCILED")
-        .cloned()
-        .unwrap_or_default();
+    let reconciled = console.event(&unknown_id, "RECONCILED");
+    assert!(reconciled.is_object(), "no RECONCILED event");
     assert_eq!(reconciled["source"], "operator_attested", "{reconciled}");
     assert_eq!(reconciled["data"]["outcome"], "rejected", "{reconciled}");
 
