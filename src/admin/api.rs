@@ -11,7 +11,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{Value, json};
 
 use super::state::{
-    AdminState, Problem, Reply, error, json_reply, not_found, not_found_problem, reply_of,
+    AdminState, Problem, Reply, error, held_elsewhere, json_reply, not_found, reply_of,
     storage_error,
 };
 use crate::config::SecretSource;
@@ -549,7 +549,7 @@ pub(super) async fn reconciled(
     }
     match state.journal.record(id) {
         Ok(Some(_)) => {}
-        Ok(None) => return Err(not_found_problem(id)),
+        Ok(None) => return Err(held_elsewhere(state, id).await),
         Err(_) => return Err(Problem::storage()),
     }
     let draft = Draft::observed(Body::Reconciled(Reconciliation {

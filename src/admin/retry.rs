@@ -4,7 +4,7 @@
 use http::{HeaderValue, StatusCode};
 use serde_json::{Value, json};
 
-use super::state::{AdminState, Reply, error, json_reply, not_found, storage_error};
+use super::state::{AdminState, Reply, error, held_elsewhere, json_reply, storage_error};
 use crate::lifecycle::retry::{RetryAnswer, RetryAsk, retry};
 
 /// Acts on the verdict for `id`; body `{"operator_attested_safe": true, "note": "…"}`.
@@ -35,7 +35,7 @@ pub async fn answer(state: &AdminState, id: &str, body: &Value) -> Reply {
                 .unwrap_or(StatusCode::CONFLICT);
             ("NONE", json_reply(status, &json!(envelope)))
         }
-        RetryAnswer::NotFound => return not_found(id),
+        RetryAnswer::NotFound => return held_elsewhere(state, id).await.reply(),
         RetryAnswer::Unavailable => return storage_error(),
     };
     with_verdict(reply, verdict)

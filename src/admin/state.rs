@@ -99,6 +99,23 @@ pub(super) fn not_found(id: &str) -> Reply {
     not_found_problem(id).reply()
 }
 
+/// An invocation this node does not hold: another fleet node's (SPEC §7), whose journal
+/// alone can record an action on it (its request body is kept there too); else not found.
+pub(super) async fn held_elsewhere(state: &AdminState, id: &str) -> Problem {
+    match state.journal.locate(id).await {
+        Ok(Some(crate::journal::Whereabouts::There { node, .. })) => Problem::new(
+            StatusCode::CONFLICT,
+            "HELD_BY_ANOTHER_NODE",
+            format!(
+                "Node {node} holds this invocation: ask that node's admin API (its journal \
+                 records the action, and keeps the request)."
+            ),
+        ),
+        Ok(_) => not_found_problem(id),
+        Err(_) => Problem::storage(),
+    }
+}
+
 pub(super) fn not_found_problem(id: &str) -> Problem {
     let prefixes = ["act_", "rld_", "prn_", "sus_", "rsm_"];
     let msg = if prefixes.iter().any(|p| id.starts_with(p)) {

@@ -283,6 +283,18 @@ fn any_node_answers_for_an_invocation_of_another_also_with_its_owner_down() {
     assert_eq!(again.id(), id);
     assert_eq!(again.header("postern-replayed"), Some("true"));
     assert_eq!(origin.hits(), 1);
+    // An action on it is a's to journal: b names the node instead of "not found".
+    for action in ["retry", "reconcile"] {
+        let url = b.daemon.url(&format!("/v1/invocations/{id}/{action}"));
+        let body = r#"{"outcome":"committed","note":"checked"}"#;
+        let (status, text, _) = curl(&["-X", "POST", "--data", body, &url]);
+        assert_eq!(status, 409, "{action}: {text}");
+        assert!(
+            text.contains("HELD_BY_ANOTHER_NODE") && text.contains("Node a"),
+            "{action}: {text}"
+        );
+    }
+    assert_eq!(origin.hits(), 1);
     // a is gone: b still answers from what a published.
     let _ = a.daemon.terminate();
     let (status, v) = b.admin(&format!("/v1/invocations/{id}"));

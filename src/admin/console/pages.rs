@@ -130,7 +130,13 @@ pub async fn reconcile(state: &AdminState, csrf: &str) -> String {
             link = seg(&r.invocation_id),
             summary = summary(r, l.node.as_deref()),
             words = evidence_words(r),
-            form = reconcile_form(&r.invocation_id, csrf),
+            form = match &l.node {
+                None => reconcile_form(&r.invocation_id, csrf),
+                Some(node) => format!(
+                    "<p class=\"hint\">Node {} holds it: reconcile it on that node's console.</p>",
+                    esc(node)
+                ),
+            },
         );
     }
     out
@@ -347,7 +353,7 @@ pub fn invocation(record: &Record, node: Option<&str>, events: &[Event], csrf: &
         evidence_words(record),
         o = record.outcome.as_str(),
     );
-    if record.outcome == Outcome::Unknown {
+    if record.outcome == Outcome::Unknown && node.is_none() {
         out.push_str(&reconcile_form(&record.invocation_id, csrf));
     }
     out.push_str("<h2>Events</h2><ol class=\"timeline\" id=\"timeline\">");
