@@ -376,6 +376,15 @@ impl Invocation {
             Ok(true) => Ok(()),
             Ok(false) => {
                 tracing::warn!(invocation = %self.id, generation = self.generation, "another node superseded this generation before its dispatch; nothing was sent");
+                // This node's record of the generation ends here (another node runs the
+                // next): it is not left open until a restart settles it.
+                let mut failure = Failure::of(Code::AttemptInProgress);
+                let superseded =
+                    serde_json::json!({"generation": self.generation, "by": "another node"});
+                failure.evidence.insert("superseded".into(), superseded);
+                let _ = self
+                    .record(vec![Draft::observed(Body::Failed(failure))])
+                    .await;
                 Err(Boundary::Answer(Box::new(self.superseded())))
             }
             Err(_) => Err(Boundary::Answer(Box::new(

@@ -450,6 +450,13 @@ fn a_lease_that_ran_out_on_one_node_is_superseded_by_the_other_and_never_dispatc
         (v["outcome"] == "committed").then_some(v)
     });
     assert_eq!(record["generation"], 2, "{record}");
+    // a's own record of generation 1 was closed then: its restart has nothing to recover.
+    let a = a.restart(&pg, port);
+    assert!(
+        !a.daemon.stderr().contains(&stalled.id()),
+        "{}",
+        a.daemon.stderr()
+    );
 }
 
 /// The openai SDK (its own retries) behind a round-robin balancer: the first connection,
