@@ -44,9 +44,10 @@ pub async fn serve(listener: Guarded, state: Arc<AdminState>) {
                 let (state, m) = (state.clone(), m.clone());
                 async move {
                     m.busy();
-                    let reply = match super::console::owns(req.uri().path()) {
-                        true => super::console::handle(state, req).await,
-                        false => handle(&state, req).await.map(UnsyncBoxBody::new),
+                    let reply = match (local_host(&req), super::console::owns(req.uri().path())) {
+                        (false, _) => misdirected().map(UnsyncBoxBody::new),
+                        (true, true) => super::console::handle(state, req).await,
+                        (true, false) => handle(&state, req).await.map(UnsyncBoxBody::new),
                     };
                     m.idle();
                     Ok::<_, Infallible>(reply)
@@ -62,6 +63,32 @@ pub async fn serve(listener: Guarded, state: Arc<AdminState>) {
             }
         });
     }
+}
+
+/// A browser page on another name that resolves here (DNS rebinding) sends that name as
+/// `Host`: the listener answers to `localhost` and to addresses only (rebinding needs a name).
+fn local_host(req: &Request<Incoming>) -> bool {
+    let Some(host) = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return true;
+    };
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
+fn misdirected() -> Reply {
+    error(
+        StatusCode::MISDIRECTED_REQUEST,
+        "HOST_REFUSED",
+        "The admin listener answers to localhost and its own address only.",
+    )
 }
 
 fn authorized(state: &AdminState, req: &Request<Incoming>) -> bool {

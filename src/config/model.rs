@@ -136,9 +136,13 @@ pub struct OtlpEndpoint {
 }
 
 impl OtlpEndpoint {
-    /// The request target of an export.
+    /// The request target of an export. An endpoint given with the signal path already
+    /// (`…/v1/logs`, as some collectors document it) is taken as it is.
     pub fn logs_path(&self) -> String {
-        format!("{}/v1/logs", self.base_path)
+        match self.base_path.ends_with("/v1/logs") {
+            true => self.base_path.clone(),
+            false => format!("{}/v1/logs", self.base_path),
+        }
     }
 
     /// `host:port` as a `Host` header writes it.

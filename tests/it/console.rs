@@ -316,6 +316,41 @@ fn the_console_signs_in_with_the_admin_token_and_guards_every_state_change() {
     assert_eq!(status, 303);
     let (status, _, head) = ui(&c, "/ui/agents", &[&with[0], &with[1]]);
     assert_eq!(status, 303, "{head}");
+    // A page on another name resolving here (DNS rebinding) reaches nothing.
+    let port = c
+        .daemon
+        .admin
+        .rsplit(':')
+        .next()
+        .unwrap_or("")
+        .trim_end_matches('/')
+        .to_owned();
+    let evil = format!("Host: evil.test:{port}");
+    for path in ["/v1/approvals", "/ui/login", "/healthz"] {
+        let (status, body, _) = ui(&c, path, &["-H", &evil]);
+        assert_eq!(status, 421, "{path}: {body}");
+    }
+    let (status, _, _) = ui(&c, "/ui/login", &["-H", &format!("Host: localhost:{port}")]);
+    assert_eq!(status, 200);
+    // A new admin token (a reload) ends the sessions opened under the old one.
+    let (pair, _) = sign_in(&c);
+    let cookie = format!("Cookie: {pair}");
+    let text = config(c.held.port(), c.open.port(), c.broken.port());
+    c._home
+        .config(&text.replace(ADMIN_TOKEN, "console-admin-token-rotated-0123456789"));
+    let bearer = format!("Authorization: Bearer {ADMIN_TOKEN}");
+    let (status, body, _) = ui(&c, "/v1/reload", &["-X", "POST", "-H", &bearer]);
+    assert_eq!(status, 200, "{body}");
+    let (status, _, head) = ui(&c, "/ui/agents", &["-H", &cookie]);
+    assert_eq!(status, 303, "a session of the old token: {head}");
+    // Wrong tokens past ten a minute (one was sent above): 429, even to the right one.
+    let codes: Vec<u16> = (0..10)
+        .map(|_| ui(&c, "/ui/login", &["--data", "token=wrong"]).0)
+        .collect();
+    assert_eq!(codes.iter().filter(|s| **s == 401).count(), 9, "{codes:?}");
+    assert_eq!(codes.last(), Some(&429), "{codes:?}");
+    let right = "token=console-admin-token-rotated-0123456789";
+    assert_eq!(ui(&c, "/ui/login", &["--data", right]).0, 429);
 }
 
 #[test]
@@ -323,7 +358,7 @@ fn what_an_agent_sent_is_shown_as_text_and_no_page_shows_a_secret() {
     let c = Console::start();
     let (pair, csrf) = sign_in(&c);
     let cookie = format!("Cookie: {pair}");
-    let script = "<script>alert('pwned')</script><img src=x onerror=alert(1)>";
+    let script = "<script>alert('pwned')</script><img src=x onerror=alert(1)> \u{202E}0005\u{202C}";
     let waiting = c.send(
         "a",
         "payments",
@@ -342,6 +377,10 @@ fn what_an_agent_sent_is_shown_as_text_and_no_page_shows_a_secret() {
         "{list}"
     );
     assert!(list.contains("pay"), "the credential id is shown: {list}");
+    assert!(
+        list.contains("U+202E") && !list.contains('\u{202E}'),
+        "a bidi override is shown, not obeyed: {list}"
+    );
     // Approve it from the console, with a note: the record says who and how.
     let form = format!("csrf={csrf}&note=looked+fine");
     let (status, _, head) = ui(

@@ -13,10 +13,21 @@ pub fn esc(s: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
+            // Shown, not obeyed: a bidi override could make "0005" read "5000".
+            c if invisible(c) => {
+                let _ = write!(out, "<span class=\"cp\">U+{:04X}</span>", u32::from(c));
+            }
             c => out.push(c),
         }
     }
     out
+}
+
+/// Bidi controls and invisible characters, which change how the text around them reads.
+fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}'
+        | '\u{FEFF}' | '\u{061C}' | '\u{00AD}' | '\u{2028}' | '\u{2029}')
 }
 
 /// A path segment for a link (ids are `act_<ULID>`-like; anything else is escaped).
@@ -59,7 +70,8 @@ pub fn page(title: &str, active: &str, csrf: &str, main: &str) -> String {
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
          <meta name=\"csrf\" content=\"{csrf}\"><title>postern · {title}</title>\
-         <link rel=\"stylesheet\" href=\"/ui/static/console.css\"></head><body>\
+         <link rel=\"stylesheet\" href=\"/ui/static/console.css\">\
+         <link rel=\"icon\" href=\"/ui/static/favicon.svg\"></head><body>\
          <header><span class=\"brand\">postern</span><nav>{nav}</nav>\
          <form method=\"post\" action=\"/ui/logout\" class=\"signout\">{hidden}\
          <button type=\"submit\">Sign out</button></form></header>\
@@ -93,7 +105,7 @@ pub fn sign_in(problem: Option<&str>) -> String {
          <form method=\"post\" action=\"/ui/login\" id=\"sign-in\">\
          <label>Admin token <input type=\"password\" name=\"token\" autocomplete=\"current-password\" autofocus></label>\
          <button type=\"submit\">Sign in</button></form>\
-         <p class=\"hint\">The token is <code>[admin] token</code> in postern's config.</p>\
+         <p class=\"hint\">The admin token postern was given: <code>[admin] token</code> in its config (often <code>env:POSTERN_ADMIN_TOKEN</code>).</p>\
          </main></body></html>\n"
     )
 }
@@ -136,5 +148,9 @@ mod tests {
             "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;y&quot;"
         );
         assert_eq!(seg("act_01H/../x y"), "act_01H%2F..%2Fx%20y");
+        assert_eq!(
+            esc("\"\u{202E}0005\u{202C}\""),
+            "&quot;<span class=\"cp\">U+202E</span>0005<span class=\"cp\">U+202C</span>&quot;"
+        );
     }
 }

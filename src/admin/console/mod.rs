@@ -29,10 +29,14 @@ pub type AdminBody = UnsyncBoxBody<Bytes, Infallible>;
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
+const ICON: &str = "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 16 16\"><rect width=\"16\" height=\"16\" rx=\"3\" fill=\"#1d232a\"/></svg>";
 
 /// No inline script or style, nothing from another origin, never framed.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
                    connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// The longest note an action keeps (it is journaled).
+const MAX_NOTE: usize = 1024;
 
 /// A form body is read up to this size.
 const MAX_FORM: usize = 16 * 1024;
@@ -66,6 +70,7 @@ pub async fn handle(state: Arc<AdminState>, req: Request<Incoming>) -> Response<
         (&Method::GET, ["static", "console.js"]) => {
             return asset(JS, "text/javascript; charset=utf-8");
         }
+        (&Method::GET, ["static", "favicon.svg"]) => return asset(ICON, "image/svg+xml"),
         (&Method::GET, ["login"]) => return html(StatusCode::OK, html::sign_in(None)),
         (&Method::POST, ["login"]) => return sign_in(&state, req).await,
         _ => {}
@@ -142,7 +147,17 @@ async fn invocation(state: &AdminState, id: &str, csrf: &str) -> Result<String, 
         Err(_) => return Err(Problem::storage()),
     };
     let events = state.journal.events(id).unwrap_or_default();
-    Ok(pages::invocation(&record, node.as_deref(), &events, csrf))
+    let held = state
+        .approvals
+        .list()
+        .iter()
+        .any(|l| l.held.invocation_id == id);
+    let mut page = pages::invocation(&record, node.as_deref(), &events, csrf);
+    if held {
+        let waiting = "<p class=\"problem\">It waits for an operator's approval: decide it on <a href=\"/ui/approvals\">Approvals</a>.</p>";
+        page.insert_str(0, waiting);
+    }
+    Ok(page)
 }
 
 /// A state change: same origin, the session's CSRF token, then the action.
@@ -156,7 +171,12 @@ async fn post(
         return refused("This request came from another site.");
     }
     let Ok(form) = read_form(req).await else {
-        return refused("The form could not be read.");
+        let p = Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "BAD_FORM",
+            "The form could not be read (at most 16 KiB of UTF-8).",
+        );
+        return problem_page(&p, &signed.csrf);
     };
     let field = |name: &str| {
         form.iter()
@@ -168,6 +188,14 @@ async fn post(
         return refused("The form's CSRF token is missing or stale: reload the page.");
     }
     let note = Some(field("note")).filter(|n| !n.is_empty());
+    if note.as_ref().is_some_and(|n| n.len() > MAX_NOTE) {
+        let p = Problem::new(
+            StatusCode::BAD_REQUEST,
+            "BAD_FORM",
+            "A note is at most 1024 bytes.",
+        );
+        return problem_page(&p, &signed.csrf);
+    }
     let (done, back) = match seg {
         ["logout"] => {
             state.console.close(&signed.id);
@@ -190,7 +218,14 @@ async fn post(
             let outcome = match field("outcome").as_str() {
                 "committed" => Outcome::Committed,
                 "rejected" => Outcome::Rejected,
-                _ => return refused("Pick committed or rejected."),
+                _ => {
+                    let p = Problem::new(
+                        StatusCode::BAD_REQUEST,
+                        "BAD_FORM",
+                        "Pick committed or rejected.",
+                    );
+                    return problem_page(&p, &signed.csrf);
+                }
             };
             let note = note.unwrap_or_default();
             let done = super::api::reconciled(state, id, outcome, &note).await;
@@ -228,6 +263,10 @@ async fn sign_in(state: &AdminState, req: Request<Incoming>) -> Response<AdminBo
         .find(|(k, _)| k == "token")
         .map(|(_, v)| v.trim().to_owned())
         .unwrap_or_default();
+    if state.console.throttled() {
+        let page = html::sign_in(Some("Too many wrong tokens: wait a minute."));
+        return html(StatusCode::TOO_MANY_REQUESTS, page);
+    }
     let config = state.live.current();
     let admitted = config
         .admin
@@ -235,18 +274,28 @@ async fn sign_in(state: &AdminState, req: Request<Incoming>) -> Response<AdminBo
         .as_ref()
         .is_none_or(|t| t.matches(&token));
     if !admitted {
-        tracing::warn!("console: a sign-in with a wrong admin token");
+        if state.console.failed() == session::Failed::Counted {
+            tracing::warn!("console: a sign-in with a wrong admin token");
+        }
         let page = html::sign_in(Some("That is not the admin token."));
         return html(StatusCode::UNAUTHORIZED, page);
     }
-    let (id, _) = state.console.open();
+    let (id, _) = state.console.open(token_tag(state));
     redirect("/ui/approvals", Some(&session::set_cookie(&id)))
 }
 
 fn signed_in(state: &AdminState, headers: &HeaderMap) -> Option<Signed> {
     let id = session::cookie_of(headers)?;
-    let csrf = state.console.csrf(&id)?;
+    let csrf = state.console.csrf(&id, &token_tag(state))?;
     Some(Signed { id, csrf })
+}
+
+/// The admin token in force, as sessions are tagged with it (a rotation ends them).
+fn token_tag(state: &AdminState) -> session::TokenTag {
+    use sha2::{Digest, Sha256};
+    let config = state.live.current();
+    let token = config.admin.token.as_ref().map_or("", |t| t.expose());
+    Sha256::digest(token.as_bytes()).into()
 }
 
 /// A browser names the page a request came from in `Origin` (and `Sec-Fetch-Site`): a
@@ -277,7 +326,7 @@ fn feed(state: Arc<AdminState>, session: String) -> Response<AdminBody> {
             if let Some(first) = first {
                 return Some((Ok(Frame::data(first)), (state, rx, session, None)));
             }
-            state.console.csrf(&session)?;
+            state.console.csrf(&session, &token_tag(&state))?;
             let chunk = match tokio::time::timeout(FEED_KEEPALIVE, rx.changed()).await {
                 Ok(Ok(())) => {
                     let n = *rx.borrow_and_update();
@@ -313,7 +362,12 @@ fn done_notice(query: &str) -> String {
 
 fn problem_page(p: &Problem, csrf: &str) -> Response<AdminBody> {
     let main = html::notice(&format!("{} ({})", p.message, p.code), true);
-    html(p.status, html::page("Refused", "", csrf, &main))
+    let title = match p.status {
+        StatusCode::NOT_FOUND => "Not found",
+        s if s.is_server_error() => "Unavailable",
+        _ => "Refused",
+    };
+    html(p.status, html::page(title, "", csrf, &main))
 }
 
 fn refused(why: &str) -> Response<AdminBody> {

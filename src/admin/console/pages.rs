@@ -218,6 +218,10 @@ pub fn evidence_words(r: &Record) -> String {
 /// The journal's search form and its results.
 pub async fn journal(state: &AdminState, q: &Filter) -> String {
     let mut out = q.form();
+    if let Some(why) = q.problem() {
+        out.push_str(&super::html::notice(why, true));
+        return out;
+    }
     let Some(found) = search(state, |r| q.keeps(r)).await else {
         out.push_str(&super::html::notice("The journal could not be read.", true));
         return out;
@@ -229,6 +233,13 @@ pub async fn journal(state: &AdminState, q: &Filter) -> String {
         &rows,
         "No invocation matches.",
     ));
+    if found.len() >= SHOW_LIMIT {
+        let more = format!(
+            "The newest {SHOW_LIMIT} matches (of the newest {SCAN_LIMIT} invocations): narrow \
+             the filter, or page with GET /v1/invocations and its cursor."
+        );
+        out.push_str(&format!("<p class=\"hint\">{}</p>", esc(&more)));
+    }
     out
 }
 
@@ -288,6 +299,29 @@ impl Filter {
             }
         }
         f
+    }
+
+    /// Why the filter cannot be applied, if it cannot.
+    fn problem(&self) -> Option<&'static str> {
+        let day = |s: &str| {
+            let b = s.as_bytes();
+            b.len() >= 10
+                && b.iter().take(10).enumerate().all(|(i, c)| match i {
+                    4 | 7 => *c == b'-',
+                    _ => c.is_ascii_digit(),
+                })
+        };
+        if !self.outcome.is_empty() && Outcome::parse(&self.outcome).is_none() {
+            return Some("Outcome is not one of postern's outcomes.");
+        }
+        if !self.code.is_empty() && Code::parse(&self.code).is_none() {
+            return Some("Code is not one of postern's codes.");
+        }
+        let bad_time = |t: &str| !t.is_empty() && !day(t);
+        if bad_time(&self.since) || bad_time(&self.until) {
+            return Some("From and To are UTC times like 2026-12-07T14:30.");
+        }
+        None
     }
 
     fn keeps(&self, r: &Record) -> bool {

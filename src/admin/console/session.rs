@@ -17,16 +17,35 @@ pub const LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// Sessions kept at most; a new sign-in past it ends the oldest.
 const MAX_SESSIONS: usize = 64;
 
+/// Wrong tokens a sign-in accepts per `FAILURE_WINDOW` before it answers 429.
+const MAX_FAILURES: u32 = 10;
+const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+
+/// Which admin token a session was opened with (a digest): a session opened under a
+/// token the config no longer has ends.
+pub type TokenTag = [u8; 32];
+
 #[derive(Debug, Clone)]
 struct Session {
     csrf: String,
     until: Instant,
+    tag: TokenTag,
 }
 
-/// The signed-in sessions, by id.
+/// The signed-in sessions, by id, and the sign-in's recent wrong tokens.
 #[derive(Debug, Default)]
 pub struct Sessions {
     live: Mutex<HashMap<String, Session>>,
+    failures: Mutex<Option<(Instant, u32)>>,
+}
+
+/// What a wrong token at sign-in counts as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failed {
+    /// Within the window's allowance: logged.
+    Counted,
+    /// Past it: refused for the rest of the window, not logged again.
+    Throttled,
 }
 
 fn random_hex() -> String {
@@ -36,7 +55,7 @@ fn random_hex() -> String {
 
 impl Sessions {
     /// A new session: its id (for the cookie) and its CSRF token.
-    pub fn open(&self) -> (String, String) {
+    pub fn open(&self, tag: TokenTag) -> (String, String) {
         let (id, csrf) = (random_hex(), random_hex());
         if let Ok(mut live) = self.live.lock() {
             let now = Instant::now();
@@ -55,17 +74,44 @@ impl Sessions {
                 Session {
                     csrf: csrf.clone(),
                     until,
+                    tag,
                 },
             );
         }
         (id, csrf)
     }
 
-    /// The CSRF token of a live session.
-    pub fn csrf(&self, id: &str) -> Option<String> {
+    /// The CSRF token of a live session opened under the token tagged `tag`.
+    pub fn csrf(&self, id: &str, tag: &TokenTag) -> Option<String> {
         let live = self.live.lock().ok()?;
         let s = live.get(id)?;
-        (s.until > Instant::now()).then(|| s.csrf.clone())
+        (s.until > Instant::now() && s.tag == *tag).then(|| s.csrf.clone())
+    }
+
+    /// Whether sign-ins are refused for now (too many wrong tokens in the window).
+    pub fn throttled(&self) -> bool {
+        self.failures
+            .lock()
+            .ok()
+            .and_then(|f| *f)
+            .is_some_and(|(since, n)| since.elapsed() < FAILURE_WINDOW && n >= MAX_FAILURES)
+    }
+
+    /// Counts a wrong token.
+    pub fn failed(&self) -> Failed {
+        let Ok(mut f) = self.failures.lock() else {
+            return Failed::Throttled;
+        };
+        let now = Instant::now();
+        let (since, n) = match *f {
+            Some((since, n)) if now.duration_since(since) < FAILURE_WINDOW => (since, n + 1),
+            _ => (now, 1),
+        };
+        *f = Some((since, n));
+        match n <= MAX_FAILURES {
+            true => Failed::Counted,
+            false => Failed::Throttled,
+        }
     }
 
     pub fn close(&self, id: &str) {
@@ -110,13 +156,28 @@ mod tests {
     #[test]
     fn a_session_opens_checks_and_closes() {
         let sessions = Sessions::default();
-        let (id, csrf) = sessions.open();
+        let (id, csrf) = sessions.open([1; 32]);
         assert_eq!(id.len(), 64);
-        assert_eq!(sessions.csrf(&id).as_deref(), Some(csrf.as_str()));
+        assert_eq!(sessions.csrf(&id, &[1; 32]).as_deref(), Some(csrf.as_str()));
+        assert_eq!(
+            sessions.csrf(&id, &[2; 32]),
+            None,
+            "another admin token now"
+        );
         assert!(csrf_matches(&csrf, &csrf));
         assert!(!csrf_matches(&csrf, "x"));
         sessions.close(&id);
-        assert_eq!(sessions.csrf(&id), None);
+        assert_eq!(sessions.csrf(&id, &[1; 32]), None);
+    }
+
+    #[test]
+    fn wrong_tokens_past_the_allowance_are_throttled() {
+        let sessions = Sessions::default();
+        for _ in 0..MAX_FAILURES {
+            assert_eq!(sessions.failed(), Failed::Counted);
+        }
+        assert!(sessions.throttled());
+        assert_eq!(sessions.failed(), Failed::Throttled);
     }
 
     #[test]

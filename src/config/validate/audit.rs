@@ -61,6 +61,11 @@ mod tests {
         assert_eq!(e.to_string(), "http://collector:4318");
         let e = endpoint("https://otel.example/prefix/").unwrap();
         assert_eq!((e.port, e.logs_path()), (443, "/prefix/v1/logs".into()));
+        let given = crate::config::OtlpEndpoint {
+            base_path: "/prefix/v1/logs".into(),
+            ..e.clone()
+        };
+        assert_eq!(given.logs_path(), "/prefix/v1/logs");
         let e = endpoint("http://[::1]:4318").unwrap();
         assert_eq!(
             (e.host.as_str(), e.authority()),
