@@ -29,6 +29,14 @@ pub fn normalize_path(path: &str) -> Result<String, PathRefused> {
             if forbidden(b) {
                 return Err(PathRefused);
             }
+            if !b.is_ascii() {
+                // A raw UTF-8 byte is sent as its escape, which an origin reads as the same
+                // character (a byte taken as a char would be re-encoded: é sent as Ã©).
+                out.push_str(&format!("%{b:02X}"));
+                decoded.push(b);
+                i += 1;
+                continue;
+            }
             push_merged(&mut out, char::from(b));
             decoded.push(b);
             i += 1;
@@ -139,6 +147,8 @@ mod tests {
         assert_eq!(ok("/a%2db%7e"), "/a-b~");
         assert_eq!(ok("/file%20name%3f"), "/file%20name%3F");
         assert_eq!(ok("/caf%C3%A9"), "/caf%C3%A9");
+        // Raw UTF-8 (an agent that did not escape it): the same character, escaped.
+        assert_eq!(ok("/enc/é"), "/enc/%C3%A9");
         assert_eq!(ok("/a;v=1/b"), "/a;v=1/b");
         assert_eq!(ok("/v1.2/..x/.well-known"), "/v1.2/..x/.well-known");
         assert_eq!(ok("/100%2541"), "/100%2541");

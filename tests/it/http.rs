@@ -840,3 +840,15 @@ fn an_intermediary_error_is_unknown_and_names_its_hop() {
         "{head}"
     );
 }
+
+/// An agent that sends a path with raw UTF-8 (unescaped): the origin gets the same
+/// character, escaped, never its bytes re-read one by one (it got `/enc/Ã©` for `/enc/é`).
+#[test]
+fn a_raw_utf8_path_reaches_the_origin_as_the_same_character() {
+    let origin = origins::echoes_request();
+    let s = setup(origin.port(), "");
+    let (status, body, _) = s.curl(&[&s.url("/enc/é")]);
+    assert_eq!(status, 200, "{body}");
+    let line = body.lines().next().unwrap_or_default();
+    assert_eq!(line, "GET /enc/%C3%A9 HTTP/1.1", "{body}");
+}
