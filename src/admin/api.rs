@@ -556,7 +556,7 @@ async fn reconcile(state: &AdminState, id: &str, body: Value) -> Reply {
         }
     };
     let note = body.get("note").and_then(Value::as_str).unwrap_or("");
-    reply_of(reconciled(state, id, outcome, note).await)
+    reply_of(reconciled(state, id, outcome, note, "api").await)
 }
 
 /// Journals an operator's reconciliation (`RECONCILED`, operator_attested) and returns the
@@ -566,6 +566,7 @@ pub(super) async fn reconciled(
     id: &str,
     outcome: Outcome,
     note: &str,
+    via: &'static str,
 ) -> Result<Value, Problem> {
     if note.trim().is_empty() {
         return Err(Problem::new(
@@ -583,6 +584,7 @@ pub(super) async fn reconciled(
         outcome,
         note: note.to_owned(),
         unsafe_retry: None,
+        via: Some(via.to_owned()),
     }))
     .source(Source::OperatorAttested)
     .hop("postern");

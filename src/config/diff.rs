@@ -30,6 +30,9 @@ pub struct ConfigDiff {
     pub credentials: Changes,
     #[serde(skip_serializing_if = "Changes::is_empty")]
     pub ssh_targets: Changes,
+    /// Settings a reload applies that are no list of ids (`admin.token`: never its value).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub changed: Vec<&'static str>,
     /// Sections whose change is kept for the next start (the running daemon keeps its own).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub restart_needed: Vec<&'static str>,
@@ -81,11 +84,22 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
             &old.agents,
             &new.agents,
             |a| &a.id,
-            |a, b| a.token.expose() == b.token.expose(),
+            |a, b| a.token.expose() == b.token.expose() && a.rate_limit == b.rate_limit,
         ),
         credentials: by_id(&old.credentials, &new.credentials, |c| &c.id, alike),
         ssh_targets: by_id(&old.ssh_targets, &new.ssh_targets, |t| &t.id, alike),
+        changed: applied(old, new),
         restart_needed: restart_needed(old, new),
+    }
+}
+
+/// Settings outside the id lists that a reload applies at once, that differ.
+fn applied(old: &Config, new: &Config) -> Vec<&'static str> {
+    let token = |c: &Config| c.admin.token.as_ref().map(|t| t.expose().to_owned());
+    match token(old) == token(new) {
+        true => Vec::new(),
+        // A new token also ends the console's sessions.
+        false => vec!["admin.token"],
     }
 }
 
@@ -116,4 +130,40 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
         }
     }
     restart_needed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::diff;
+
+    fn parse(text: &str) -> crate::config::Config {
+        crate::config::parse(text, None, &|_| None).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_new_admin_token_and_an_agents_rate_limit_are_reported_without_values() {
+        let agent = |rate: &str| {
+            format!(
+                "[[agents]]\nid = \"ci\"\ntoken = \"ci-token-long-enough-1\"\nrate_limit = \"{rate}\"\n"
+            )
+        };
+        let admin =
+            |token: &str| format!("[admin]\nlisten = \"127.0.0.1:3129\"\ntoken = \"{token}\"\n");
+        let old = parse(&format!(
+            "{}{}",
+            admin("admin-token-long-enough-1"),
+            agent("3/m")
+        ));
+        let new = parse(&format!(
+            "{}{}",
+            admin("admin-token-long-enough-2"),
+            agent("5/m")
+        ));
+        let d = diff(&old, &new);
+        assert_eq!(d.changed, vec!["admin.token"]);
+        assert_eq!(d.agents.changed, vec!["ci".to_owned()]);
+        let shown = serde_json::to_string(&d).unwrap_or_default();
+        assert!(!shown.contains("admin-token-long-enough"), "{shown}");
+        assert!(diff(&old, &old).changed.is_empty());
+    }
 }

@@ -430,6 +430,9 @@ pub struct Reconciliation {
     pub outcome: Outcome,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unsafe_retry: Option<bool>,
+    /// Where the operator gave it: `api` (and the CLI) or `console`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 /// `CONFIG_RELOADED`: what a reload changed or why it was refused — ids and config paths,
@@ -847,6 +850,7 @@ mod tests {
                 note: "n".into(),
                 outcome: Outcome::Committed,
                 unsafe_retry: Some(true),
+                via: some("console"),
             }),
             Body::RetryLeased(Lease {
                 generation: 2,

@@ -829,6 +829,7 @@ fn an_unknown_record_keeps_its_evidence_until_it_is_reconciled() {
         note: "the charge exists".into(),
         outcome: Outcome::Committed,
         unsafe_retry: None,
+        via: None,
     }))
     .source(Source::OperatorAttested);
     assert!(rt.block_on(journal.append(&id, vec![reconciled])).is_ok());

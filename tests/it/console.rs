@@ -341,6 +341,10 @@ fn the_console_signs_in_with_the_admin_token_and_guards_every_state_change() {
     let bearer = format!("Authorization: Bearer {ADMIN_TOKEN}");
     let (status, body, _) = ui(&c, "/v1/reload", &["-X", "POST", "-H", &bearer]);
     assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("admin.token") && !body.contains("rotated"),
+        "{body}"
+    );
     let (status, _, head) = ui(&c, "/ui/agents", &["-H", &cookie]);
     assert_eq!(status, 303, "a session of the old token: {head}");
     // Wrong tokens past ten a minute (one was sent above): 429, even to the right one.

@@ -228,7 +228,7 @@ async fn post(
                 }
             };
             let note = note.unwrap_or_default();
-            let done = super::api::reconciled(state, id, outcome, &note).await;
+            let done = super::api::reconciled(state, id, outcome, &note, "console").await;
             (done.map(|_| "reconciled"), "reconcile")
         }
         ["agents", id, verb @ ("suspend" | "resume")] => {

@@ -135,6 +135,7 @@ fn body_of(m: &Move, generation: u32) -> (Body, Source, u32) {
                     outcome: *o,
                     note: "n".into(),
                     unsafe_retry: None,
+                    via: None,
                 }),
                 *s,
                 generation,

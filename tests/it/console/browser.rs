@@ -218,6 +218,7 @@ async fn drive(console: &Console, webdriver: &str, profile: &std::path::Path) {
     assert!(reconciled.is_object(), "no RECONCILED event");
     assert_eq!(reconciled["source"], "operator_attested", "{reconciled}");
     assert_eq!(reconciled["data"]["outcome"], "rejected", "{reconciled}");
+    assert_eq!(reconciled["data"]["via"], "console", "{reconciled}");
 
     // Suspend agent b from the page: its next request is AGENT_SUSPENDED.
     c.goto(&url("/ui/agents")).await.expect("goto");
