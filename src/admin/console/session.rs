@@ -17,7 +17,7 @@ pub const LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// Sessions kept at most; a new sign-in past it ends the oldest.
 const MAX_SESSIONS: usize = 64;
 
-/// Wrong tokens a sign-in accepts per `FAILURE_WINDOW` before it answers 429.
+/// Wrong tokens a sign-in answers (and logs) per `FAILURE_WINDOW` before it slows them.
 const MAX_FAILURES: u32 = 10;
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 
@@ -44,7 +44,7 @@ pub struct Sessions {
 pub enum Failed {
     /// Within the window's allowance: logged.
     Counted,
-    /// Past it: refused for the rest of the window, not logged again.
+    /// Past it: slowed for the rest of the window, not logged again.
     Throttled,
 }
 
@@ -86,15 +86,6 @@ impl Sessions {
         let live = self.live.lock().ok()?;
         let s = live.get(id)?;
         (s.until > Instant::now() && s.tag == *tag).then(|| s.csrf.clone())
-    }
-
-    /// Whether sign-ins are refused for now (too many wrong tokens in the window).
-    pub fn throttled(&self) -> bool {
-        self.failures
-            .lock()
-            .ok()
-            .and_then(|f| *f)
-            .is_some_and(|(since, n)| since.elapsed() < FAILURE_WINDOW && n >= MAX_FAILURES)
     }
 
     /// Counts a wrong token.
@@ -176,7 +167,6 @@ mod tests {
         for _ in 0..MAX_FAILURES {
             assert_eq!(sessions.failed(), Failed::Counted);
         }
-        assert!(sessions.throttled());
         assert_eq!(sessions.failed(), Failed::Throttled);
     }
 
