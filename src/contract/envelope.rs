@@ -239,6 +239,27 @@ pub const POSTERN_RESOURCE: &str = "postern_resource";
 /// An envelope without a record (`invocation_id` null) for a failure at `phase` of an
 /// operation whose outcome is `outcome`; its hop is postern.
 fn unrecorded(code: Code, phase: Phase, outcome: Outcome, field: Option<String>) -> Envelope {
+    unrecorded_of(None, code, phase, outcome, field)
+}
+
+/// An envelope no record here answers for (the journal could not record it, or another
+/// fleet node holds it) about invocation `id`: only whether a dispatch may have happened is
+/// known, and the contract computes phase, outcome and retry from that alone.
+pub fn unrecorded_invocation(id: &str, code: Code, dispatched: bool) -> Envelope {
+    let (phase, outcome) = match dispatched {
+        true => (Phase::RemoteExecution, Outcome::Unknown),
+        false => (Phase::Validation, Outcome::NotAttempted),
+    };
+    unrecorded_of(Some(id), code, phase, outcome, None)
+}
+
+fn unrecorded_of(
+    id: Option<&str>,
+    code: Code,
+    phase: Phase,
+    outcome: Outcome,
+    field: Option<String>,
+) -> Envelope {
     let ctx = FailureContext {
         phase_reached: phase,
         current_outcome: outcome,
@@ -252,7 +273,11 @@ fn unrecorded(code: Code, phase: Phase, outcome: Outcome, field: Option<String>)
         hop: "postern".into(),
         ..Evidence::default()
     };
-    Envelope::unjournaled(resolve_failure(code, &ctx), field, evidence)
+    let resolution = resolve_failure(code, &ctx);
+    match id {
+        Some(id) => Envelope::new(id, resolution, field, evidence),
+        None => Envelope::unjournaled(resolution, field, evidence),
+    }
 }
 
 /// A validation refusal answered without a record: `invocation_id` is null.

@@ -18,7 +18,7 @@ pub use decide::{OperationView, RecordFacts, Verdict, decide};
 pub use envelope::{
     AttemptEvidence, Completion, CredentialEvidence, Envelope, ErrorBody, Evidence,
     IdempotencyEvidence, POSTERN_RESOURCE, Stage, journal_unavailable, never_sent, postern_outcome,
-    proxy_status, read_postern_outcome, unanswered, unjournaled_refusal,
+    proxy_status, read_postern_outcome, unanswered, unjournaled_refusal, unrecorded_invocation,
 };
 pub use hints::{should_retry, should_retry_value};
 pub use resolve::{

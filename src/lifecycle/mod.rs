@@ -28,10 +28,7 @@ pub mod twin;
 
 pub use lease::LeaseTerms;
 
-use crate::contract::{
-    Code, Envelope, Evidence, FailureContext, OperationFacts, Outcome, Phase, UpgradeEvidence,
-    resolve_failure,
-};
+use crate::contract::{Code, Envelope, UpgradeEvidence};
 use crate::journal::{
     Accepted, Appended, Body, Claims, ConnectAttempt, Delivered, Dispatch, Draft, Failure, Journal,
     JournalError, KeyClaim, Refusal, StoredResult, new_invocation_id,
@@ -470,24 +467,7 @@ impl Invocation {
 /// not record it, or another fleet node holds it): `dispatched` says whether a dispatch may
 /// have happened, and the contract computes phase, outcome and retry from that alone.
 pub fn unrecorded(id: &str, code: Code, dispatched: bool) -> Envelope {
-    let (phase_reached, current_outcome) = match dispatched {
-        true => (Phase::RemoteExecution, Outcome::Unknown),
-        false => (Phase::Validation, Outcome::NotAttempted),
-    };
-    let ctx = FailureContext {
-        phase_reached,
-        current_outcome,
-        dispatched,
-        result_stored: false,
-        operation: OperationFacts::default(),
-        now_ms: 0,
-        hop_status: None,
-    };
-    let evidence = Evidence {
-        hop: "postern".into(),
-        ..Evidence::default()
-    };
-    Envelope::new(id, resolve_failure(code, &ctx), None, evidence)
+    crate::contract::unrecorded_invocation(id, code, dispatched)
 }
 
 #[cfg(test)]

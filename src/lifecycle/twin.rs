@@ -65,6 +65,15 @@ pub fn judge(twin: &State, now_ms: i64, keyed_route: bool) -> Verdict {
     }
 }
 
+/// `judge` for a twin whose agent left a moment ago (`Departures`), before its record says
+/// so: not a parallel request, since nobody waits for the twin.
+pub fn judge_departed(twin: &State, now_ms: i64, keyed_route: bool) -> Verdict {
+    match judge(twin, now_ms, keyed_route) {
+        Verdict::Parallel => Verdict::InProgress,
+        v => v,
+    }
+}
+
 /// A generation still appends: its agent waits, or left while the exchange runs on. A
 /// retry of the twin (a later generation) is in progress whoever waits for it: an earlier
 /// generation may have run, so a parallel request would repeat it.
@@ -108,16 +117,29 @@ pub struct Departures {
     leaving: Mutex<HashSet<String>>,
 }
 
+/// A departure marked until it is dropped (its `CALLER_CANCELLED` written, or the
+/// exchange gone): the set never keeps an entry past its exchange.
+pub struct Departing<'a> {
+    departures: &'a Departures,
+    id: String,
+}
+
+impl Drop for Departing<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut l) = self.departures.leaving.lock() {
+            l.remove(&self.id);
+        }
+    }
+}
+
 impl Departures {
-    pub fn mark(&self, invocation_id: &str) {
+    pub fn mark(&self, invocation_id: &str) -> Departing<'_> {
         if let Ok(mut l) = self.leaving.lock() {
             l.insert(invocation_id.to_owned());
         }
-    }
-
-    pub fn clear(&self, invocation_id: &str) {
-        if let Ok(mut l) = self.leaving.lock() {
-            l.remove(invocation_id);
+        Departing {
+            departures: self,
+            id: invocation_id.to_owned(),
         }
     }
 

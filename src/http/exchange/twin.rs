@@ -23,7 +23,7 @@ use crate::journal::{
 };
 use crate::lifecycle::idempotency::in_progress_on;
 use crate::lifecycle::lease::{LeaseError, LeaseTerms, attempt_in_progress};
-use crate::lifecycle::twin::{Verdict, judge, twin_ref};
+use crate::lifecycle::twin::{Verdict, judge, judge_departed, twin_ref};
 use crate::lifecycle::{Boundary, Invocation};
 
 /// The request header that asks for a new invocation whatever the twin.
@@ -151,10 +151,10 @@ impl Exchange {
             Ok(found) => split(found).0.unwrap_or(twin),
             Err(_) => return Err(self.fallback(Code::JournalUnavailable)),
         };
-        let verdict = match judge(&twin, unix_ms(journal.now()), route.idempotency.is_some()) {
-            // Its CALLER_CANCELLED is still being written.
-            Verdict::Parallel if left => Verdict::InProgress,
-            v => v,
+        let (now, keyed) = (unix_ms(journal.now()), route.idempotency.is_some());
+        let verdict = match left {
+            true => judge_departed(&twin, now, keyed),
+            false => judge(&twin, now, keyed),
         };
         Ok((twin, verdict))
     }

@@ -382,10 +382,9 @@ impl Exchange {
                 }
                 () = reply.closed(), if !cancelled => {
                     cancelled = true;
-                    let departures = &self.proxy.departures;
-                    departures.mark(self.inv.id());
+                    let proxy = self.proxy.clone();
+                    let _departing = proxy.departures.mark(self.inv.id());
                     self.inv.caller_cancelled().await;
-                    departures.clear(self.inv.id());
                 }
             }
         }

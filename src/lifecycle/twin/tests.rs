@@ -86,6 +86,14 @@ fn a_running_twin_whose_agent_waits_is_a_parallel_request() {
     s.record.outcome = Outcome::Unknown;
     assert_eq!(judge(&s, NOW, false), Verdict::Parallel);
     assert!(Verdict::Parallel.dispatches_anew());
+    // Its agent left a moment ago, before the record says so: nobody waits for it.
+    assert_eq!(judge_departed(&s, NOW, false), Verdict::InProgress);
+}
+
+#[test]
+fn a_departure_changes_no_verdict_but_parallel() {
+    let s = closed(Outcome::NotAttempted, None, Retry::AfterCorrection);
+    assert_eq!(judge_departed(&s, NOW, false), judge(&s, NOW, false));
 }
 
 #[test]
