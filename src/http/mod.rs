@@ -121,6 +121,8 @@ struct Exchange {
     busy: Option<crate::listen::Busy>,
     /// The twin slot this request claims with its preflight (SPEC §3.7 resends).
     twin: Option<crate::journal::TwinClaim>,
+    /// The agent's connection, listed for resends judged against this invocation.
+    line: Option<crate::lifecycle::twin::Watched>,
     /// The agent's key is claimed in the fleet's index already (`Journal::reserve_key`):
     /// the preflight records it without claiming it again.
     key_reserved: bool,

@@ -9,8 +9,8 @@
 //! `resend_window = "0s"`, a leased generation, SSH execs. `Postern-Resend: deliberate`
 //! makes a new invocation whatever the twin.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use crate::contract::Outcome;
 use crate::journal::{State, TwinRef};
@@ -112,9 +112,33 @@ fn committed_5xx(twin: &State) -> bool {
 /// Invocations whose agent left a moment ago, while their `CALLER_CANCELLED` is being
 /// journaled: a resend judged meanwhile must not read the twin as still awaited (an SDK
 /// resends at once after it closes). Marked before the write, cleared after it.
-#[derive(Debug, Default)]
+///
+/// Where a twin's agent holds a connection of its own (HTTP/1), its `Line` asks the kernel
+/// instead: a closed connection shows there before any task noticed it.
+#[derive(Default)]
 pub struct Departures {
     leaving: Mutex<HashSet<String>>,
+    lines: Arc<Mutex<HashMap<String, Arc<dyn Line>>>>,
+}
+
+/// The connection an invocation's agent waits on, asked directly.
+pub trait Line: Send + Sync {
+    /// The agent closed or reset it (true also once it is gone).
+    fn hung_up(&self) -> bool;
+}
+
+/// An invocation's line, listed until the exchange holding it is dropped.
+pub struct Watched {
+    lines: Arc<Mutex<HashMap<String, Arc<dyn Line>>>>,
+    id: String,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if let Ok(mut l) = self.lines.lock() {
+            l.remove(&self.id);
+        }
+    }
 }
 
 /// A departure marked until it is dropped (its `CALLER_CANCELLED` written, or the
@@ -143,11 +167,35 @@ impl Departures {
         }
     }
 
+    /// Lists the line `invocation_id`'s agent waits on.
+    pub fn watch(&self, invocation_id: &str, line: Arc<dyn Line>) -> Watched {
+        if let Ok(mut l) = self.lines.lock() {
+            l.insert(invocation_id.to_owned(), line);
+        }
+        Watched {
+            lines: self.lines.clone(),
+            id: invocation_id.to_owned(),
+        }
+    }
+
+    /// The agent left: marked, or its line hung up.
     pub fn left(&self, invocation_id: &str) -> bool {
-        self.leaving
+        let marked = self
+            .leaving
             .lock()
             .map(|l| l.contains(invocation_id))
-            .unwrap_or(false)
+            .unwrap_or(false);
+        marked || self.line(invocation_id).is_some_and(|l| l.hung_up())
+    }
+
+    /// Whether the agent's line can be asked: then `left` is already the whole truth, and a
+    /// judge need not wait for a task to notice a close.
+    pub fn watched(&self, invocation_id: &str) -> bool {
+        self.line(invocation_id).is_some()
+    }
+
+    fn line(&self, invocation_id: &str) -> Option<Arc<dyn Line>> {
+        self.lines.lock().ok()?.get(invocation_id).cloned()
     }
 }
 

@@ -2,10 +2,13 @@
 """An agent on a vendor SDK, as the integration tests drive it through postern.
 
 usage: agent.py openai|openai-responses|anthropic|stripe BASE_URL [--timeout SECS]
-                [--key IDEMPOTENCY_KEY] [--stripe-account ACCT] [--stream]
+                [--key IDEMPOTENCY_KEY] [--stripe-account ACCT] [--stream] [--calls N]
 
 --stream (openai): a streamed chat completion; the line adds the text read ("text", also on
 a failure mid-stream) and postern's Postern-Replayed header ("replayed").
+
+--calls N (openai): N calls one after another in this process, one line each; the first
+failure ends the run (back to back, a rate limit is met whatever the machine's speed).
 
 Configured only by the environment an agent gets: HTTPS_PROXY (with agent:token@),
 SSL_CERT_FILE (postern's bundle) and the SDK's key variable (OPENAI_API_KEY,
@@ -28,6 +31,7 @@ def args():
     p.add_argument("--key")
     p.add_argument("--stripe-account")
     p.add_argument("--stream", action="store_true")
+    p.add_argument("--calls", type=int, default=1)
     return p.parse_args()
 
 
@@ -142,7 +146,14 @@ def run_stripe(a):
 
 def main():
     a = args()
-    if a.sdk == "openai":
+    if a.sdk == "openai" and a.calls > 1:
+        for _ in range(a.calls - 1):
+            out = run_openai(a, False)
+            print(json.dumps(out), flush=True)
+            if not out.get("ok"):
+                return
+        out = run_openai(a, False)
+    elif a.sdk == "openai":
         out = run_openai(a, False)
     elif a.sdk == "openai-responses":
         out = run_openai(a, True)

@@ -111,6 +111,16 @@ impl FlushWatch {
         self.0.lock().map_or(u64::MAX, |l| l.flushes)
     }
 
+    /// The agent's TCP connection where it carries this one request at a time (HTTP/1):
+    /// its close is this request's agent leaving. An h2 stream can be reset alone.
+    pub fn own_wire(&self) -> Option<Arc<WireView>> {
+        self.0
+            .lock()
+            .ok()
+            .filter(|l| !l.h2)
+            .and_then(|l| l.wire.clone())
+    }
+
     /// The agent's TCP connection, where postern owns it.
     pub fn wire(&self) -> Option<Arc<WireView>> {
         self.0.lock().ok().and_then(|l| l.wire.clone())

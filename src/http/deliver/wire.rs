@@ -11,7 +11,7 @@
 //! close is first seen: a closed peer acknowledges nothing more.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -51,6 +51,8 @@ pub struct WireView {
 struct Closing {
     seen: Option<AgentClose>,
     waiting: Vec<oneshot::Sender<AgentClose>>,
+    /// The socket, while its `Wire` holds it open: `hung_up` asks the kernel under this lock.
+    fd: Option<RawFd>,
 }
 
 impl WireView {
@@ -74,6 +76,18 @@ impl WireView {
         rx
     }
 
+    /// Whether the agent closed or reset its side, as the kernel knows it now: a FIN it
+    /// queued counts before any task of postern's has read it (no scheduler in between).
+    pub fn hung_up(&self) -> bool {
+        let Ok(c) = self.close.lock() else {
+            return true;
+        };
+        match (c.seen, c.fd) {
+            (Some(_), _) | (None, None) => true,
+            (None, Some(fd)) => peer_hung_up(fd),
+        }
+    }
+
     /// The first close signal counts; later ones (a FIN's RST) say nothing more.
     fn saw(&self, close: impl FnOnce() -> AgentClose) {
         let Ok(mut c) = self.close.lock() else { return };
@@ -88,6 +102,12 @@ impl WireView {
     }
 }
 
+impl crate::lifecycle::twin::Line for WireView {
+    fn hung_up(&self) -> bool {
+        WireView::hung_up(self)
+    }
+}
+
 /// The agent's TCP stream, reporting to its `WireView`.
 pub struct Wire {
     stream: TcpStream,
@@ -97,6 +117,9 @@ pub struct Wire {
 impl Wire {
     pub fn new(stream: TcpStream) -> (Self, Arc<WireView>) {
         let view = Arc::new(WireView::default());
+        if let Ok(mut c) = view.close.lock() {
+            c.fd = Some(stream.as_raw_fd());
+        }
         let wire = Self {
             stream,
             view: view.clone(),
@@ -133,6 +156,10 @@ impl Wire {
 
 impl Drop for Wire {
     fn drop(&mut self) {
+        // Before the stream closes its fd: no `hung_up` may poll a number reused since.
+        if let Ok(mut c) = self.view.close.lock() {
+            c.fd = None;
+        }
         self.view.saw(|| AgentClose::Postern);
     }
 }
@@ -189,6 +216,20 @@ impl AsyncWrite for Wire {
     }
 }
 
+/// A poll that does not wait: the peer shut its sending side (`POLLRDHUP`), or the
+/// connection is gone (`POLLHUP`, `POLLERR`).
+#[allow(unsafe_code)]
+fn peer_hung_up(fd: RawFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, timeout 0; the caller holds the lock that keeps `fd` open.
+    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+    rc > 0 && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
 /// `tcpi_bytes_acked` of a TCP socket (Linux 4.1 and later).
 #[allow(unsafe_code)]
 fn bytes_acked(fd: BorrowedFd<'_>) -> Option<u64> {
@@ -227,6 +268,28 @@ mod tests {
         let (ours, _) = listener.accept().await?;
         let (wire, view) = Wire::new(ours);
         Ok((wire, view, agent))
+    }
+
+    #[tokio::test]
+    async fn a_close_shows_as_hung_up_before_postern_reads_it() -> io::Result<()> {
+        let (wire, view, agent) = pair().await?;
+        assert!(!view.hung_up(), "connected, nothing sent");
+        drop(agent);
+        // The kernel knows at once on loopback; nothing of postern's has read the FIN.
+        assert!(view.hung_up());
+        drop(wire);
+        assert!(view.hung_up(), "a closed wire is gone");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_request_in_the_buffer_is_not_a_hang_up() -> io::Result<()> {
+        let (_wire, view, mut agent) = pair().await?;
+        agent.write_all(b"GET / HTTP/1.1\r\n").await?;
+        agent.flush().await?;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!view.hung_up());
+        Ok(())
     }
 
     #[tokio::test]

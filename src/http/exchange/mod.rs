@@ -99,6 +99,7 @@ impl Exchange {
             agent_slot: None,
             busy: None,
             twin: None,
+            line: None,
             key_reserved: false,
             aws_route: false,
         }

@@ -13,6 +13,7 @@ use serde_json::json;
 use crate::config::Route;
 use crate::contract::{Code, Envelope};
 use crate::http::Exchange;
+use crate::http::deliver::flushed::FlushWatch;
 use crate::http::deliver::outgoing::Outgoing;
 use crate::http::message::respond::{self, ProxyBody};
 use crate::journal::Dispatch;
@@ -132,15 +133,20 @@ impl Exchange {
     /// right after its agent left was sent). Measured: with the notice waiting for its
     /// journal write, resends 1 ms after the close were all sent again, 10 ms after none;
     /// with the notice in memory at once (`Departures`), none even with no wait at all.
-    /// `PARALLEL_SETTLE` is left as a margin for a loaded scheduler; it ends as soon as
-    /// the departure shows. Then the twin's record (or its departure) decides.
+    /// A twin on an HTTP/1 connection of its own is asked through the kernel at once (its
+    /// line); otherwise `PARALLEL_SETTLE` is a margin for a loaded scheduler, ending as soon
+    /// as the departure shows. Then the twin's record (or its departure) decides.
     async fn judge_again(
         &mut self,
         route: &Route,
         twin: State,
     ) -> Result<(State, Verdict), Response<ProxyBody>> {
         let id = twin.record.invocation_id.clone();
-        let settled = tokio::time::Instant::now() + PARALLEL_SETTLE;
+        let settle = match self.proxy.departures.watched(&id) {
+            true => std::time::Duration::ZERO,
+            false => PARALLEL_SETTLE,
+        };
+        let settled = tokio::time::Instant::now() + settle;
         let mut left = self.proxy.departures.left(&id);
         while !left && tokio::time::Instant::now() < settled {
             tokio::time::sleep(SETTLE_STEP).await;
@@ -170,6 +176,7 @@ impl Exchange {
     ) -> Result<(), Response<ProxyBody>> {
         let mut drafts = drafts;
         for round in 0..=MAX_REJUDGE {
+            self.watch_line();
             let claims = Claims {
                 key: key.clone(),
                 twin: self.contended_twin(round),
@@ -219,6 +226,7 @@ impl Exchange {
     ) -> Result<(), Outgoing> {
         let hop = self.written_to();
         for round in 0..=MAX_REJUDGE {
+            self.watch_line();
             let claims = Claims {
                 twin: self.contended_twin(round),
                 ..Claims::default()
@@ -243,6 +251,18 @@ impl Exchange {
             }
         }
         Err(Outgoing::Respond(self.fallback(Code::JournalUnavailable)))
+    }
+
+    /// Lists the agent's own connection for resends judged against this invocation, before
+    /// its slot claim is written (whoever finds the slot finds the line).
+    fn watch_line(&mut self) {
+        if self.line.is_some() || self.twin.is_none() {
+            return;
+        }
+        let Some(wire) = self.flush.as_ref().and_then(FlushWatch::own_wire) else {
+            return;
+        };
+        self.line = Some(self.proxy.departures.watch(self.inv.id(), wire));
     }
 
     /// The twin slot to claim in round `round` of `record_claims`/`claimed_boundary`. A slot

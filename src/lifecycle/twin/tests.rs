@@ -198,3 +198,29 @@ fn the_twin_ref_names_id_code_and_outcome() {
     assert_eq!(v["code"], "REMOTE_OUTCOME_UNKNOWN");
     assert_eq!(v["outcome"], "unknown");
 }
+
+struct Flag(std::sync::atomic::AtomicBool);
+
+impl Line for Flag {
+    fn hung_up(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn a_watched_line_tells_a_departure_before_any_mark() {
+    let departures = Departures::default();
+    let line = Arc::new(Flag(false.into()));
+    assert!(!departures.watched("act_1"));
+    let watched = departures.watch("act_1", line.clone());
+    assert!(departures.watched("act_1"));
+    assert!(!departures.left("act_1"), "the agent still holds its line");
+    line.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(departures.left("act_1"), "hung up, nothing marked yet");
+    assert!(!departures.left("act_2"));
+    drop(watched);
+    assert!(!departures.watched("act_1"), "listed only while its exchange lives");
+    assert!(!departures.left("act_1"));
+    let _marked = departures.mark("act_1");
+    assert!(departures.left("act_1"), "a mark alone still counts");
+}
