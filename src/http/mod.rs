@@ -129,6 +129,8 @@ struct Exchange {
     /// The route signs with SigV4: postern's own answers also name their code as AWS SDKs
     /// read it (SPEC §3.8).
     aws_route: bool,
+    /// The route this request matched, named by a refusal before its preflight.
+    matched: Option<String>,
 }
 
 impl Proxy {

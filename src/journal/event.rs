@@ -405,6 +405,10 @@ pub struct Failure {
     pub evidence: serde_json::Map<String, serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// The route matched before a refusal that came ahead of the preflight (a suspended
+    /// agent, a forbidden header): the record names it as a preflight would.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
 }
 
 impl From<Code> for Failure {
@@ -420,6 +424,7 @@ impl Failure {
             field: None,
             diagnostic: None,
             evidence: serde_json::Map::new(),
+            route: None,
         }
     }
 }
@@ -845,6 +850,7 @@ mod tests {
                 diagnostic: some("d"),
                 evidence,
                 field: some("f"),
+                route: some("r"),
             }),
             Body::Reconciled(Reconciliation {
                 note: "n".into(),

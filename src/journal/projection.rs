@@ -450,6 +450,9 @@ fn step(state: &mut State, event: &Event, body: Body) -> Result<(), Refusal> {
                 .find_map(|k| f.evidence.get(*k))
                 .and_then(serde_json::Value::as_u64)
                 .and_then(|s| u16::try_from(s).ok());
+            if r.route.is_none() {
+                r.route = f.route;
+            }
             r.evidence.extra.extend(f.evidence);
             return fail(state, event, f.code, f.field, hop_status);
         }

@@ -264,6 +264,7 @@ fn the_console_signs_in_with_the_admin_token_and_guards_every_state_change() {
         vec!["--data", "note=x"],
         vec!["--data", "csrf=0000&note=x"],
         vec!["-H", "Origin: http://evil.test", "--data-urlencode"],
+        vec!["-H", "Referer: http://evil.test/page", "--data-urlencode"],
     ] {
         let mut args = vec![with[0].as_str(), with[1].as_str()];
         args.extend(extra.iter().copied());

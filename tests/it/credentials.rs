@@ -194,6 +194,9 @@ fn an_agent_may_not_supply_the_injected_header() {
         head.to_ascii_lowercase()
             .contains("error=http_request_denied")
     );
+    let r = newest(&s.daemon);
+    assert_eq!(r["code"], "FORBIDDEN_HEADER", "{r}");
+    assert!(r["route"].is_string(), "the route it matched: {r}");
 }
 
 #[test]

@@ -169,6 +169,7 @@ fn a_suspended_agent_is_refused_before_anything_is_sent_and_resume_lifts_it() {
     let record = admin_get(&s.daemon, &format!("/v1/invocations/{id}"));
     assert_eq!(record["code"], "AGENT_SUSPENDED", "{record}");
     assert_eq!(record["agent"], "a", "{record}");
+    assert_eq!(record["route"], "open", "the route it matched: {record}");
 
     let said = agents(&s.daemon, &["resume", "a"]);
     assert!(said.contains("agent a resumed"), "{said}");

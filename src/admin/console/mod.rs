@@ -309,10 +309,21 @@ pub(super) fn same_origin(headers: &HeaderMap) -> bool {
     {
         return false;
     }
-    match (get("origin"), get("host")) {
-        (None, _) => true,
-        (Some(origin), Some(host)) => origin == format!("http://{host}"),
-        (Some(_), None) => false,
+    let here = |origin: &str| get("host").is_some_and(|host| origin == format!("http://{host}"));
+    match (get("origin"), get("referer")) {
+        (Some(origin), _) => here(origin),
+        // No `Origin` (an old browser, a plugin): a `Referer` still names the page.
+        (None, Some(referer)) => here(origin_of(referer)),
+        (None, None) => true,
+    }
+}
+
+/// `scheme://host[:port]` of a URL (all of it when it has no path).
+fn origin_of(url: &str) -> &str {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    match url[after_scheme..].find(['/', '?', '#']) {
+        Some(end) => &url[..after_scheme + end],
+        None => url,
     }
 }
 
@@ -466,6 +477,17 @@ mod tests {
         h.remove(header::ORIGIN);
         h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
         assert!(!same_origin(&h));
+        h.remove("sec-fetch-site");
+        let referer = |v: &'static str, h: &mut HeaderMap| {
+            h.insert(header::REFERER, HeaderValue::from_static(v));
+            same_origin(h)
+        };
+        assert!(referer("http://127.0.0.1:3129/ui/agents", &mut h));
+        assert!(referer("http://127.0.0.1:3129", &mut h));
+        assert!(!referer("http://evil.test/x", &mut h));
+        assert!(!referer("http://127.0.0.1:3129.evil.test/", &mut h));
+        assert!(!referer("http://127.0.0.1:31290/", &mut h));
+        assert!(!referer("garbage", &mut h));
     }
 
     #[test]

@@ -114,6 +114,7 @@ impl Exchange {
             Err(r) => return Outgoing::Respond(self.refused(r).await),
         };
         self.aws_route = signs_aws(&config, route);
+        self.matched = Some(route.id.clone());
         if let Some(failure) = self.proxy.suspended.refusal(&self.agent) {
             return Outgoing::Respond(self.refused_with(failure).await);
         }
@@ -331,6 +332,7 @@ impl Exchange {
     /// `refused` for a failure that carries its own evidence (its `field` set).
     async fn refused_with(&mut self, mut failure: Failure) -> Response<ProxyBody> {
         let field = failure.field.clone().unwrap_or_else(|| "target".into());
+        failure.route = failure.route.or_else(|| self.matched.clone());
         if self.inv.unrecorded() {
             if !self.inv.journal().records_refusals()
                 || !self.proxy.refusals.may_journal(&self.agent)

@@ -102,6 +102,7 @@ impl Exchange {
             line: None,
             key_reserved: false,
             aws_route: false,
+            matched: None,
         }
     }
 

@@ -129,7 +129,8 @@ impl Tunnel {
         if self.inv.journal().admit().is_err() {
             return Err(journal_unavailable());
         }
-        if let Some(failure) = self.proxy.suspended.refusal(&self.opening.agent) {
+        if let Some(mut failure) = self.proxy.suspended.refusal(&self.opening.agent) {
+            failure.route = Some(self.opening.route.id.clone());
             return Err(self.inv.fail(vec![], failure).await);
         }
         let limits = limits_of(

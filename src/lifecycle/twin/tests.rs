@@ -219,7 +219,10 @@ fn a_watched_line_tells_a_departure_before_any_mark() {
     assert!(departures.left("act_1"), "hung up, nothing marked yet");
     assert!(!departures.left("act_2"));
     drop(watched);
-    assert!(!departures.watched("act_1"), "listed only while its exchange lives");
+    assert!(
+        !departures.watched("act_1"),
+        "listed only while its exchange lives"
+    );
     assert!(!departures.left("act_1"));
     let _marked = departures.mark("act_1");
     assert!(departures.left("act_1"), "a mark alone still counts");
