@@ -32,6 +32,10 @@ pub const POSTERN_RESEND: &str = "postern-resend";
 
 /// How long an identical request waits before it is sent beside a twin whose agent waits.
 const PARALLEL_SETTLE: std::time::Duration = std::time::Duration::from_millis(5);
+/// The same where the twin's connection is asked through the kernel: a close shows there at
+/// once, so this is only for a relay between agent and postern (`postern jail`'s, a
+/// port forward) still carrying the close while the resend came through.
+const LINE_SETTLE: std::time::Duration = std::time::Duration::from_millis(1);
 /// How often the settle looks for the twin's agent's departure.
 const SETTLE_STEP: std::time::Duration = std::time::Duration::from_millis(1);
 
@@ -133,9 +137,10 @@ impl Exchange {
     /// right after its agent left was sent). Measured: with the notice waiting for its
     /// journal write, resends 1 ms after the close were all sent again, 10 ms after none;
     /// with the notice in memory at once (`Departures`), none even with no wait at all.
-    /// A twin on an HTTP/1 connection of its own is asked through the kernel at once (its
-    /// line); otherwise `PARALLEL_SETTLE` is a margin for a loaded scheduler, ending as soon
-    /// as the departure shows. Then the twin's record (or its departure) decides.
+    /// A twin on an HTTP/1 connection of its own is asked through the kernel (its line),
+    /// so its wait is only a relay's margin (`LINE_SETTLE`); otherwise `PARALLEL_SETTLE` is
+    /// a margin for a loaded scheduler. Either ends as soon as the departure shows. Then the
+    /// twin's record (or its departure) decides.
     async fn judge_again(
         &mut self,
         route: &Route,
@@ -143,7 +148,7 @@ impl Exchange {
     ) -> Result<(State, Verdict), Response<ProxyBody>> {
         let id = twin.record.invocation_id.clone();
         let settle = match self.proxy.departures.watched(&id) {
-            true => std::time::Duration::ZERO,
+            true => LINE_SETTLE,
             false => PARALLEL_SETTLE,
         };
         let settled = tokio::time::Instant::now() + settle;
