@@ -882,3 +882,57 @@ fn where_user_namespaces_are_refused_the_jail_says_what_to_do_and_exits_125_befo
     assert!(err.contains("sysctl"), "says what to change: {err}");
     assert!(!ran.exists(), "CMD ran");
 }
+
+/// SPEC §3.7 through the jail's relay: the twin's close reaches postern through two relay
+/// hops, the resend through the same ones on a new connection. Each resend right after its
+/// twin's agent left is `ATTEMPT_IN_PROGRESS`, never sent a second time.
+#[test]
+fn a_resend_through_the_jails_relay_right_after_its_twin_was_left_is_not_sent_again() {
+    if !userns_allowed() {
+        return;
+    }
+    const TRIALS: usize = 15;
+    let slow = crate::origins::slow_head(Duration::from_secs(4), "slow");
+    let route = format!(
+        "[[routes]]\nid = \"pay\"\nagents = [\"ci\"]\n\
+         match = {{ scheme = \"http\", host = \"pay.test\", port = 80 }}\n\
+         resolve = \"127.0.0.1:{}\"\nallow_private = true\n",
+        slow.port()
+    );
+    let jail = Jail::start(&route);
+    let script = format!(
+        r#"python3 - <<'PY'
+import base64, os, socket, time, urllib.parse
+proxy = urllib.parse.urlsplit(os.environ["http_proxy"])
+auth = base64.b64encode(f"{{proxy.username}}:{{proxy.password}}".encode()).decode()
+def request(n):
+    body = f'{{{{"trial":{{n}}}}}}'
+    return (f"POST http://pay.test/v1/charges HTTP/1.1\r\nHost: pay.test\r\n"
+            f"Proxy-Authorization: Basic {{auth}}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {{len(body)}}\r\n\r\n{{body}}").encode()
+for n in range({TRIALS}):
+    twin = socket.create_connection((proxy.hostname, proxy.port))
+    twin.sendall(request(n))
+    time.sleep(0.3)
+    twin.close()
+    resend = socket.create_connection((proxy.hostname, proxy.port))
+    resend.sendall(request(n))
+    resend.settimeout(10)
+    print("trial", n, resend.recv(12).decode(errors="replace"), flush=True)
+    resend.close()
+PY"#
+    );
+    let out = jail.run(&script);
+    let text = ok(&out);
+    let answers: Vec<&str> = text.lines().filter(|l| l.starts_with("trial")).collect();
+    assert_eq!(answers.len(), TRIALS, "{text}\n{}", stderr(&out));
+    let sent_again: Vec<_> = answers
+        .iter()
+        .filter(|l| !l.ends_with("HTTP/1.1 409"))
+        .collect();
+    assert!(
+        sent_again.is_empty(),
+        "resends not held back: {sent_again:?}"
+    );
+    assert_eq!(slow.hits(), TRIALS, "each trial reached the origin once");
+}
