@@ -290,7 +290,10 @@ fn the_console_signs_in_with_the_admin_token_and_guards_every_state_change() {
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("CROSS_SITE_REFUSED"), "{body}");
     assert!(!suspended(&c, "b"));
-    // With both: done, as the same journaled action as the API's.
+    // With both: done, as the same journaled action as the API's. b's held request is
+    // denied by it, and the page after names it as the CLI does.
+    let waiting = c.send("b", "payments", "{\"amount\":1}");
+    let held = c.held_ids(1);
     let form = format!("csrf={csrf}&note=from+the+console");
     let (status, _, head) = ui(
         &c,
@@ -299,6 +302,25 @@ fn the_console_signs_in_with_the_admin_token_and_guards_every_state_change() {
     );
     assert_eq!(status, 303, "{head}");
     assert!(suspended(&c, "b"));
+    let (status, _, _) = waiting.join().unwrap_or_default();
+    assert_eq!(status, 403, "the held request was denied");
+    let location = header(&head, "location").unwrap_or_default().to_owned();
+    assert!(location.contains(&held[0]), "{location}");
+    let (_, page, _) = ui(&c, &location, &[&with[0], &with[1]]);
+    assert!(
+        page.contains(&format!("<a href=\"/ui/invocations/{}\">", held[0])),
+        "{page}"
+    );
+    // What the query names is shown only if it is an id.
+    let (_, page, _) = ui(
+        &c,
+        "/ui/agents?done=suspended&denied=%3Cscript%3Ex,act_1",
+        &[&with[0], &with[1]],
+    );
+    assert!(
+        !page.contains("<script>x") && page.contains("act_1"),
+        "{page}"
+    );
     let (status, _, _) = c.send("b", "open", "x").join().unwrap_or_default();
     assert_eq!(status, 403);
     let (status, _, _) = ui(

@@ -234,10 +234,15 @@ async fn post(
         ["agents", id, verb @ ("suspend" | "resume")] => {
             let suspend = *verb == "suspend";
             let done = super::agents::switched(state, id, note, suspend).await;
-            (
-                done.map(|_| if suspend { "suspended" } else { "resumed" }),
-                "agents",
-            )
+            return match done {
+                // The held requests the suspension denied are named, as the CLI names them.
+                Ok(v) if suspend => {
+                    let denied = denied_ids(&v);
+                    redirect(&format!("/ui/agents?done=suspended&denied={denied}"), None)
+                }
+                Ok(_) => redirect("/ui/agents?done=resumed", None),
+                Err(p) => problem_page(&p, &signed.csrf),
+            };
         }
         _ => return refused("No such console action."),
     };
@@ -245,6 +250,22 @@ async fn post(
         Ok(word) => redirect(&format!("/ui/{back}?done={word}"), None),
         Err(p) => problem_page(&p, &signed.csrf),
     }
+}
+
+/// At most this many denied requests are named after a suspension (the journal has all).
+const MAX_NAMED: usize = 20;
+
+/// An invocation id as postern mints them: nothing a URL or a page must escape.
+fn plain_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// The ids in a suspension's `denied_approvals`, comma-separated for a redirect's query.
+fn denied_ids(switched: &serde_json::Value) -> String {
+    let ids = switched["denied_approvals"].as_array();
+    let ids = ids.into_iter().flatten().filter_map(|v| v.as_str());
+    let ids: Vec<&str> = ids.filter(|id| plain_id(id)).take(MAX_NAMED).collect();
+    ids.join(",")
 }
 
 /// `POST /ui/login` with `token`: a session cookie, or the form again.
@@ -357,10 +378,16 @@ fn feed(state: Arc<AdminState>, session: String) -> Response<AdminBody> {
 
 /// The `done=` word of a redirect after an action, as a fixed sentence.
 fn done_notice(query: &str) -> String {
-    let word = form_pairs(query)
-        .into_iter()
+    let pairs = form_pairs(query);
+    let word = pairs
+        .iter()
         .find(|(k, _)| k == "done")
-        .map(|(_, v)| v);
+        .map(|(_, v)| v.clone());
+    if word.as_deref() == Some("suspended") {
+        let denied = pairs.iter().find(|(k, _)| k == "denied");
+        let denied = denied.map_or("", |(_, v)| v.as_str());
+        return suspended_notice(denied);
+    }
     let text = match word.as_deref() {
         Some("approve") => "Approved: the request goes on, and its record says so.",
         Some("deny") => "Denied: the request was refused and nothing was sent.",
@@ -370,6 +397,28 @@ fn done_notice(query: &str) -> String {
         _ => return String::new(),
     };
     html::notice(text, false)
+}
+
+/// The notice after a suspension: the held requests it denied, each linked to its record.
+fn suspended_notice(denied: &str) -> String {
+    let ids: Vec<&str> = denied
+        .split(',')
+        .filter(|id| plain_id(id))
+        .take(MAX_NAMED)
+        .collect();
+    let text = "Suspended: the agent's new requests are refused.";
+    if ids.is_empty() {
+        return html::notice(text, false);
+    }
+    let links: Vec<String> = ids
+        .iter()
+        .map(|id| format!("<a href=\"/ui/invocations/{id}\">{id}</a>"))
+        .collect();
+    format!(
+        "<p class=\"done\" role=\"status\">{} Held requests denied, nothing sent: {}.</p>",
+        html::esc(text),
+        links.join(", ")
+    )
 }
 
 fn problem_page(p: &Problem, csrf: &str) -> Response<AdminBody> {
