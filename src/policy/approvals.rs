@@ -30,8 +30,9 @@ pub struct Held {
     pub body_hex: Option<String>,
 }
 
-/// How much of a body the preview shows.
-pub const PREVIEW_BYTES: usize = 256;
+/// How much of a body the preview shows: enough for a whole API call's JSON, so what an
+/// operator approves is what they read (a field past the preview is flagged, not hidden).
+pub const PREVIEW_BYTES: usize = 4096;
 
 /// How much of a binary body the hex view shows.
 pub const HEX_BYTES: usize = 64;

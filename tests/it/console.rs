@@ -426,6 +426,28 @@ fn what_an_agent_sent_is_shown_as_text_and_no_page_shows_a_secret() {
     assert_eq!(granted["data"]["via"], "console", "{granted}");
     assert_eq!(granted["data"]["note"], "looked fine", "{granted}");
     assert_eq!(granted["source"], "operator_attested", "{granted}");
+    // A field padded out of a short preview is still shown; a body longer than the preview
+    // says that approving sends what is not shown.
+    let padded = format!("note={}&amount=1000000", "a".repeat(300));
+    let waiting_padded = c.send("a", "payments", &padded);
+    let long = format!("note={}", "b".repeat(5000));
+    let waiting_long = c.send("a", "payments", &long);
+    let held = c.held_ids(2);
+    let (_, list, _) = ui(&c, "/ui/approvals/list", &["-H", &cookie]);
+    assert!(list.contains("amount=1000000"), "{list}");
+    assert!(list.contains("bytes not shown here"), "{list}");
+    for id in &held {
+        let (status, _, _) = ui(
+            &c,
+            &format!("/ui/approvals/{id}/deny"),
+            &["-H", &cookie, "--data", &format!("csrf={csrf}")],
+        );
+        assert_eq!(status, 303);
+    }
+    for waiting in [waiting_padded, waiting_long] {
+        assert_eq!(waiting.join().unwrap_or_default().0, 403);
+    }
+    assert_eq!(c.held.hits(), 1, "nothing denied was sent");
     // An unknown one, then every page: the secret is on none of them.
     let _ = c.send("a", "broken", "charge=1").join();
     let mut pages = vec![

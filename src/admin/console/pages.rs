@@ -49,7 +49,7 @@ fn held_card(l: &approvals::Listed, csrf: &str) -> String {
          <dt>Credential</dt><dd>{credential}</dd><dt>Fingerprint</dt><dd><code>{fp}</code></dd>\
          <dt>Requested</dt><dd>{at}</dd><dt>Expires</dt><dd>{until}</dd>\
          <dt>Body</dt><dd>{bytes} bytes (first {preview} shown, sensitive-looking values redacted)\
-         <pre class=\"body\">{body}</pre>{hex}</dd></dl>\
+         <pre class=\"body\">{body}</pre>{hex}{cut}</dd></dl>\
          <form method=\"post\" action=\"{action}/approve\" class=\"decide\">{hidden}\
          <label>Note <input name=\"note\" maxlength=\"1024\"></label>\
          <button type=\"submit\" class=\"approve\">Approve</button>\
@@ -74,6 +74,14 @@ fn held_card(l: &approvals::Listed, csrf: &str) -> String {
             )
         }),
         hidden = csrf_field(csrf),
+        cut = match h.body_bytes > approvals::PREVIEW_BYTES {
+            true => format!(
+                "<p class=\"problem\">The body goes on for {} bytes not shown here, and \
+                 approving sends all of it: deny what you cannot read whole.</p>",
+                h.body_bytes - approvals::PREVIEW_BYTES
+            ),
+            false => String::new(),
+        },
     )
 }
 
