@@ -66,10 +66,12 @@ pub fn judge(twin: &State, now_ms: i64, keyed_route: bool) -> Verdict {
 }
 
 /// `judge` for a twin whose agent left a moment ago (`Departures`), before its record says
-/// so: not a parallel request, since nobody waits for the twin.
+/// so: not a parallel request, since nobody waits for the twin. Only while the twin is
+/// awaited: one resolved and being delivered has its answer, and an agent that read it and
+/// closed (`Connection: close`) did not leave anything behind.
 pub fn judge_departed(twin: &State, now_ms: i64, keyed_route: bool) -> Verdict {
     match judge(twin, now_ms, keyed_route) {
-        Verdict::Parallel => Verdict::InProgress,
+        Verdict::Parallel if twin.awaited() => Verdict::InProgress,
         v => v,
     }
 }

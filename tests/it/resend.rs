@@ -358,6 +358,38 @@ fn many_identical_posts_at_once_all_go_out() {
     assert_eq!(origin.effects(), 12);
 }
 
+/// Agents that close after each answer (`Connection: close`): a twin whose agent read its
+/// answer and left while postern still records the delivery is no departure, so an identical
+/// request beside it goes out (the kernel shows that close as a hang-up).
+#[test]
+fn identical_posts_from_agents_that_close_after_each_answer_all_go_out() {
+    let origin = KeyedOrigin::start(Policy::Ignores, Answer::After(Duration::ZERO));
+    let a = std::sync::Arc::new(Agent::start(origin.port(), "", &[]));
+    let agents: Vec<_> = (0..4)
+        .map(|_| {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                (0..25)
+                    .map(|_| a.send("POST", BODY, &["Connection: close"], &[]))
+                    .filter(|r| r.status != 201)
+                    .map(|r| format!("{}\n{}", r.head, r.body))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let refused: Vec<String> = agents
+        .into_iter()
+        .flat_map(|t| t.join().unwrap_or_default())
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "{} refused: {:?}",
+        refused.len(),
+        refused.first()
+    );
+    assert_eq!(origin.effects(), 100);
+}
+
 #[test]
 fn an_sdk_that_timed_out_resends_while_its_twin_runs_and_gets_attempt_in_progress() {
     let origin = KeyedOrigin::start(Policy::Ignores, Answer::After(Duration::from_millis(2500)));

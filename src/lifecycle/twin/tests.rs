@@ -97,6 +97,18 @@ fn a_departure_changes_no_verdict_but_parallel() {
 }
 
 #[test]
+fn a_departure_counts_only_while_the_twin_is_awaited() {
+    let running = base();
+    assert_eq!(judge(&running, NOW, false), Verdict::Parallel);
+    assert_eq!(judge_departed(&running, NOW, false), Verdict::InProgress);
+    // Committed and being delivered: an agent that read its answer and closed left nothing.
+    let mut delivering = with_status(base(), 201, false);
+    delivering.record.outcome = Outcome::Committed;
+    assert_eq!(judge(&delivering, NOW, false), Verdict::Parallel);
+    assert_eq!(judge_departed(&delivering, NOW, false), Verdict::Parallel);
+}
+
+#[test]
 fn a_running_twin_whose_agent_left_is_in_progress() {
     let mut s = base();
     s.record.outcome = Outcome::Unknown;
