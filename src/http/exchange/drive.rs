@@ -40,6 +40,9 @@ impl Exchange {
         mut reply: oneshot::Sender<Response<ProxyBody>>,
     ) {
         let resp = self.drive(parts, body, &mut reply).await;
+        // From here the agent has its answer's head: a close is its delivery's to judge
+        // (read through, or cut), no longer a departure from a request it waits for.
+        self.line = None;
         match resp {
             Outgoing::Respond(resp) => {
                 let _ = reply.send(self.with_added_key(resp));

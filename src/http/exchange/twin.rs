@@ -137,19 +137,23 @@ impl Exchange {
     /// right after its agent left was sent). Measured: with the notice waiting for its
     /// journal write, resends 1 ms after the close were all sent again, 10 ms after none;
     /// with the notice in memory at once (`Departures`), none even with no wait at all.
-    /// A twin on an HTTP/1 connection of its own is asked through the kernel (its line),
-    /// so its wait is only a relay's margin (`LINE_SETTLE`); otherwise `PARALLEL_SETTLE` is
-    /// a margin for a loaded scheduler. Either ends as soon as the departure shows. Then the
-    /// twin's record (or its departure) decides.
+    /// A twin on an HTTP/1 connection of its own is asked through the kernel (its line,
+    /// listed until the agent has its answer's head), so its wait is only a relay's margin
+    /// (`LINE_SETTLE`); otherwise `PARALLEL_SETTLE` is a margin for a loaded scheduler.
+    /// Either ends as soon as the departure shows. Then the twin's record (or its
+    /// departure) decides.
     async fn judge_again(
         &mut self,
         route: &Route,
         twin: State,
     ) -> Result<(State, Verdict), Response<ProxyBody>> {
         let id = twin.record.invocation_id.clone();
-        let settle = match self.proxy.departures.watched(&id) {
-            true => LINE_SETTLE,
-            false => PARALLEL_SETTLE,
+        // A twin nobody awaits (resolved, a retry, cancelled) stays so: no departure can
+        // change its verdict, so there is nothing to wait for.
+        let settle = match (twin.awaited(), self.proxy.departures.watched(&id)) {
+            (false, _) => std::time::Duration::ZERO,
+            (true, true) => LINE_SETTLE,
+            (true, false) => PARALLEL_SETTLE,
         };
         let settled = tokio::time::Instant::now() + settle;
         let mut left = self.proxy.departures.left(&id);
