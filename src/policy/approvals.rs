@@ -28,6 +28,40 @@ pub struct Held {
     /// A binary body's first `HEX_BYTES` as hex (a text body is in the preview).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body_hex: Option<String>,
+    /// The request's headers as `[name, value]`, sensitive-looking values redacted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<(String, String)>,
+}
+
+/// How many headers, and how much of each value, an operator is shown.
+const SHOWN_HEADERS: usize = 64;
+const SHOWN_VALUE: usize = 256;
+
+/// A request's headers as an operator reads them: names lowercased, values of
+/// sensitive-looking names (`authorization`, `cookie`, `x-api-key`, …) redacted, long ones
+/// cut, bytes that are not text said so.
+pub fn shown_headers(headers: &http::HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .take(SHOWN_HEADERS)
+        .map(|(name, value)| {
+            let name = name.as_str().to_ascii_lowercase();
+            let shown = match (sensitive_name(&name), std::str::from_utf8(value.as_bytes())) {
+                (true, _) => REDACTED.to_owned(),
+                (false, Ok(v)) if v.len() > SHOWN_VALUE => {
+                    let cut = (0..=SHOWN_VALUE).rev().find(|i| v.is_char_boundary(*i));
+                    format!("{}…", &v[..cut.unwrap_or(0)])
+                }
+                (false, Ok(v)) => v.to_owned(),
+                (false, Err(_)) => format!("(binary, {} bytes)", value.len()),
+            };
+            (name, shown)
+        })
+        .collect()
+}
+
+fn sensitive_name(lower: &str) -> bool {
+    SENSITIVE.iter().any(|k| lower.contains(k))
 }
 
 /// How much of a body the preview shows: enough for a whole API call's JSON, so what an
@@ -360,7 +394,32 @@ mod tests {
             body_preview: String::new(),
             credential: None,
             body_hex: None,
+            headers: Vec::new(),
         }
+    }
+
+    #[test]
+    fn headers_are_shown_with_sensitive_values_redacted() {
+        let mut h = http::HeaderMap::new();
+        let mut put = |n: &'static str, v: &[u8]| {
+            if let Ok(v) = http::HeaderValue::from_bytes(v) {
+                h.append(n, v);
+            }
+        };
+        put("x-request-note", b"refund order 7");
+        put("authorization", b"Bearer postern:pay");
+        put("cookie", b"session=abc");
+        put("x-api-key", b"k");
+        put("x-long", "é".repeat(300).as_bytes());
+        put("x-raw", &[0xff, 0xfe]);
+        let shown = shown_headers(&h);
+        let get = |n: &str| shown.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+        assert_eq!(get("x-request-note"), Some("refund order 7"));
+        for n in ["authorization", "cookie", "x-api-key"] {
+            assert_eq!(get(n), Some(REDACTED), "{n}");
+        }
+        assert!(get("x-long").is_some_and(|v| v.ends_with('…') && v.len() <= SHOWN_VALUE + 3));
+        assert_eq!(get("x-raw"), Some("(binary, 2 bytes)"));
     }
 
     fn decide(verdict: Verdict) -> Decision {

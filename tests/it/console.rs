@@ -435,6 +435,19 @@ fn what_an_agent_sent_is_shown_as_text_and_no_page_shows_a_secret() {
     let held = c.held_ids(2);
     let (_, list, _) = ui(&c, "/ui/approvals/list", &["-H", &cookie]);
     assert!(list.contains("amount=1000000"), "{list}");
+    // Its headers too, a sensitive one's value redacted.
+    assert!(
+        list.contains("content-type: application/x-www-form-urlencoded"),
+        "{list}"
+    );
+    assert!(
+        !list.contains("tok-a-console"),
+        "the agent's token in {list}"
+    );
+    let api = c.api("/v1/approvals");
+    let headers = &api["approvals"][0]["headers"];
+    assert!(headers.as_array().is_some_and(|h| !h.is_empty()), "{api}");
+    assert!(!api.to_string().contains("tok-"), "an agent token in {api}");
     assert!(list.contains("bytes not shown here"), "{list}");
     for id in &held {
         let (status, _, _) = ui(

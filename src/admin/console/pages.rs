@@ -47,7 +47,7 @@ fn held_card(l: &approvals::Listed, csrf: &str) -> String {
          <dl><dt>Invocation</dt><dd><a href=\"/ui/invocations/{link}\">{id}</a></dd>\
          <dt>Agent</dt><dd class=\"agent\">{agent}</dd><dt>Route</dt><dd>{route}</dd>\
          <dt>Credential</dt><dd>{credential}</dd><dt>Fingerprint</dt><dd><code>{fp}</code></dd>\
-         <dt>Requested</dt><dd>{at}</dd><dt>Expires</dt><dd>{until}</dd>\
+         <dt>Requested</dt><dd>{at}</dd><dt>Expires</dt><dd>{until}</dd>{headers}\
          <dt>Body</dt><dd>{bytes} bytes (first {preview} shown, sensitive-looking values redacted)\
          <pre class=\"body\">{body}</pre>{hex}{cut}</dd></dl>\
          <form method=\"post\" action=\"{action}/approve\" class=\"decide\">{hidden}\
@@ -74,6 +74,20 @@ fn held_card(l: &approvals::Listed, csrf: &str) -> String {
             )
         }),
         hidden = csrf_field(csrf),
+        headers = match h.headers.is_empty() {
+            true => String::new(),
+            false => {
+                let lines: Vec<String> = h
+                    .headers
+                    .iter()
+                    .map(|(n, v)| format!("{}: {}", esc(n), esc(v)))
+                    .collect();
+                format!(
+                    "<dt>Headers</dt><dd><pre class=\"headers\">{}</pre></dd>",
+                    lines.join("\n")
+                )
+            }
+        },
         cut = match h.body_bytes > approvals::PREVIEW_BYTES {
             true => format!(
                 "<p class=\"problem\">The body goes on for {} bytes not shown here, and \

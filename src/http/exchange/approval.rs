@@ -11,7 +11,7 @@ use crate::http::Proxy;
 use crate::http::message::respond::{self, ProxyBody};
 use crate::http::origin::inject::Injection;
 use crate::journal::{Draft, rfc3339};
-use crate::policy::approvals::{Approvals, Held, hex_head, preview};
+use crate::policy::approvals::{Approvals, Held, hex_head, preview, shown_headers};
 
 impl Exchange {
     /// Holds the request (after `drafts`, the preflight) until it is approved and nothing
@@ -20,7 +20,7 @@ impl Exchange {
         &mut self,
         route: &Route,
         fingerprint: &str,
-        body: &[u8],
+        (body, headers): (&[u8], &http::HeaderMap),
         credential: Option<&str>,
         drafts: &mut Vec<Draft>,
         reply: &mut oneshot::Sender<Response<ProxyBody>>,
@@ -39,6 +39,7 @@ impl Exchange {
             body_preview: preview(body),
             credential: credential.map(str::to_owned),
             body_hex: hex_head(body),
+            headers: shown_headers(headers),
         };
         let approvals = self.proxy.approvals.clone();
         let proxy = self.proxy.clone();

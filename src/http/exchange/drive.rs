@@ -251,7 +251,7 @@ impl Exchange {
                 .await_approval(
                     route,
                     &held_fingerprint,
-                    &body,
+                    (&body, &parts.headers),
                     credential,
                     &mut drafts,
                     reply,

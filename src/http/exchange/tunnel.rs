@@ -210,6 +210,7 @@ impl Tunnel {
             body_preview: preview(b""),
             credential: None,
             body_hex: None,
+            headers: Vec::new(),
         };
         let (approvals, timeout) = (self.proxy.approvals.clone(), route.approval_timeout);
         let id = self.inv.id().to_owned();

@@ -92,6 +92,7 @@ impl Run {
             body_preview: preview(command),
             credential: Some(target.credential.clone()),
             body_hex: None,
+            headers: Vec::new(),
         };
         let (config, vault) = (self.config.clone(), self.vault.clone());
         let bound = login.evidence.clone();
