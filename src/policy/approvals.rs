@@ -109,8 +109,10 @@ pub fn preview(body: &[u8]) -> String {
     let Some(text) = crate::journal::as_text(head) else {
         return format!("(binary, {} bytes)", body.len());
     };
+    // Keys written with escapes (`api\u005fkey`) are read as the names they are.
+    let text = ascii_unescaped(text);
     // One line: line breaks shown escaped (as_text admits no other control character).
-    let mut line = redact(text)
+    let mut line = redact(&text)
         .replace('\n', "\\n")
         .replace('\r', "\\r")
         .replace('\t', "\\t");
@@ -120,6 +122,34 @@ pub fn preview(body: &[u8]) -> String {
     line
 }
 
+/// JSON's `\u00XX` escapes of letters, digits, `_` and `-` replaced by the character.
+fn ascii_unescaped(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("\\u00") {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("\\u00") {
+        let plain = rest
+            .get(at + 4..at + 6)
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+            .filter(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-');
+        out.push_str(&rest[..at]);
+        match plain {
+            Some(c) => {
+                out.push(char::from(c));
+                rest = &rest[at + 6..];
+            }
+            None => {
+                out.push_str("\\u00");
+                rest = &rest[at + 4..];
+            }
+        }
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
+}
+
 /// Replaces the value after each sensitive name with `[redacted]`.
 fn redact(text: &str) -> String {
     let lower = text.to_ascii_lowercase();
@@ -127,7 +157,8 @@ fn redact(text: &str) -> String {
     let (mut copied, mut from) = (0, 0);
     while let Some(key_end) = next_sensitive(&lower, from) {
         from = key_end;
-        let Some((start, end)) = value_span(text.as_bytes(), key_end) else {
+        let span = value_span(text.as_bytes(), key_end).or_else(|| part_span(&lower, key_end));
+        let Some((start, end)) = span else {
             continue;
         };
         out.push_str(text.get(copied..start).unwrap_or_default());
@@ -181,6 +212,36 @@ fn value_span(b: &[u8], mut i: usize) -> Option<(usize, usize)> {
         }
         end += 1;
     }
+    Some((start, end))
+}
+
+/// A multipart field's content when the name sits in its `Content-Disposition` line
+/// (`name="password"`): from after the part's blank line to the next boundary line.
+fn part_span(lower: &str, key_end: usize) -> Option<(usize, usize)> {
+    let line_start = lower.get(..key_end)?.rfind('\n').map_or(0, |i| i + 1);
+    if !lower
+        .get(line_start..key_end)?
+        .contains("content-disposition")
+    {
+        return None;
+    }
+    let after = lower.get(key_end..)?;
+    let (blank, width) = [("\r\n\r\n", 4), ("\n\n", 2)]
+        .into_iter()
+        .filter_map(|(b, w)| after.find(b).map(|at| (at, w)))
+        .min()?;
+    // The part's own headers only: a boundary before the blank line is another part.
+    if after.get(..blank)?.contains("\n--") {
+        return None;
+    }
+    let start = key_end + blank + width;
+    let end = lower.get(start..)?.find("\n--").map_or(lower.len(), |at| {
+        let end = start + at;
+        match lower.as_bytes().get(end.wrapping_sub(1)) {
+            Some(b'\r') => end - 1,
+            _ => end,
+        }
+    });
     Some((start, end))
 }
 
@@ -396,6 +457,25 @@ mod tests {
             body_hex: None,
             headers: Vec::new(),
         }
+    }
+
+    #[test]
+    fn escaped_json_keys_and_multipart_fields_are_redacted() {
+        let json = br#"{"api\u005fkey": "sk-live-1", "amount": 5}"#;
+        let shown = preview(json);
+        assert!(!shown.contains("sk-live-1"), "{shown}");
+        assert!(shown.contains("amount"), "{shown}");
+        let form = b"--b\r\nContent-Disposition: form-data; name=\"password\"\r\n\r\nhunter2\r\n\
+                     --b\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nhello\r\n--b--\r\n";
+        let shown = preview(form);
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("hello"), "{shown}");
+        // A name that only looks sensitive outside a part's header is left alone.
+        assert_eq!(
+            preview(b"my password\n\nis not here"),
+            "my password\\n\\nis not here"
+        );
+        assert_eq!(preview(br"\u00zz \u0022"), r"\u00zz \u0022");
     }
 
     #[test]
