@@ -118,6 +118,7 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {
         return error(StatusCode::FORBIDDEN, "CROSS_SITE_REFUSED", why);
     }
     if !authorized(state, &req) {
+        state.auth_failures.inc();
         return error(
             StatusCode::UNAUTHORIZED,
             "ADMIN_UNAUTHENTICATED",

@@ -23,6 +23,9 @@ pub struct FrontMetrics {
     pub proxy_refused: Counter,
     /// Admin connections refused at `[admin] max_connections`.
     pub admin_refused: Counter,
+    /// Admin API requests and console sign-ins with a missing or wrong admin token: a
+    /// guesser shows here (it is not logged per request, which would let it flood the log).
+    pub admin_auth_failures: Counter,
     /// Failed `accept` calls on either listener (EMFILE, ENFILE…).
     pub accept_errors: Counter,
     /// Intercepted tunnels closed for `[proxy] tls_handshake_timeout`.
@@ -68,6 +71,11 @@ pub fn registry(
             "postern_admin_connections_refused",
             "admin connections refused at [admin] max_connections",
             &front.admin_refused,
+        ),
+        (
+            "postern_admin_auth_failures",
+            "admin API requests and console sign-ins with a missing or wrong admin token",
+            &front.admin_auth_failures,
         ),
         (
             "postern_accept_errors",

@@ -31,6 +31,8 @@ pub struct AdminState {
     pub resend: Arc<dyn Resend>,
     /// The web console's signed-in sessions (SPEC §5.8).
     pub console: super::console::Sessions,
+    /// Counts requests and sign-ins with a wrong admin token (`postern_admin_auth_failures`).
+    pub auth_failures: prometheus_client::metrics::counter::Counter,
 }
 
 pub(super) type Reply = Response<Full<Bytes>>;

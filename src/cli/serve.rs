@@ -415,6 +415,7 @@ async fn serve_until_stopped(
             ssh: Arc::new(crate::ssh::retry::SshResend(exec)),
         }),
         console: admin::Sessions::default(),
+        auth_failures: front.admin_auth_failures.clone(),
     });
     tokio::spawn(admin::serve(admin_listener, state));
     tokio::spawn(proxy_http::serve(proxy_listener, proxy));

@@ -381,6 +381,16 @@ fn the_console_signs_in_with_the_admin_token_and_guards_every_state_change() {
     assert_eq!(ui(&c, "/ui/login", &["--data", right]).0, 303);
     let logged = c.daemon.stderr().matches("wrong admin token").count();
     assert_eq!(logged, 10, "one line per counted guess");
+    // Every guess counts in the metrics, the unlogged ones and the API's too.
+    let (status, _, _) = ui(&c, "/v1/approvals", &["-H", "Authorization: Bearer nope"]);
+    assert_eq!(status, 401);
+    let bearer = "Authorization: Bearer console-admin-token-rotated-0123456789";
+    let (_, metrics, _) = ui(&c, "/metrics", &["-H", bearer]);
+    let failures = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("postern_admin_auth_failures_total "))
+        .and_then(|n| n.trim().parse::<u64>().ok());
+    assert!(failures.is_some_and(|n| n >= 12), "{metrics}");
 }
 
 #[test]

@@ -291,6 +291,7 @@ async fn sign_in(state: &AdminState, req: Request<Incoming>) -> Response<AdminBo
         .as_ref()
         .is_none_or(|t| t.matches(&token));
     if !admitted {
+        state.auth_failures.inc();
         if state.console.failed() == session::Failed::Counted {
             tracing::warn!("console: a sign-in with a wrong admin token");
             let page = html::sign_in(Some("That is not the admin token."));
