@@ -71,9 +71,16 @@ pub fn judge(twin: &State, now_ms: i64, keyed_route: bool) -> Verdict {
 /// closed (`Connection: close`) did not leave anything behind.
 pub fn judge_departed(twin: &State, now_ms: i64, keyed_route: bool) -> Verdict {
     match judge(twin, now_ms, keyed_route) {
-        Verdict::Parallel if twin.awaited() => Verdict::InProgress,
+        Verdict::Parallel if departure_matters(twin) => Verdict::InProgress,
         v => v,
     }
+}
+
+/// Whether the twin's agent leaving could change a resend's verdict: only while the twin is
+/// awaited. One nobody awaits (resolved, a retry, cancelled) stays so, so a transport need
+/// not wait to learn of a departure.
+pub fn departure_matters(twin: &State) -> bool {
+    twin.awaited()
 }
 
 /// A generation still appends: its agent waits, or left while the exchange runs on. A

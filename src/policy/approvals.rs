@@ -36,6 +36,7 @@ pub struct Held {
 /// How many headers, and how much of each value, an operator is shown.
 const SHOWN_HEADERS: usize = 64;
 const SHOWN_VALUE: usize = 256;
+const SHOWN_NAME: usize = 128;
 
 /// A request's headers as an operator reads them: names lowercased, values of
 /// sensitive-looking names (`authorization`, `cookie`, `x-api-key`, …) redacted, long ones
@@ -45,19 +46,24 @@ pub fn shown_headers(headers: &http::HeaderMap) -> Vec<(String, String)> {
         .iter()
         .take(SHOWN_HEADERS)
         .map(|(name, value)| {
-            let name = name.as_str().to_ascii_lowercase();
+            let name = clipped(name.as_str(), SHOWN_NAME).to_ascii_lowercase();
             let shown = match (sensitive_name(&name), std::str::from_utf8(value.as_bytes())) {
                 (true, _) => REDACTED.to_owned(),
-                (false, Ok(v)) if v.len() > SHOWN_VALUE => {
-                    let cut = (0..=SHOWN_VALUE).rev().find(|i| v.is_char_boundary(*i));
-                    format!("{}…", &v[..cut.unwrap_or(0)])
-                }
-                (false, Ok(v)) => v.to_owned(),
+                (false, Ok(v)) => clipped(v, SHOWN_VALUE),
                 (false, Err(_)) => format!("(binary, {} bytes)", value.len()),
             };
             (name, shown)
         })
         .collect()
+}
+
+/// `text` up to `max` bytes (on a character boundary), `…` marking a cut.
+fn clipped(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let cut = (0..=max).rev().find(|i| text.is_char_boundary(*i));
+    format!("{}…", &text[..cut.unwrap_or(0)])
 }
 
 fn sensitive_name(lower: &str) -> bool {
@@ -492,6 +498,10 @@ mod tests {
         put("x-api-key", b"k");
         put("x-long", "é".repeat(300).as_bytes());
         put("x-raw", &[0xff, 0xfe]);
+        let long_name = http::HeaderName::from_bytes(&[b'n'; 300]);
+        if let Ok(name) = long_name {
+            h.append(name, http::HeaderValue::from_static("v"));
+        }
         let shown = shown_headers(&h);
         let get = |n: &str| shown.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
         assert_eq!(get("x-request-note"), Some("refund order 7"));
@@ -500,6 +510,11 @@ mod tests {
         }
         assert!(get("x-long").is_some_and(|v| v.ends_with('…') && v.len() <= SHOWN_VALUE + 3));
         assert_eq!(get("x-raw"), Some("(binary, 2 bytes)"));
+        assert!(
+            shown
+                .iter()
+                .any(|(n, _)| n.len() <= SHOWN_NAME + 3 && n.starts_with("nnn"))
+        );
     }
 
     fn decide(verdict: Verdict) -> Decision {

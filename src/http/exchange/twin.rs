@@ -24,7 +24,7 @@ use crate::journal::{
 };
 use crate::lifecycle::idempotency::in_progress_on;
 use crate::lifecycle::lease::{LeaseError, LeaseTerms, attempt_in_progress};
-use crate::lifecycle::twin::{Verdict, judge, judge_departed, twin_ref};
+use crate::lifecycle::twin::{Verdict, departure_matters, judge, judge_departed, twin_ref};
 use crate::lifecycle::{Boundary, Invocation};
 
 /// The request header that asks for a new invocation whatever the twin.
@@ -148,9 +148,7 @@ impl Exchange {
         twin: State,
     ) -> Result<(State, Verdict), Response<ProxyBody>> {
         let id = twin.record.invocation_id.clone();
-        // A twin nobody awaits (resolved, a retry, cancelled) stays so: no departure can
-        // change its verdict, so there is nothing to wait for.
-        let settle = match (twin.awaited(), self.proxy.departures.watched(&id)) {
+        let settle = match (departure_matters(&twin), self.proxy.departures.watched(&id)) {
             (false, _) => std::time::Duration::ZERO,
             (true, true) => LINE_SETTLE,
             (true, false) => PARALLEL_SETTLE,
