@@ -1,8 +1,9 @@
 //! The fjall implementation of `EventStore`. fjall types stay in this file.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
 use std::path::Path;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use fjall::config::CompressionPolicy;
@@ -19,7 +20,7 @@ use super::keys::KeyEntry;
 use super::projection::{State, replay};
 use super::request::StoredRequest;
 use super::result::StoredResult;
-use super::store::{Cut, EventStore, IndexEntries, RawEvent, StoreError, StoredRow, WriteSet};
+use super::store::{Cut, EventStore, IndexEntries, RawEvent, Run, StoreError, StoredRow, WriteSet};
 use super::suspensions::Suspension;
 use super::twins::TwinEntry;
 use crate::contract::is_resolved;
@@ -49,7 +50,29 @@ pub struct FjallStore {
     /// Entries in `keys` and `twins`: counted at open, moved by every write.
     key_count: AtomicI64,
     twin_count: AtomicI64,
+    /// The runs of open invocations, held here until they settle (see `Unindexed`).
+    unindexed: Mutex<Unindexed>,
+    /// How many seqs an invocation's runs stay unindexed before they are written anyway.
+    fold_window: u64,
 }
+
+/// An open invocation's runs are not written to `by_invocation` one row per write: a small
+/// request would write four rows. They are held here and written as one row when it
+/// settles. Its `open` row holds the seq its unindexed runs start at or after, so opening
+/// the store after a crash finds them again by reading the events from there; one that
+/// stays open for `fold_window` seqs has its runs written then, which bounds that read.
+#[derive(Default)]
+struct Unindexed {
+    runs: HashMap<String, Vec<(u64, u32)>>,
+    /// The head seq at which the long-open ones are looked for next.
+    next_check: u64,
+}
+
+/// Seqs an open invocation's runs may stay unindexed (about 7,000 small requests).
+const FOLD_WINDOW: u64 = 1 << 16;
+
+/// Events read per page when the store opens and looks for unindexed runs.
+const RESCAN_PAGE: usize = 4096;
 
 impl From<fjall::Error> for StoreError {
     fn from(e: fjall::Error) -> Self {
@@ -88,6 +111,53 @@ fn from_record<T: serde::de::DeserializeOwned>(
 
 fn seq_key(seq: u64) -> [u8; 8] {
     seq.to_be_bytes()
+}
+
+/// An index row's value: its runs after the first (which starts at the key's seq).
+/// Empty: one event; four bytes: how many; then (first seq, count) for each further run.
+fn encode_runs(runs: &[(u64, u32)]) -> Vec<u8> {
+    match runs {
+        [] | [(_, 1)] => Vec::new(),
+        [(_, count), rest @ ..] => {
+            let mut out = Vec::with_capacity(4 + rest.len() * 12);
+            out.extend_from_slice(&count.to_le_bytes());
+            for (first, count) in rest {
+                out.extend_from_slice(&first.to_le_bytes());
+                out.extend_from_slice(&count.to_le_bytes());
+            }
+            out
+        }
+    }
+}
+
+fn decode_runs(row: u64, value: &[u8]) -> Result<Vec<Run>, StoreError> {
+    let bad = || corrupt("index row", format!("{} bytes", value.len()));
+    let run = |first, count| Run { row, first, count };
+    let Some((count, rest)) = value.split_first_chunk::<4>() else {
+        return match value.is_empty() {
+            true => Ok(vec![run(row, 1)]),
+            false => Err(bad()),
+        };
+    };
+    if rest.len() % 12 != 0 {
+        return Err(bad());
+    }
+    let mut out = vec![run(row, u32::from_le_bytes(*count))];
+    for chunk in rest.chunks_exact(12) {
+        let (first, count) = chunk.split_at(8);
+        let first = u64::from_le_bytes(first.try_into().map_err(|_| bad())?);
+        let count = u32::from_le_bytes(count.try_into().map_err(|_| bad())?);
+        out.push(run(first, count));
+    }
+    Ok(out)
+}
+
+/// Adds one seq to an invocation's runs: the last grows, or a new one starts.
+fn extend_runs(runs: &mut Vec<(u64, u32)>, first: u64, count: u32) {
+    match runs.last_mut() {
+        Some((f, c)) if *f + u64::from(*c) == first => *c = c.saturating_add(count),
+        _ => runs.push((first, count)),
+    }
 }
 
 fn invocation_key(id: &str, seq: u64) -> Vec<u8> {
@@ -200,8 +270,11 @@ impl FjallStore {
             suspended: ks_small("suspended_agents")?,
             key_count: AtomicI64::new(0),
             twin_count: AtomicI64::new(0),
+            unindexed: Mutex::new(Unindexed::default()),
+            fold_window: FOLD_WINDOW,
             db,
         };
+        store.find_unindexed()?;
         // One scan at open; the index is bounded by its sweep, so this stays short.
         store
             .key_count
@@ -210,6 +283,21 @@ impl FjallStore {
             .twin_count
             .store(count(&store.twins)?, Ordering::Relaxed);
         Ok(store)
+    }
+}
+
+#[cfg(test)]
+impl FjallStore {
+    /// A store whose open invocations' runs are indexed after `window` seqs.
+    pub fn open_folding_within(dir: &Path, window: u64) -> Result<Self, StoreError> {
+        let mut store = Self::open(dir)?;
+        store.fold_window = window;
+        Ok(store)
+    }
+
+    /// How many index rows list an invocation's runs.
+    pub fn index_rows(&self, invocation_id: &str) -> usize {
+        self.by_invocation.prefix(id_prefix(invocation_id)).count()
     }
 }
 
@@ -235,20 +323,7 @@ impl EventStore for FjallStore {
                 }
             }
         }
-        for run in invocation_runs(&set.events) {
-            // One index row per run of an invocation's events: its first seq, and how many
-            // follow when more than one (an empty value is one, as rows were before).
-            let follow = match run.len() {
-                1 => Vec::new(),
-                n => u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes().to_vec(),
-            };
-            let first = &run[0].event;
-            batch.insert(
-                &self.by_invocation,
-                invocation_key(&first.invocation_id, first.seq),
-                follow,
-            );
-        }
+        let settled = self.index_runs(&mut batch, &set)?;
         for state in &set.states {
             let id = state.record.invocation_id.as_bytes();
             // A settled record whose events are all kept is their projection: its row only
@@ -260,12 +335,6 @@ impl EventStore for FjallStore {
                 false => to_record("state", state.as_ref())?,
             };
             batch.insert(&self.states, id, row);
-        }
-        for id in &set.opened {
-            batch.insert(&self.open, id.as_bytes(), []);
-        }
-        for id in &set.closed {
-            batch.remove(&self.open, id.as_bytes());
         }
         for result in &set.results {
             let id = result.invocation_id.as_bytes();
@@ -294,8 +363,10 @@ impl EventStore for FjallStore {
         }
         let keys = self.write_keys(&mut batch, &set)?;
         let twins = self.write_twins(&mut batch, &set)?;
+        let mut cut_runs: &[(String, u64)] = &[];
         if let Some(cut) = &set.cut {
             self.write_cut(&mut batch, cut)?;
+            cut_runs = &cut.runs;
         }
         for s in &set.suspensions {
             match &s.row {
@@ -308,6 +379,8 @@ impl EventStore for FjallStore {
             }
         }
         batch.commit()?;
+        // Only now: a reader between the commit and this sees a run twice, never not at all.
+        self.forget_indexed(&settled, cut_runs);
         self.key_count.fetch_add(keys, Ordering::Relaxed);
         self.twin_count.fetch_add(twins, Ordering::Relaxed);
         self.db.persist(PersistMode::Buffer)?;
@@ -369,21 +442,31 @@ impl EventStore for FjallStore {
         Ok(out)
     }
 
-    fn runs_of(&self, invocation_id: &str) -> Result<Vec<(u64, u32)>, StoreError> {
+    fn runs_of(&self, invocation_id: &str) -> Result<Vec<Run>, StoreError> {
+        // The unindexed ones first: a settling write indexes them before it forgets them.
+        let mut out: Vec<Run> = self
+            .unindexed()
+            .runs
+            .get(invocation_id)
+            .into_iter()
+            .flatten()
+            .map(|&(first, count)| Run {
+                row: first,
+                first,
+                count,
+            })
+            .collect();
         let prefix = id_prefix(invocation_id);
-        let mut out = Vec::new();
         for guard in self.by_invocation.prefix(&prefix) {
-            let (k, row) = guard.into_inner()?;
+            let (k, value) = guard.into_inner()?;
             let Some(seq_bytes) = k.get(prefix.len()..) else {
                 continue;
             };
             let key: [u8; 8] = seq_bytes.try_into().map_err(|e| corrupt("index key", e))?;
-            let count = match row.as_ref() {
-                [] => 1,
-                v => u32::from_le_bytes(v.try_into().map_err(|e| corrupt("index row", e))?),
-            };
-            out.push((u64::from_be_bytes(key), count));
+            out.extend(decode_runs(u64::from_be_bytes(key), &value)?);
         }
+        out.sort_by_key(|r| (r.first, r.row));
+        out.dedup_by_key(|r| r.first);
         Ok(out)
     }
 
@@ -419,7 +502,7 @@ impl EventStore for FjallStore {
 
     fn events_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError> {
         let mut out = self.islands_of(invocation_id)?;
-        for (first, count) in self.runs_of(invocation_id)? {
+        for Run { first, count, .. } in self.runs_of(invocation_id)? {
             let end = first.saturating_add(u64::from(count));
             // A run sits in one group stored under its first seq or an earlier one, or
             // (older journals) in one value of its own or one value per event.
@@ -570,6 +653,138 @@ impl EventStore for FjallStore {
             keys: held(&self.key_count),
             twins: held(&self.twin_count),
         }
+    }
+}
+
+impl FjallStore {
+    fn unindexed(&self) -> std::sync::MutexGuard<'_, Unindexed> {
+        // Nothing panics while holding it; a poisoned one is still consistent.
+        self.unindexed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The index rows of a write: runs of invocations that stay open are held back, and
+    /// those of one that settles now go in one row with its earlier ones. Returns the
+    /// invocations whose held runs this write indexes.
+    fn index_runs(
+        &self,
+        batch: &mut fjall::OwnedWriteBatch,
+        set: &WriteSet,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut held = self.unindexed();
+        let closed: HashSet<&str> = set.closed.iter().map(String::as_str).collect();
+        for id in set.opened.iter().filter(|id| !closed.contains(id.as_str())) {
+            // Its runs are found again from here after a crash; a write without events
+            // (none yet) leaves them indexed as they come.
+            let value = match set.events.first() {
+                Some(first) => {
+                    held.runs.entry(id.clone()).or_default();
+                    first.event.seq.to_be_bytes().to_vec()
+                }
+                None => Vec::new(),
+            };
+            batch.insert(&self.open, id.as_bytes(), value);
+        }
+        for run in invocation_runs(&set.events) {
+            let first = &run[0].event;
+            let count = u32::try_from(run.len()).unwrap_or(u32::MAX);
+            match held.runs.get_mut(&first.invocation_id) {
+                Some(runs) => extend_runs(runs, first.seq, count),
+                None => batch.insert(
+                    &self.by_invocation,
+                    invocation_key(&first.invocation_id, first.seq),
+                    encode_runs(&[(first.seq, count)]),
+                ),
+            }
+        }
+        let mut settled: Vec<String> = Vec::new();
+        for id in &set.closed {
+            batch.remove(&self.open, id.as_bytes());
+            settled.push(id.clone());
+        }
+        if let Some(head) = set.events.last().map(|e| e.event.seq)
+            && head >= held.next_check
+        {
+            held.next_check = head.saturating_add(self.fold_window / 4);
+            for (id, runs) in &held.runs {
+                let long_open = runs
+                    .first()
+                    .is_some_and(|&(first, _)| first.saturating_add(self.fold_window) < head);
+                if long_open && !closed.contains(id.as_str()) {
+                    // Open still: it stays listed, with nothing left to find again.
+                    batch.insert(&self.open, id.as_bytes(), []);
+                    settled.push(id.clone());
+                }
+            }
+        }
+        for id in &settled {
+            if let Some(runs @ [(first, _), ..]) = held.runs.get(id).map(Vec::as_slice) {
+                batch.insert(
+                    &self.by_invocation,
+                    invocation_key(id, *first),
+                    encode_runs(runs),
+                );
+            }
+        }
+        Ok(settled)
+    }
+
+    /// After a write is committed: what it indexed is no longer held, and runs a cut
+    /// removed are gone.
+    fn forget_indexed(&self, settled: &[String], cut_runs: &[(String, u64)]) {
+        if settled.is_empty() && cut_runs.is_empty() {
+            return;
+        }
+        let mut held = self.unindexed();
+        for id in settled {
+            held.runs.remove(id);
+        }
+        for (id, row) in cut_runs {
+            if let Some(runs) = held.runs.get_mut(id) {
+                runs.retain(|(first, _)| first != row);
+            }
+        }
+    }
+
+    /// At open: the runs of invocations left open, read from the events after the seq
+    /// their `open` row names (rows without one were indexed as they were written).
+    fn find_unindexed(&self) -> Result<(), StoreError> {
+        let mut from: HashMap<String, u64> = HashMap::new();
+        for guard in self.open.iter() {
+            let (k, v) = guard.into_inner()?;
+            if let Ok(seq) = <[u8; 8]>::try_from(v.as_ref()) {
+                from.insert(
+                    String::from_utf8_lossy(&k).into_owned(),
+                    u64::from_be_bytes(seq),
+                );
+            }
+        }
+        let Some(mut next) = from.values().min().copied() else {
+            return Ok(());
+        };
+        let mut runs: HashMap<String, Vec<(u64, u32)>> =
+            from.keys().map(|id| (id.clone(), Vec::new())).collect();
+        loop {
+            let page = self.raw_events(next, RESCAN_PAGE)?;
+            let Some(after) = page.last().map(|r| r.seq.saturating_add(1)) else {
+                break;
+            };
+            for event in page.into_iter().filter_map(|r| r.event.ok()) {
+                let unindexed = from
+                    .get(&event.invocation_id)
+                    .is_some_and(|&f| event.seq >= f);
+                if let (true, Some(list)) = (unindexed, runs.get_mut(&event.invocation_id)) {
+                    extend_runs(list, event.seq, 1);
+                }
+            }
+            if after <= next {
+                break;
+            }
+            next = after;
+        }
+        self.unindexed().runs = runs;
+        Ok(())
     }
 }
 

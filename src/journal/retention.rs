@@ -8,7 +8,7 @@
 //! cut's `JOURNAL_PRUNED` event is chained after it, so the checkpoint it leaves (the seq
 //! and hash of the last pruned event) is confirmed by the chain `audit verify` walks.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use tokio::sync::oneshot;
 
@@ -205,12 +205,18 @@ impl Writer {
         Ok(())
     }
 
-    /// The index runs of `id` that end at or before `seq` go; whether any is left.
+    /// The index rows of `id` whose runs all end at or before `seq` go; whether any run is
+    /// left (a row that lists one stays whole).
     fn plan_runs(&self, id: &str, seq: u64, cut: &mut Cut) -> Result<bool, StoreError> {
+        let mut rows: BTreeMap<u64, bool> = BTreeMap::new();
+        for run in self.store.runs_of(id)? {
+            let passed = run.end() <= seq + 1;
+            *rows.entry(run.row).or_insert(true) &= passed;
+        }
         let mut left = false;
-        for (first, count) in self.store.runs_of(id)? {
-            match first + u64::from(count) <= seq + 1 {
-                true => cut.runs.push((id.to_owned(), first)),
+        for (row, passed) in rows {
+            match passed {
+                true => cut.runs.push((id.to_owned(), row)),
                 false => left = true,
             }
         }

@@ -59,7 +59,7 @@ pub struct Cut {
     pub first_seq: u64,
     /// The keys of the stored values holding them.
     pub keys: Vec<u64>,
-    /// Index runs removed: (invocation id, first seq of the run).
+    /// Index rows removed: (invocation id, the row's key seq, `Run::row`).
     pub runs: Vec<(String, u64)>,
     /// Settled records removed (none of their events is left).
     pub states: Vec<String>,
@@ -96,6 +96,23 @@ impl WriteSet {
                 .states
                 .iter()
                 .any(|s| s.record.invocation_id == invocation_id)
+    }
+}
+
+/// Consecutive events of one invocation, as its index lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    /// The key seq of the index row that lists it: a settled invocation's runs share one
+    /// row, and a retention cut removes a row only when it passes all of them.
+    pub row: u64,
+    pub first: u64,
+    pub count: u32,
+}
+
+impl Run {
+    /// The seq after its last event.
+    pub fn end(&self) -> u64 {
+        self.first.saturating_add(u64::from(self.count))
     }
 }
 
@@ -141,8 +158,8 @@ pub trait EventStore: Send + Sync + 'static {
     /// Stored events with seq >= `from`, at most `limit` (or to the end of the last value
     /// read), in seq order.
     fn raw_events(&self, from: u64, limit: usize) -> Result<Vec<RawEvent>, StoreError>;
-    /// The index runs of one invocation: (first seq, how many consecutive events).
-    fn runs_of(&self, invocation_id: &str) -> Result<Vec<(u64, u32)>, StoreError>;
+    /// The index runs of one invocation, in seq order.
+    fn runs_of(&self, invocation_id: &str) -> Result<Vec<Run>, StoreError>;
     /// The newest retention checkpoint: the kept chain starts after it.
     fn checkpoint(&self) -> Result<Option<Checkpoint>, StoreError>;
     /// Every event kept aside by a retention cut (`Cut::islands`), by invocation then seq.

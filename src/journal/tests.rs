@@ -473,7 +473,7 @@ impl EventStore for FailingSync {
     fn raw_events(&self, from: u64, limit: usize) -> Result<Vec<RawEvent>, StoreError> {
         self.inner.raw_events(from, limit)
     }
-    fn runs_of(&self, id: &str) -> Result<Vec<(u64, u32)>, StoreError> {
+    fn runs_of(&self, id: &str) -> Result<Vec<super::store::Run>, StoreError> {
         self.inner.runs_of(id)
     }
     fn checkpoint(&self) -> Result<Option<super::Checkpoint>, StoreError> {
@@ -655,6 +655,7 @@ fn while_low_on_space_no_new_invocation_is_written_and_those_in_flight_resolve()
     assert!(!journal.health().is_fatal());
 }
 
+mod fold;
 mod recovery;
 mod suspensions;
 
