@@ -66,6 +66,13 @@ fn handed_over(done: oneshot::Sender<DeliveryEnd>, watch: Option<&FlushWatch>, c
 }
 
 impl DeliveryBody {
+    /// Its end is handed over (the last data, or none, was taken).
+    fn end(&mut self) {
+        if let Some(done) = self.done.take() {
+            handed_over(done, self.watch.as_ref(), None);
+        }
+    }
+
     /// The same bytes, untouched, with a fresh observer (for a request sent again).
     pub fn reissue(mut self) -> (Self, oneshot::Receiver<DeliveryEnd>) {
         let data = self.data.take().unwrap_or_default();
@@ -83,11 +90,12 @@ impl Body for DeliveryBody {
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         if let Some(data) = self.data.take() {
+            if self.trailers.is_none() {
+                self.end();
+            }
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
-        if let Some(done) = self.done.take() {
-            handed_over(done, self.watch.as_ref(), None);
-        }
+        self.end();
         match self.trailers.take() {
             // hyper ends the stream with them and polls no further.
             Some(t) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
@@ -96,7 +104,9 @@ impl Body for DeliveryBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        // Never claim the end early: hyper must poll once more so we see it.
+        // Ended once the end was handed over: with the last data, so h2 sends END_STREAM
+        // on that DATA frame. An agent that has every byte may close at once, and an empty
+        // END_STREAM frame still queued behind it would then never go out.
         self.done.is_none()
     }
 
@@ -211,7 +221,8 @@ impl Body for ChannelBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        false
+        // The last data carries the end (see `DeliveryBody::is_end_stream`).
+        self.finished
     }
 }
 
@@ -290,4 +301,114 @@ pub(in crate::http) fn attach_body(
     let (b, rx) = RequestBody::new(body);
     *req.body_mut() = UpBody::Full(b);
     Some(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+    type Fallible = Result<(), Box<dyn std::error::Error>>;
+
+    /// The server's side of a connection, keeping a copy of what it writes.
+    struct Recorded<T> {
+        inner: T,
+        wrote: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl<T: AsyncRead + Unpin> AsyncRead for Recorded<T> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    impl<T: AsyncWrite + Unpin> AsyncWrite for Recorded<T> {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+            if let (Poll::Ready(Ok(n)), Ok(mut wrote)) = (&r, self.wrote.lock()) {
+                wrote.extend_from_slice(&buf[..*n]);
+            }
+            r
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    /// Stream 1's DATA frames in what an h2 server wrote: (payload length, END_STREAM).
+    fn data_frames(bytes: &[u8]) -> Vec<(usize, bool)> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(&[l0, l1, l2, kind, flags, s0, s1, s2, s3]) = bytes.get(at..at + 9) {
+            let len = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
+            let stream = u32::from_be_bytes([s0 & 0x7f, s1, s2, s3]);
+            if kind == 0 && stream == 1 {
+                out.push((len, flags & 1 == 1));
+            }
+            at += 9 + len;
+        }
+        out
+    }
+
+    /// An agent that has every byte may close at once: the end must not wait in a frame of
+    /// its own behind the data (seen as a delivery judged failed that curl had read whole).
+    #[tokio::test]
+    async fn over_h2_a_whole_body_ends_its_stream_on_its_last_data_frame() -> Fallible {
+        let (agent, ours) = tokio::io::duplex(1 << 16);
+        let wrote = Arc::new(Mutex::new(Vec::new()));
+        let ours = Recorded {
+            inner: ours,
+            wrote: wrote.clone(),
+        };
+        let service = hyper::service::service_fn(|_| async {
+            let (body, _) = DeliveryBody::new(Bytes::from_static(b"all of it"));
+            Ok::<_, std::convert::Infallible>(http::Response::new(body))
+        });
+        let server = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(hyper_util::rt::TokioIo::new(ours), service);
+        tokio::spawn(server);
+        let (mut client, connection) = h2::client::handshake(agent).await?;
+        tokio::spawn(connection);
+        let request = http::Request::get("https://origin.test/").body(())?;
+        let (response, _) = client.send_request(request, true)?;
+        let mut body = response.await?.into_body();
+        let mut got = Vec::new();
+        while let Some(chunk) = body.data().await {
+            got.extend_from_slice(&chunk?);
+        }
+        assert_eq!(got, b"all of it");
+        let frames = wrote.lock().map(|w| data_frames(&w)).unwrap_or_default();
+        assert_eq!(frames, vec![(9, true)]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_streamed_body_claims_its_end_with_its_last_data() {
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let (mut body, _) = ChannelBody::new(rx, None);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(tx.try_send(Chunk::Data(Bytes::from_static(b"a"))).is_ok());
+        assert!(tx.try_send(Chunk::Last(Bytes::from_static(b"b"))).is_ok());
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_ready());
+        assert!(!body.is_end_stream(), "more is coming");
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_ready());
+        assert!(body.is_end_stream(), "the last data carries the end");
+    }
 }
