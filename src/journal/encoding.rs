@@ -407,9 +407,30 @@ pub fn decode_stored_within(
     bytes: &[u8],
     seqs: std::ops::Range<u64>,
 ) -> Result<Vec<Event>, DecodeError> {
+    decode_stored_hashing(key, bytes, seqs, Hashes::Computed)
+}
+
+/// Whether a decoder gives each event its hash. A group stores only its last event's
+/// digest, so every other event's is computed, those skipped over included: a projection,
+/// which never reads them, asks for none (a group read for one invocation is otherwise
+/// mostly SHA-256 over the other invocations' events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hashes {
+    Computed,
+    /// `hash` and `prev_hash` are left empty where they are not stored.
+    Skipped,
+}
+
+/// `decode_stored_within`, with or without the hashes a group does not store.
+pub fn decode_stored_hashing(
+    key: u64,
+    bytes: &[u8],
+    seqs: std::ops::Range<u64>,
+    hashes: Hashes,
+) -> Result<Vec<Event>, DecodeError> {
     let mut events = match bytes.split_first() {
-        Some((&GROUP, rest)) => return Frame(rest).group(key, &seqs, Digests::Each),
-        Some((&CHAINED, rest)) => return Frame(rest).group(key, &seqs, Digests::Last),
+        Some((&GROUP, rest)) => return Frame(rest).group(key, &seqs, (Digests::Each, hashes)),
+        Some((&CHAINED, rest)) => return Frame(rest).group(key, &seqs, (Digests::Last, hashes)),
         Some((&RUN, rest)) => Frame(rest).run(key)?,
         _ => vec![decode(bytes)?],
     };
@@ -508,7 +529,8 @@ impl<'a> Frame<'a> {
         let invocation_id = self.text()?;
         let mut out = Vec::with_capacity(count as usize);
         for _ in 0..count {
-            out.extend(self.next_event(&mut chain, &invocation_id, (true, Digests::Each))?);
+            let how = (true, Digests::Each, Hashes::Computed);
+            out.extend(self.next_event(&mut chain, &invocation_id, how)?);
         }
         self.end()?;
         Ok(out)
@@ -518,7 +540,7 @@ impl<'a> Frame<'a> {
         mut self,
         key: u64,
         seqs: &std::ops::Range<u64>,
-        digests: Digests,
+        (digests, hashes): (Digests, Hashes),
     ) -> Result<Vec<Event>, DecodeError> {
         let runs = self.count(digests)?;
         let mut chain = self.chain_from(key)?;
@@ -527,7 +549,8 @@ impl<'a> Frame<'a> {
             let invocation_id = self.text()?;
             for _ in 0..self.count(digests)? {
                 let wanted = seqs.contains(&chain.seq);
-                out.extend(self.next_event(&mut chain, &invocation_id, (wanted, digests))?);
+                let how = (wanted, digests, hashes);
+                out.extend(self.next_event(&mut chain, &invocation_id, how)?);
             }
         }
         if digests == Digests::Last {
@@ -580,7 +603,7 @@ impl<'a> Frame<'a> {
         &mut self,
         chain: &mut Chain,
         invocation_id: &str,
-        (wanted, digests): (bool, Digests),
+        (wanted, digests, hashes): (bool, Digests, Hashes),
     ) -> Result<Option<Event>, DecodeError> {
         let stored = match digests {
             Digests::Each => Some(self.digest()?),
@@ -601,8 +624,12 @@ impl<'a> Frame<'a> {
         let data = self.take(len)?;
         let seq = chain.seq;
         chain.seq = seq.saturating_add(1);
+        let unhashed = stored.is_none() && hashes == Hashes::Skipped;
         if let Some(hash) = stored.as_ref().filter(|_| !wanted) {
             chain.prev_hash.clone_from(hash);
+            return Ok(None);
+        }
+        if unhashed && !wanted {
             return Ok(None);
         }
         let mut event = Event {
@@ -618,7 +645,11 @@ impl<'a> Frame<'a> {
             prev_hash: chain.prev_hash.clone(),
             hash: String::new(),
         };
-        event.hash = stored.unwrap_or_else(|| event.hash_over(data));
+        match (stored, unhashed) {
+            (_, true) => event.prev_hash.clear(),
+            (Some(hash), false) => event.hash = hash,
+            (None, false) => event.hash = event.hash_over(data),
+        }
         chain.prev_hash.clone_from(&event.hash);
         if !wanted {
             return Ok(None);
@@ -1025,6 +1056,38 @@ mod tests {
 
     fn sealed_all(events: &[Event]) -> Vec<Sealed> {
         events.iter().cloned().map(Event::sealed).collect()
+    }
+
+    #[test]
+    fn a_group_read_for_a_projection_skips_the_hashes_it_does_not_store() {
+        let events = grouped();
+        let Some(bytes) = encode_group(&sealed_all(&events)) else {
+            panic!("the group frame holds these");
+        };
+        let read = |seqs| decode_stored_hashing(42, &bytes, seqs, Hashes::Skipped);
+        let all = read(0..u64::MAX).unwrap_or_else(|e| panic!("{e}"));
+        let unhashed = |e: &Event| {
+            let mut e = e.clone();
+            e.prev_hash.clear();
+            e.hash.clear();
+            e
+        };
+        let last = events.len() - 1;
+        assert_eq!(
+            all[..last],
+            events[..last].iter().map(unhashed).collect::<Vec<_>>()[..]
+        );
+        // The last event's digest is stored: it keeps it.
+        assert_eq!(all[last].hash, events[last].hash);
+        assert_eq!(
+            super::super::projection::replay(&all),
+            super::super::projection::replay(&events[..])
+        );
+        let second = read(45..46).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            second.iter().map(|e| (e.seq, e.kind)).collect::<Vec<_>>(),
+            [(45, events[3].kind)]
+        );
     }
 
     #[test]

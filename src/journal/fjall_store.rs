@@ -12,7 +12,7 @@ use fjall::{
 };
 
 use super::encoding::{
-    decode_request, decode_result, decode_stored, decode_stored_within, encode_group,
+    Hashes, decode_request, decode_result, decode_stored, decode_stored_hashing, encode_group,
     encode_request, encode_result, encode_sealed, pack, unpack,
 };
 use super::event::{Checkpoint, Event, Sealed};
@@ -501,30 +501,7 @@ impl EventStore for FjallStore {
     }
 
     fn events_of(&self, invocation_id: &str) -> Result<Vec<Event>, StoreError> {
-        let mut out = self.islands_of(invocation_id)?;
-        for Run { first, count, .. } in self.runs_of(invocation_id)? {
-            let end = first.saturating_add(u64::from(count));
-            // A run sits in one group stored under its first seq or an earlier one, or
-            // (older journals) in one value of its own or one value per event.
-            let mut values = Vec::new();
-            for guard in self.events.range(..seq_key(end)).rev() {
-                let (k, v) = guard.into_inner()?;
-                let key = key_seq(&k)?;
-                values.push((key, v));
-                if key <= first {
-                    break;
-                }
-            }
-            for (key, v) in values.into_iter().rev() {
-                let events =
-                    decode_stored_within(key, &v, first..end).map_err(|e| corrupt("event", e))?;
-                out.extend(events);
-            }
-        }
-        // A run the cut went into: its first events are kept aside and may still be read.
-        out.sort_by_key(|e| e.seq);
-        out.dedup_by_key(|e| e.seq);
-        Ok(out)
+        self.read_events(invocation_id, Hashes::Computed)
     }
 
     fn stored_row(&self, invocation_id: &str) -> Result<Option<StoredRow>, StoreError> {
@@ -657,6 +634,35 @@ impl EventStore for FjallStore {
 }
 
 impl FjallStore {
+    /// One invocation's events, kept aside or not, in seq order; with `Hashes::Skipped` the
+    /// hashes a group does not store are left empty (for a projection).
+    fn read_events(&self, invocation_id: &str, hashes: Hashes) -> Result<Vec<Event>, StoreError> {
+        let mut out = self.islands_of(invocation_id)?;
+        for Run { first, count, .. } in self.runs_of(invocation_id)? {
+            let end = first.saturating_add(u64::from(count));
+            // A run sits in one group stored under its first seq or an earlier one, or
+            // (older journals) in one value of its own or one value per event.
+            let mut values = Vec::new();
+            for guard in self.events.range(..seq_key(end)).rev() {
+                let (k, v) = guard.into_inner()?;
+                let key = key_seq(&k)?;
+                values.push((key, v));
+                if key <= first {
+                    break;
+                }
+            }
+            for (key, v) in values.into_iter().rev() {
+                let events = decode_stored_hashing(key, &v, first..end, hashes)
+                    .map_err(|e| corrupt("event", e))?;
+                out.extend(events);
+            }
+        }
+        // A run the cut went into: its first events are kept aside and may still be read.
+        out.sort_by_key(|e| e.seq);
+        out.dedup_by_key(|e| e.seq);
+        Ok(out)
+    }
+
     fn unindexed(&self) -> std::sync::MutexGuard<'_, Unindexed> {
         // Nothing panics while holding it; a poisoned one is still consistent.
         self.unindexed
@@ -915,7 +921,7 @@ impl FjallStore {
         }
         // The events are read after the row: a lease may have reopened the record since,
         // and then they say so (the caller sees it open).
-        Ok(replay(&self.events_of(id)?))
+        Ok(replay(&self.read_events(id, Hashes::Skipped)?))
     }
 
     /// A retention cut: the events up to the checkpoint, the index runs that ended before
