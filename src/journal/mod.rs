@@ -64,7 +64,7 @@ pub use result::{HttpResult, Payload, SshResult, StoredResult, TunnelResult, as_
 pub use space::SpaceGuard;
 pub use store::{Cut, EventStore, IndexEntries, RawEvent, StoreError, WriteSet};
 pub use twins::{TwinClaim, TwinEntry, TwinSlot, TwinWrite};
-pub use writer::{Appended, LiveStates, needs_sync_rule, rfc3339};
+pub use writer::{Appended, LiveStates, SettledStates, needs_sync_rule, rfc3339};
 
 use crate::contract::{Code, RecoveryFacts, recovery_code};
 use writer::{Request, Writer};
@@ -147,6 +147,7 @@ impl Default for JournalOptions {
 pub struct Journal {
     tx: mpsc::Sender<Request>,
     live: LiveStates,
+    settled: SettledStates,
     store: Arc<dyn EventStore>,
     health: Arc<Health>,
     metrics: JournalMetrics,
@@ -196,6 +197,7 @@ impl Journal {
             live.clone(),
         )?;
         writer.shared = options.shared.as_ref().map(|h| h.0.clone());
+        let settled = writer.settled.clone();
         if let Some(guard) = &options.space {
             guard.clone().spawn(health.clone());
             writer.space = Some(guard.clone());
@@ -208,6 +210,7 @@ impl Journal {
         let journal = Self {
             tx,
             live,
+            settled,
             store,
             health,
             metrics,
@@ -476,6 +479,9 @@ impl Journal {
             .ok()
             .and_then(|l| l.get(invocation_id).cloned())
         {
+            return Ok(Some(State::clone(&s)));
+        }
+        if let Some(s) = self.settled.get(invocation_id) {
             return Ok(Some(State::clone(&s)));
         }
         match self.store.state(invocation_id)? {

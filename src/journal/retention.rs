@@ -68,6 +68,10 @@ impl Writer {
         let start = self.head();
         let note = self.seal_note(&id, draft);
         let checkpoint = cut.checkpoint.clone();
+        // Records the cut removes or marks pruned are read from the store again.
+        let changed: Vec<String> = (cut.states.iter().cloned())
+            .chain(cut.kept.iter().map(|s| s.record.invocation_id.clone()))
+            .collect();
         let set = WriteSet {
             events: vec![note],
             states: std::mem::take(&mut cut.kept),
@@ -76,6 +80,7 @@ impl Writer {
         };
         match self.persist_synced(set) {
             Ok(()) => {
+                self.settled.forget(changed.iter().map(String::as_str));
                 self.metrics.pruned(checkpoint.events);
                 Ok(Some(checkpoint))
             }

@@ -800,6 +800,27 @@ fn retention_passes_a_live_record_and_keeps_its_events_aside_until_it_settles() 
     assert!(journal.verify().is_ok_and(|r| r.ok && r.from_seq == 19));
 }
 
+/// A record that just settled is read from memory, and reads the same as its events
+/// replayed from the store. A cut that takes it makes the store answer again.
+#[test]
+fn a_settled_record_read_from_memory_is_what_its_events_replay_to() {
+    let dir = temp_dir();
+    let rt = rt();
+    let journal = open_pruning(dir.path());
+    let id = match rt.block_on(settled(&journal)) {
+        Ok(id) => id,
+        Err(e) => panic!("settle: {e:?}"),
+    };
+    assert!(journal.settled.get(&id).is_some(), "kept in memory");
+    let from_memory = journal.state(&id).ok().flatten();
+    assert!(from_memory.as_ref().is_some_and(|s| s.progress.closed));
+    assert_eq!(from_memory, journal.store.state(&id).ok().flatten());
+    let_them_age();
+    assert!(rt.block_on(journal.prune_events()).is_ok_and(|n| n > 0));
+    assert!(journal.settled.get(&id).is_none(), "forgotten by the cut");
+    assert_eq!(journal.state(&id).ok().flatten(), None);
+}
+
 /// Issue 40: retention took the events of `unknown` records still waiting for
 /// reconciliation (`/events` said not found). They are kept aside until reconciled.
 #[test]

@@ -29,6 +29,49 @@ use super::{Durability, JournalError};
 /// each durable write) and readers.
 pub type LiveStates = Arc<std::sync::Mutex<HashMap<String, Arc<State>>>>;
 
+/// States of invocations that settled lately. A twin check or a reused key reads the same
+/// settled record again and again, and the store replays its events for each read. Only the
+/// writer changes a state, so only it fills and empties this.
+#[derive(Clone, Default)]
+pub struct SettledStates(Arc<std::sync::Mutex<Settled>>);
+
+#[derive(Default)]
+struct Settled {
+    states: HashMap<String, Arc<State>>,
+    /// Ids in the order they came, oldest first (one forgotten since may still be here).
+    order: std::collections::VecDeque<String>,
+}
+
+/// How many settled states are kept.
+const SETTLED_KEPT: usize = 1024;
+
+impl SettledStates {
+    pub fn get(&self, id: &str) -> Option<Arc<State>> {
+        self.0.lock().ok()?.states.get(id).cloned()
+    }
+
+    fn keep(&self, state: &Arc<State>) {
+        let Ok(mut s) = self.0.lock() else { return };
+        let id = &state.record.invocation_id;
+        if s.states.insert(id.clone(), state.clone()).is_none() {
+            s.order.push_back(id.clone());
+        }
+        while s.order.len() > SETTLED_KEPT {
+            if let Some(old) = s.order.pop_front() {
+                s.states.remove(&old);
+            }
+        }
+    }
+
+    pub(super) fn forget<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
+        if let Ok(mut s) = self.0.lock() {
+            for id in ids {
+                s.states.remove(id);
+            }
+        }
+    }
+}
+
 /// What one append produced.
 #[derive(Debug, Clone)]
 pub struct Appended {
@@ -146,6 +189,7 @@ pub(super) struct Writer {
     head_seq: u64,
     head_hash: String,
     live: LiveStates,
+    pub settled: SettledStates,
     last_sync: Instant,
     /// Checked before each group: the timer alone lets a burst fill the disk between ticks.
     pub space: Option<SpaceGuard>,
@@ -192,6 +236,7 @@ impl Writer {
             head_seq,
             head_hash,
             live,
+            settled: SettledStates::default(),
             last_sync: Instant::now(),
             space: None,
             shared: None,
@@ -656,6 +701,11 @@ impl Writer {
         if newly_closed {
             self.metrics.settled(&state.record);
             super::access::settled(&state.record);
+        }
+        // Kept settled before it leaves the live map: a reader finds it in one or the other.
+        match state.progress.closed {
+            true => self.settled.keep(state),
+            false => self.settled.forget([id.as_str()]),
         }
         if let Ok(mut live) = self.live.lock() {
             if state.progress.closed {
