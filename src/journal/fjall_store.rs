@@ -155,7 +155,7 @@ fn decode_runs(row: u64, value: &[u8]) -> Result<Vec<Run>, StoreError> {
 /// Adds one seq to an invocation's runs: the last grows, or a new one starts.
 fn extend_runs(runs: &mut Vec<(u64, u32)>, first: u64, count: u32) {
     match runs.last_mut() {
-        Some((f, c)) if *f + u64::from(*c) == first => *c = c.saturating_add(count),
+        Some((f, c)) if f.saturating_add(u64::from(*c)) == first => *c = c.saturating_add(count),
         _ => runs.push((first, count)),
     }
 }
