@@ -1079,10 +1079,8 @@ mod tests {
         );
         // The last event's digest is stored: it keeps it.
         assert_eq!(all[last].hash, events[last].hash);
-        assert_eq!(
-            super::super::projection::replay(&all),
-            super::super::projection::replay(&events[..])
-        );
+        // (These events do not project to a record: `journal::tests::a_settled_record_read_from_
+        // memory_is_what_its_events_replay_to` checks a projection read this way.)
         let second = read(45..46).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             second.iter().map(|e| (e.seq, e.kind)).collect::<Vec<_>>(),
