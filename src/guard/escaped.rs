@@ -18,6 +18,7 @@
 use aho_corasick::{AhoCorasick, MatchKind};
 use bytes::Bytes;
 
+use super::gate::Gate;
 use super::unescape::{Decoded, has_escape};
 use super::{Mask, Needles};
 
@@ -27,6 +28,8 @@ const PIECE: usize = 16 << 10;
 /// The decoded plain forms of the secret.
 pub(super) struct Escaped {
     automaton: AhoCorasick,
+    /// Says when the automaton can find nothing in a decoded text.
+    gate: Option<Gate>,
     needles: Needles,
     /// The forms that may be read across a separator: all that can still run past a
     /// decoded text ending in one.
@@ -64,6 +67,7 @@ impl Escaped {
             .ok()?;
         Some(Self {
             automaton,
+            gate: Gate::new(&needles),
             needles: Needles::new(needles),
             spaced_needles,
             spaced: kinds,
@@ -77,6 +81,17 @@ impl Escaped {
             && (self.spaced.get(pattern).copied().unwrap_or(false) || !d.separated(start, end))
     }
 
+    /// False only when no plain form occurs in `text`.
+    fn may_hit(&self, text: &[u8]) -> bool {
+        self.gate.as_ref().is_none_or(|g| g.may_hit(text))
+    }
+
+    #[cfg(test)]
+    pub fn ungated(mut self) -> Self {
+        self.gate = None;
+        self
+    }
+
     /// Whether `bytes` hold an escaped form.
     pub fn is_match(&self, bytes: &[u8]) -> bool {
         if !has_escape(bytes) {
@@ -84,9 +99,11 @@ impl Escaped {
         }
         let mut decoded = Decoded::default();
         decoded.decode(bytes, true);
-        self.automaton
-            .find_overlapping_iter(&decoded.text[..])
-            .any(|m| self.counts(&decoded, m.pattern().as_usize(), m.start(), m.end()))
+        self.may_hit(&decoded.text)
+            && self
+                .automaton
+                .find_overlapping_iter(&decoded.text[..])
+                .any(|m| self.counts(&decoded, m.pattern().as_usize(), m.start(), m.end()))
     }
 
     /// Redacts escaped forms in a whole body. A large one goes in pieces (any chunking
@@ -187,6 +204,9 @@ impl Escaped {
     fn find(&self, carry: &mut EscapedCarry) {
         let d = &carry.decoded;
         carry.hits.clear();
+        if !self.may_hit(&d.text) {
+            return;
+        }
         carry.hits.extend(
             self.automaton
                 .find_overlapping_iter(&d.text[..])

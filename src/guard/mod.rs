@@ -28,9 +28,11 @@ use bytes::Bytes;
 use crate::contract::SecretVersion;
 
 use escaped::{Escaped, EscapedCarry};
+use gate::Gate;
 
 mod dump;
 mod escaped;
+mod gate;
 mod paced;
 mod unescape;
 
@@ -81,6 +83,8 @@ impl GuardCache {
 #[derive(Default)]
 pub struct ReflectionGuard {
     automaton: Option<AhoCorasick>,
+    /// Says when the first pass's automaton can find nothing (`None`: always run it).
+    gate: Option<Gate>,
     needles: Needles,
     /// The second pass, over the decoded text.
     escaped: Option<Escaped>,
@@ -209,6 +213,7 @@ impl ReflectionGuard {
         };
         Some(Self {
             automaton: Some(automaton),
+            gate: Gate::new(&needles),
             needles: Needles::new(needles),
             escaped,
         })
@@ -216,6 +221,19 @@ impl ReflectionGuard {
 
     pub fn is_empty(&self) -> bool {
         self.automaton.is_none()
+    }
+
+    /// False only when no first-pass form occurs in `bytes`.
+    fn may_hit(&self, bytes: &[u8]) -> bool {
+        self.gate.as_ref().is_none_or(|g| g.may_hit(bytes))
+    }
+
+    /// The same guard with both passes' gates off: every scan runs its automaton.
+    #[cfg(test)]
+    fn ungated(mut self) -> Self {
+        self.gate = None;
+        self.escaped = self.escaped.map(Escaped::ungated);
+        self
     }
 
     /// The guard of an exchange with no secret in it, shared: building one allocates
@@ -283,7 +301,7 @@ impl ReflectionGuard {
 
     /// The first pass over a whole body.
     fn redact_uniform(&self, bytes: &[u8], mask: Mask) -> (Bytes, usize) {
-        let Some(ac) = &self.automaton else {
+        let Some(ac) = self.automaton.as_ref().filter(|_| self.may_hit(bytes)) else {
             return (Bytes::copy_from_slice(bytes), 0);
         };
         let mut out = Vec::with_capacity(bytes.len());
@@ -319,7 +337,8 @@ impl ReflectionGuard {
         let decided = self.needles.decided(data.len());
         let mut out = Vec::with_capacity(data.len());
         let (mut end, mut hits, mut held) = (0, 0, None);
-        for m in ac.find_iter(data) {
+        let found = self.may_hit(data).then(|| ac.find_iter(data));
+        for m in found.into_iter().flatten() {
             held = self
                 .needles
                 .first_pending(data, end.max(decided), m.start() + 1);
@@ -344,7 +363,9 @@ impl ReflectionGuard {
 
     /// Whether `bytes` hold a form of the secret (for names that cannot be rewritten).
     pub fn is_match(&self, bytes: &[u8]) -> bool {
-        self.automaton.as_ref().is_some_and(|ac| ac.is_match(bytes))
+        self.automaton
+            .as_ref()
+            .is_some_and(|ac| self.may_hit(bytes) && ac.is_match(bytes))
             || self.escaped.as_ref().is_some_and(|e| e.is_match(bytes))
     }
 }
