@@ -12,6 +12,7 @@
 //! A record (settled state, result, kept request) is its JSON, LZ4-packed when that pays:
 //! fjall compresses only journal values over 4 KiB, and these are written once each.
 
+use super::bodies::{BODY_FILE_FROM, BodyRef};
 use super::event::{Event, EventKind, Sealed, Source};
 use super::request::StoredRequest;
 use super::result::{HttpResult, Payload, SshResult, StoredResult, b64, unb64};
@@ -232,6 +233,61 @@ pub fn decode_result(bytes: &[u8]) -> Result<StoredResult, DecodeError> {
             Ok(())
         },
     )
+}
+
+/// First byte of a result record whose HTTP body is in a body file (`bodies`): tag, the
+/// JSON's length (varint), the JSON (with `body_base64` null), then the `BodyRef`.
+const BODY_IN_FILE: u8 = 0xB7;
+
+/// The result without its HTTP body, and that body, when it is large enough for a body
+/// file.
+pub fn body_for_file(result: &StoredResult) -> Option<(StoredResult, Vec<u8>)> {
+    if !matches!(result.payload, Payload::Http(_)) {
+        return None;
+    }
+    let (bare, mut bodies) = split_bodies(result)?;
+    let body = bodies.pop()?;
+    (body.len() >= BODY_FILE_FROM).then_some((bare, body))
+}
+
+/// The record of a result (from `body_for_file`) whose body is at `at`.
+pub fn encode_result_in_file(
+    bare: &StoredResult,
+    at: BodyRef,
+) -> Result<Vec<u8>, serde_json::Error> {
+    let json = serde_json::to_vec(bare)?;
+    let mut out = Vec::with_capacity(json.len() + 10 + BodyRef::BYTES);
+    out.push(BODY_IN_FILE);
+    varint(&mut out, json.len() as u64);
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&at.to_bytes());
+    Ok(out)
+}
+
+/// A stored result record: whole, or with its body in a body file.
+#[derive(Debug)]
+pub enum ResultRow {
+    Whole(StoredResult),
+    InFile(StoredResult, BodyRef),
+}
+
+/// A stored result record, whichever way it was written.
+pub fn decode_result_row(bytes: &[u8]) -> Result<ResultRow, DecodeError> {
+    let Some((&BODY_IN_FILE, rest)) = bytes.split_first() else {
+        return decode_result(bytes).map(ResultRow::Whole);
+    };
+    let mut frame = Frame(rest);
+    let json = frame.body()?;
+    let result: StoredResult =
+        serde_json::from_slice(json).map_err(|_| DecodeError("result JSON does not parse"))?;
+    let at =
+        BodyRef::from_bytes(frame.0).ok_or(DecodeError("result body reference is malformed"))?;
+    match &result.payload {
+        Payload::Http(http) if http.body_base64.is_none() => Ok(ResultRow::InFile(result, at)),
+        _ => Err(DecodeError(
+            "a body file beside a result that holds its body or has none",
+        )),
+    }
 }
 
 /// A stored value in a form this build does not know: the tags above are all it reads.

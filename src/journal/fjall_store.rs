@@ -1,6 +1,6 @@
 //! The fjall implementation of `EventStore`. fjall types stay in this file.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::Mutex;
@@ -11,15 +11,17 @@ use fjall::{
     CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions, PersistMode,
 };
 
+use super::bodies::BodyFiles;
 use super::encoding::{
-    Hashes, decode_request, decode_result, decode_stored, decode_stored_hashing, encode_group,
-    encode_request, encode_result, encode_sealed, pack, unpack,
+    Hashes, ResultRow, body_for_file, decode_request, decode_result_row, decode_stored,
+    decode_stored_hashing, encode_group, encode_request, encode_result, encode_result_in_file,
+    encode_sealed, pack, unpack,
 };
 use super::event::{Checkpoint, Event, Sealed};
 use super::keys::KeyEntry;
 use super::projection::{State, replay};
 use super::request::StoredRequest;
-use super::result::StoredResult;
+use super::result::{Payload, StoredResult, b64};
 use super::store::{Cut, EventStore, IndexEntries, RawEvent, Run, StoreError, StoredRow, WriteSet};
 use super::suspensions::Suspension;
 use super::twins::TwinEntry;
@@ -47,6 +49,10 @@ pub struct FjallStore {
     islands: Keyspace,
     /// Suspended agents (SPEC §5.8 kill switch): agent id → `Suspension`.
     suspended: Keyspace,
+    /// Large result bodies, outside fjall (see `bodies`).
+    bodies: BodyFiles,
+    /// Body segments a committed row names: id (u64 BE) → latest expiry (i64 LE).
+    body_segments: Keyspace,
     /// Entries in `keys` and `twins`: counted at open, moved by every write.
     key_count: AtomicI64,
     twin_count: AtomicI64,
@@ -208,6 +214,22 @@ fn invocation_runs(events: &[Sealed]) -> impl Iterator<Item = &[Sealed]> {
     })
 }
 
+/// The body segments committed rows name, with their latest expiry.
+fn known_segments(rows: &Keyspace) -> Result<BTreeMap<u64, i64>, StoreError> {
+    let mut known = BTreeMap::new();
+    for guard in rows.iter() {
+        let (k, v) = guard.into_inner()?;
+        let id: [u8; 8] = k[..]
+            .try_into()
+            .map_err(|e| corrupt("body segment key", e))?;
+        let at: [u8; 8] = v[..]
+            .try_into()
+            .map_err(|e| corrupt("body segment row", e))?;
+        known.insert(u64::from_be_bytes(id), i64::from_le_bytes(at));
+    }
+    Ok(known)
+}
+
 fn key_seq(k: &[u8]) -> Result<u64, StoreError> {
     let key: [u8; 8] = k.try_into().map_err(|e| corrupt("event key", e))?;
     Ok(u64::from_be_bytes(key))
@@ -248,6 +270,8 @@ impl FjallStore {
             ))
         };
         let ks_small = |name: &str| db.keyspace(name, small);
+        let body_segments = ks_small("body_segments")?;
+        let bodies = BodyFiles::open(&dir.join("bodies"), known_segments(&body_segments)?)?;
         let store = Self {
             events: ks("events")?,
             by_invocation: ks_small("by_invocation")?,
@@ -268,6 +292,8 @@ impl FjallStore {
             checkpoints: ks_small("checkpoints")?,
             islands: ks_small("islands")?,
             suspended: ks_small("suspended_agents")?,
+            bodies,
+            body_segments,
             key_count: AtomicI64::new(0),
             twin_count: AtomicI64::new(0),
             unindexed: Mutex::new(Unindexed::default()),
@@ -336,9 +362,25 @@ impl EventStore for FjallStore {
             };
             batch.insert(&self.states, id, row);
         }
+        let mut in_files = false;
         for result in &set.results {
             let id = result.invocation_id.as_bytes();
-            let record = encode_result(result).map_err(|e| corrupt("result", e))?;
+            let record = match body_for_file(result) {
+                Some((bare, body)) => {
+                    let (at, moved) = self.bodies.append(&body, result.expires_at_ms)?;
+                    if let Some((segment, latest)) = moved {
+                        batch.insert(
+                            &self.body_segments,
+                            segment.to_be_bytes(),
+                            latest.to_le_bytes(),
+                        );
+                    }
+                    in_files = true;
+                    encode_result_in_file(&bare, at)
+                }
+                None => encode_result(result),
+            }
+            .map_err(|e| corrupt("result", e))?;
             batch.insert(&self.results, id, record);
             batch.insert(
                 &self.result_expiry,
@@ -378,6 +420,11 @@ impl EventStore for FjallStore {
                 None => batch.remove(&self.suspended, s.agent.as_bytes()),
             }
         }
+        // Durable before a durable row can name them: fjall's journal reaches the OS on
+        // commit, and the OS may write it back before the next sync.
+        if in_files && set.sync_bodies {
+            self.bodies.sync()?;
+        }
         batch.commit()?;
         // Only now: a reader between the commit and this sees a run twice, never not at all.
         self.forget_indexed(&settled, cut_runs);
@@ -388,6 +435,7 @@ impl EventStore for FjallStore {
     }
 
     fn sync(&self) -> Result<(), StoreError> {
+        self.bodies.sync()?;
         Ok(self.db.persist(PersistMode::SyncData)?)
     }
 
@@ -546,12 +594,32 @@ impl EventStore for FjallStore {
     }
 
     fn result(&self, invocation_id: &str) -> Result<Option<StoredResult>, StoreError> {
-        match self.results.get(invocation_id.as_bytes())? {
-            None => Ok(None),
-            Some(v) => decode_result(&v)
-                .map(Some)
-                .map_err(|e| corrupt("result", e)),
+        let Some(v) = self.results.get(invocation_id.as_bytes())? else {
+            return Ok(None);
+        };
+        match decode_result_row(&v).map_err(|e| corrupt("result", e))? {
+            ResultRow::Whole(result) => Ok(Some(result)),
+            ResultRow::InFile(mut result, at) => {
+                let Some(body) = self.bodies.read(&at)? else {
+                    // Reclaimed: every body in its segment had expired, this one too.
+                    return Ok(None);
+                };
+                if let Payload::Http(http) = &mut result.payload {
+                    http.body_base64 = Some(b64(&body));
+                }
+                Ok(Some(result))
+            }
         }
+    }
+
+    fn reclaim_bodies(&self, now_ms: i64) -> Result<usize, StoreError> {
+        let expired = self.bodies.expired(now_ms);
+        for &id in &expired {
+            // The row first: a segment without one goes at the next open anyway.
+            self.body_segments.remove(id.to_be_bytes())?;
+            self.bodies.remove(id)?;
+        }
+        Ok(expired.len())
     }
 
     fn request(&self, invocation_id: &str) -> Result<Option<StoredRequest>, StoreError> {

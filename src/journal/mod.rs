@@ -9,6 +9,7 @@
 
 mod access;
 mod audit;
+mod bodies;
 mod encoding;
 mod event;
 mod export;
@@ -591,6 +592,19 @@ impl Journal {
         export::page(self.store.as_ref(), since, limit)
     }
 
+    /// Whether a result can be fetched. A damaged one (a body file changed on disk) cannot,
+    /// and must not keep postern from starting.
+    fn retrievable(&self, id: &str) -> Result<bool, StoreError> {
+        match self.result(id) {
+            Ok(result) => Ok(result.is_some()),
+            Err(e @ StoreError::Corrupt { .. }) => {
+                tracing::error!(invocation = %id, error = %e, "a stored result is damaged; recovered as not retrievable");
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// SPEC §2 recovery: every exchange that was live when postern stopped is settled.
     fn recover(&self) -> Result<RecoveryReport, StoreError> {
         let mut report = RecoveryReport::default();
@@ -604,7 +618,7 @@ impl Journal {
                 dispatched: state.progress.dispatched_this_generation,
                 result_committed,
                 // Checked in the store itself: its retention may have run out meanwhile.
-                result_retrievable: result_committed && self.result(&id)?.is_some(),
+                result_retrievable: result_committed && self.retrievable(&id)?,
             };
             let code = recovery_code(facts);
             let draft = Draft::observed(Body::Failed(Failure::of(code))).source(Source::Recovery);

@@ -49,6 +49,9 @@ pub struct WriteSet {
     pub cut: Option<Cut>,
     /// Kill switch rows set or removed (their `AGENT_*` events ride `events`).
     pub suspensions: Vec<super::suspensions::SuspensionWrite>,
+    /// Result bodies written to files of their own are synced before the write
+    /// (`durability = "fsync"`).
+    pub sync_bodies: bool,
 }
 
 /// What one retention cut removes, and the checkpoint it leaves in its place.
@@ -211,4 +214,9 @@ pub trait EventStore: Send + Sync + 'static {
     fn index_entries(&self) -> IndexEntries;
     /// The suspended agents (SPEC §5.8 kill switch).
     fn suspensions(&self) -> Result<Vec<super::suspensions::Suspension>, StoreError>;
+    /// Removes stored result bodies whose results have all expired before `now_ms`; how
+    /// many files.
+    fn reclaim_bodies(&self, _now_ms: i64) -> Result<usize, StoreError> {
+        Ok(0)
+    }
 }

@@ -16,15 +16,22 @@ impl Journal {
     /// Removes results (and kept requests) whose retention has passed; how many rows.
     pub async fn expire_results(&self) -> Result<usize, JournalError> {
         let now = unix_ms(self.now());
-        self.sweep(
-            |after| self.store.expired_results(now, after, SWEEP_BATCH),
-            |results, reply| Request::Expire {
-                results,
-                keys: Vec::new(),
-                reply,
-            },
-        )
-        .await
+        let swept = self
+            .sweep(
+                |after| self.store.expired_results(now, after, SWEEP_BATCH),
+                |results, reply| Request::Expire {
+                    results,
+                    keys: Vec::new(),
+                    reply,
+                },
+            )
+            .await?;
+        // Body files go once every result in them expired (their rows may lag: a read of
+        // one finds nothing, as the expired result it is).
+        if let Err(e) = self.store.reclaim_bodies(now) {
+            tracing::warn!(error = %e, "result body files were not reclaimed");
+        }
+        Ok(swept)
     }
 
     /// Removes idempotency key index entries whose retention has passed.

@@ -655,6 +655,7 @@ fn while_low_on_space_no_new_invocation_is_written_and_those_in_flight_resolve()
     assert!(!journal.health().is_fatal());
 }
 
+mod bodies;
 mod fold;
 mod recovery;
 mod suspensions;

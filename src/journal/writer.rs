@@ -623,7 +623,8 @@ impl Writer {
     }
 
     /// Writes a group; syncs it if any event needs it; fires failpoints.
-    fn persist(&mut self, set: WriteSet, needs_sync: bool) -> Result<(), JournalError> {
+    fn persist(&mut self, mut set: WriteSet, needs_sync: bool) -> Result<(), JournalError> {
+        set.sync_bodies = self.durability == Durability::Fsync;
         if set.is_empty() && !needs_sync {
             return Ok(());
         }

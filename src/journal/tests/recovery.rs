@@ -4,7 +4,7 @@
 use super::*;
 use crate::contract::{OperationView, RecordFacts, Verdict, decide};
 
-fn reopen(dir: &Path) -> (Journal, RecoveryReport) {
+pub(super) fn reopen(dir: &Path) -> (Journal, RecoveryReport) {
     // The dropped journal's background threads may still hold the lock for a moment.
     for _ in 0..100 {
         if let Ok(j) = Journal::open(dir, JournalOptions::default()) {

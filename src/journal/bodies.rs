@@ -1,0 +1,234 @@
+//! Large result bodies in files of the journal's own. fjall writes a value twice (its
+//! journal, then a blob file when the memtable flushes): a 64 KiB body cost 136 KB of
+//! disk. Here it is written once, into the active segment, and made durable before the
+//! result row that names it (`BodyRef`) is written, so no durable row names a body that is
+//! not. A segment goes when every result in it has expired (`reclaim`); one that no
+//! committed row names (a crash before its first row) goes at open.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use super::store::StoreError;
+
+/// Bodies from this size on go to a segment; smaller ones stay in the result row.
+pub const BODY_FILE_FROM: usize = 16 << 10;
+
+/// A segment takes bodies until it holds this much.
+const SEGMENT_BYTES: u64 = 64 << 20;
+
+const SUFFIX: &str = ".body";
+
+/// Where a body is: its segment, offset, length and XXH3 checksum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyRef {
+    pub segment: u64,
+    pub offset: u64,
+    pub len: u64,
+    pub checksum: u64,
+}
+
+impl BodyRef {
+    pub const BYTES: usize = 32;
+
+    pub fn to_bytes(self) -> [u8; Self::BYTES] {
+        let mut out = [0u8; Self::BYTES];
+        let fields = [self.segment, self.offset, self.len, self.checksum];
+        for (chunk, field) in out.chunks_exact_mut(8).zip(fields) {
+            chunk.copy_from_slice(&field.to_le_bytes());
+        }
+        out
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != Self::BYTES {
+            return None;
+        }
+        let mut fields = bytes
+            .chunks_exact(8)
+            .map(|c| c.try_into().map(u64::from_le_bytes));
+        Some(Self {
+            segment: fields.next()?.ok()?,
+            offset: fields.next()?.ok()?,
+            len: fields.next()?.ok()?,
+            checksum: fields.next()?.ok()?,
+        })
+    }
+}
+
+pub struct BodyFiles {
+    dir: PathBuf,
+    inner: Mutex<Segments>,
+}
+
+struct Segments {
+    active: Active,
+    /// By segment: the latest expiry of a body in it (the active one's included).
+    expiry: BTreeMap<u64, i64>,
+}
+
+struct Active {
+    id: u64,
+    file: File,
+    len: u64,
+    /// Written since its last sync.
+    dirty: bool,
+}
+
+fn io(e: std::io::Error) -> StoreError {
+    StoreError::Io(format!("result body file: {e}"))
+}
+
+impl BodyFiles {
+    /// Opens `dir`, keeping the segments `known` names (by id, with their latest expiry:
+    /// what committed rows say) and removing the others; starts a new active segment.
+    pub fn open(dir: &Path, known: BTreeMap<u64, i64>) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let mut last = known.keys().next_back().copied().unwrap_or(0);
+        let mut expiry = BTreeMap::new();
+        for entry in std::fs::read_dir(dir).map_err(io)? {
+            let path = entry.map_err(io)?.path();
+            let Some(id) = segment_id(&path) else {
+                continue;
+            };
+            last = last.max(id);
+            match known.get(&id) {
+                Some(&at) => {
+                    expiry.insert(id, at);
+                }
+                None => std::fs::remove_file(&path).map_err(io)?,
+            }
+        }
+        let active = Active::create(dir, last + 1)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            inner: Mutex::new(Segments { active, expiry }),
+        })
+    }
+
+    /// Appends a body that expires at `expires_at_ms`. Returns where it is, and the
+    /// segment's new latest expiry when this body moved it (the caller stores that row
+    /// with the result's).
+    pub fn append(
+        &self,
+        body: &[u8],
+        expires_at_ms: i64,
+    ) -> Result<(BodyRef, Option<(u64, i64)>), StoreError> {
+        let mut s = self.inner.lock().map_err(|_| StoreError::Poisoned)?;
+        if s.active.len > 0 && s.active.len + body.len() as u64 > SEGMENT_BYTES {
+            // The full segment's bodies must be durable before rows name them.
+            s.active.sync()?;
+            s.active = Active::create(&self.dir, s.active.id + 1)?;
+        }
+        let a = &mut s.active;
+        a.file.write_all_at(body, a.len).map_err(io)?;
+        let at = BodyRef {
+            segment: a.id,
+            offset: a.len,
+            len: body.len() as u64,
+            checksum: xxhash_rust::xxh3::xxh3_64(body),
+        };
+        a.len += body.len() as u64;
+        a.dirty = true;
+        let id = a.id;
+        let latest = s.expiry.entry(id).or_insert(i64::MIN);
+        let moved = (expires_at_ms > *latest).then(|| {
+            *latest = expires_at_ms;
+            (id, expires_at_ms)
+        });
+        Ok((at, moved))
+    }
+
+    /// Makes every appended body durable.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        let mut s = self.inner.lock().map_err(|_| StoreError::Poisoned)?;
+        s.active.sync()
+    }
+
+    /// The body `at` names; `None` when its segment is gone (reclaimed: every body in it
+    /// had expired).
+    pub fn read(&self, at: &BodyRef) -> Result<Option<Vec<u8>>, StoreError> {
+        let file = match File::open(self.path(at.segment)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(e)),
+        };
+        let corrupt = |detail: &str| StoreError::Corrupt {
+            what: "result body",
+            detail: format!("segment {}: {detail}", at.segment),
+        };
+        let len = usize::try_from(at.len).map_err(|_| corrupt("impossible length"))?;
+        let mut body = vec![0u8; len];
+        file.read_exact_at(&mut body, at.offset)
+            .map_err(|_| corrupt("shorter than its row says"))?;
+        if xxhash_rust::xxh3::xxh3_64(&body) != at.checksum {
+            return Err(corrupt("checksum differs"));
+        }
+        Ok(Some(body))
+    }
+
+    /// Segments (not the active one) whose every body expired before `now_ms`.
+    pub fn expired(&self, now_ms: i64) -> Vec<u64> {
+        let Ok(s) = self.inner.lock() else {
+            return Vec::new();
+        };
+        s.expiry
+            .iter()
+            .filter(|&(&id, &at)| id != s.active.id && at < now_ms)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Removes a segment `expired` named (its row is gone already).
+    pub fn remove(&self, id: u64) -> Result<(), StoreError> {
+        if let Ok(mut s) = self.inner.lock() {
+            s.expiry.remove(&id);
+        }
+        match std::fs::remove_file(self.path(id)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(e)),
+            _ => Ok(()),
+        }
+    }
+
+    fn path(&self, id: u64) -> PathBuf {
+        segment_path(&self.dir, id)
+    }
+}
+
+impl Active {
+    /// A new, empty segment whose name is durable (a row may name it after one sync).
+    fn create(dir: &Path, id: u64) -> Result<Self, StoreError> {
+        let file = std::fs::OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(segment_path(dir, id))
+            .map_err(io)?;
+        File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+        Ok(Self {
+            id,
+            file,
+            len: 0,
+            dirty: false,
+        })
+    }
+
+    fn sync(&mut self) -> Result<(), StoreError> {
+        if self.dirty {
+            self.file.sync_data().map_err(io)?;
+            self.dirty = false;
+        }
+        Ok(())
+    }
+}
+
+fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("{id:016x}{SUFFIX}"))
+}
+
+fn segment_id(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?.strip_suffix(SUFFIX)?;
+    u64::from_str_radix(name, 16).ok()
+}

@@ -1,0 +1,127 @@
+//! Large result bodies live in body files (`journal::bodies`): written once, read back
+//! after a restart, reclaimed when every result in a file expired, checked when read.
+
+use super::recovery::reopen;
+use super::*;
+
+/// A committed result with a body of `len` bytes that expires at `expires_at_ms`.
+fn large(journal: &Journal, len: usize, expires_at_ms: i64) -> (String, Vec<u8>) {
+    let id = new_invocation_id();
+    let body: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+    let (draft, mut result) = committed(&id, expires_at_ms);
+    if let Payload::Http(http) = &mut result.payload {
+        http.body_base64 = Some(b64(&body));
+        http.digest = sha256_tagged(&body);
+        http.bytes = len as u64;
+    }
+    let committed = rt().block_on(async {
+        journal
+            .append(&id, vec![accepted("POST"), preflight(false), dispatch()])
+            .await?;
+        journal.commit_result(&id, vec![draft], result).await
+    });
+    assert!(committed.is_ok(), "{committed:?}");
+    (id, body)
+}
+
+fn body_of(journal: &Journal, id: &str) -> Option<Vec<u8>> {
+    let result = journal.result(id).ok().flatten()?;
+    match result.payload {
+        Payload::Http(http) => unb64(http.body_base64.as_deref()?),
+        _ => None,
+    }
+}
+
+/// The body files and their sizes.
+fn files(dir: &Path) -> Vec<(String, u64)> {
+    let Ok(entries) = std::fs::read_dir(dir.join("bodies")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, u64)> = entries
+        .flatten()
+        .map(|e| {
+            let len = e.metadata().map_or(0, |m| m.len());
+            (e.file_name().to_string_lossy().into_owned(), len)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn a_large_body_is_kept_in_a_body_file_once_and_read_back_after_a_restart() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let journal = open(dir.path());
+    let far = unix_ms(journal.now()) + 3_600_000;
+    let (big, body) = large(&journal, 64 << 10, far);
+    let (small, small_body) = large(&journal, 1000, far);
+    assert_eq!(body_of(&journal, &big), Some(body.clone()));
+    assert_eq!(body_of(&journal, &small), Some(small_body.clone()));
+    // Only the large one went to the file, whole.
+    let written: u64 = files(dir.path()).iter().map(|(_, len)| len).sum();
+    assert_eq!(written, 64 << 10);
+    drop(journal);
+    let (journal, _) = reopen(dir.path());
+    assert_eq!(body_of(&journal, &big), Some(body));
+    assert_eq!(body_of(&journal, &small), Some(small_body));
+}
+
+#[test]
+fn a_body_file_goes_once_every_result_in_it_expired() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let journal = open(dir.path());
+    let far = unix_ms(journal.now()) + 3_600_000;
+    let (gone, _) = large(&journal, 32 << 10, 1);
+    drop(journal);
+    // A new process writes to a new file: the first holds only the expired result.
+    let (journal, _) = reopen(dir.path());
+    let (kept, body) = large(&journal, 32 << 10, far);
+    assert_eq!(files(dir.path()).len(), 2);
+    assert_eq!(rt().block_on(journal.expire_results()), Ok(1));
+    assert_eq!(files(dir.path()).len(), 1, "the expired file went");
+    assert_eq!(journal.result(&gone), Ok(None));
+    assert_eq!(body_of(&journal, &kept), Some(body.clone()));
+    drop(journal);
+    // The active file of that process holds a result still kept: it stays.
+    let (journal, _) = reopen(dir.path());
+    assert_eq!(rt().block_on(journal.expire_results()), Ok(0));
+    assert_eq!(body_of(&journal, &kept), Some(body));
+}
+
+#[test]
+fn a_body_file_no_row_names_goes_at_open_and_a_damaged_body_is_not_served() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let journal = open(dir.path());
+    let far = unix_ms(journal.now()) + 3_600_000;
+    let (id, _) = large(&journal, 20 << 10, far);
+    drop(journal);
+    // A crash between a body's write and its row's: a file no row names.
+    let stray = dir.path().join("bodies").join("00000000000000ff.body");
+    assert!(std::fs::write(&stray, b"half a body").is_ok());
+    // And a bit flipped in the body a row names.
+    let named = dir.path().join("bodies").join(&files(dir.path())[0].0);
+    let Ok(mut bytes) = std::fs::read(&named) else {
+        panic!("no body file");
+    };
+    bytes[100] ^= 1;
+    assert!(std::fs::write(&named, bytes).is_ok());
+    let (journal, _) = reopen(dir.path());
+    assert!(!stray.exists());
+    let read = journal.result(&id);
+    assert!(
+        matches!(
+            read,
+            Err(StoreError::Corrupt {
+                what: "result body",
+                ..
+            })
+        ),
+        "{read:?}"
+    );
+}
