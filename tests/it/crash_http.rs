@@ -34,6 +34,11 @@ const VAULT_KEY: &str = "vault-passphrase-for-crash-cells";
 /// The injected secret: it must not show in any record, event or log line.
 const SECRET: &str = "pay-key-v1-canary";
 const BODY: &str = "{\"paid\":1}";
+/// A body large enough for a body file of its own (`journal::bodies`, from 16 KiB).
+static LARGE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let items: Vec<String> = (0..2000).map(|n| format!("{{\"n\":{n:05}}}")).collect();
+    format!("[{}]", items.join(","))
+});
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Delivery {
@@ -76,6 +81,8 @@ struct Cell {
     remote: Remote,
     /// The agent leaves once the origin has the request (a cancelled caller).
     agent_gives_up: bool,
+    /// The origin answers `LARGE`, not `BODY`.
+    large: bool,
     /// A first request on the route ran and was delivered before, so this one goes out on
     /// its kept upstream connection; the failpoint counts the first one's writes (`KIND:2`).
     pooled: bool,
@@ -95,6 +102,7 @@ const fn cell(crash_after: &'static str, delivery: Delivery, expect: Expect) -> 
         approval: None,
         remote: Remote::Answers(0),
         agent_gives_up: false,
+        large: false,
         pooled: false,
         reconcile: None,
         expect,
@@ -106,6 +114,23 @@ const fn over(transport: Transport, crash_after: &'static str, d: Delivery, e: E
     Cell {
         transport,
         ..cell(crash_after, d, e)
+    }
+}
+
+/// `over`, answered with a body that goes to a body file.
+fn large(transport: Transport, crash_after: &'static str, d: Delivery, e: Expect) -> Cell {
+    Cell {
+        large: true,
+        ..over(transport, crash_after, d, e)
+    }
+}
+
+impl Cell {
+    fn body(&self) -> &'static str {
+        match self.large {
+            true => LARGE.as_str(),
+            false => BODY,
+        }
     }
 }
 
@@ -256,6 +281,12 @@ fn cells() -> Vec<Cell> {
         remote: Remote::Answers(3000),
         ..over(Https, "REQUEST_SENT", Stream, restarted(1))
     });
+    // A body in a body file: durable with its result, whole after the restart.
+    cells.extend([
+        large(Http, "RESULT_COMMITTED", Buffer, fetch()),
+        large(Https, "RESULT_COMMITTED", Stream, fetch()),
+        large(H2, "RESULT_DELIVERED", Buffer, delivered()),
+    ]);
     cells
 }
 
@@ -279,6 +310,9 @@ fn name(c: &Cell) -> String {
     if c.agent_gives_up {
         n.push_str(", agent gives up");
     }
+    if c.large {
+        n.push_str(", large body");
+    }
     match c.reconcile {
         Some(true) => n.push_str(", reconciled committed"),
         Some(false) => n.push_str(", reconciled rejected"),
@@ -295,14 +329,15 @@ struct Upstream {
 
 fn upstream(c: &Cell) -> Upstream {
     let remote = c.remote;
+    let body = c.body();
     let origin = match (c.transport, remote) {
         (Transport::Http, Remote::Answers(pause)) => {
             let answer = move |s: &mut std::net::TcpStream, _: &[u8]| {
                 use std::io::Write;
                 std::thread::sleep(Duration::from_millis(pause));
                 let r = format!(
-                    "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{BODY}",
-                    BODY.len()
+                    "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
                 );
                 let _ = s.write_all(r.as_bytes());
             };
@@ -319,7 +354,7 @@ fn upstream(c: &Cell) -> Upstream {
         (Transport::Http, Remote::Refused) => origins::closes_without_response(),
         (t, Remote::Answers(pause)) => {
             let pause = Duration::from_millis(pause);
-            let body = bytes::Bytes::from_static(BODY.as_bytes());
+            let body = bytes::Bytes::from_static(body.as_bytes());
             let counting = tls_origin::counting(t == Transport::H2, pause, 201, body);
             return Upstream {
                 origin: counting.origin,
@@ -363,8 +398,8 @@ struct Seen {
 }
 
 impl Seen {
-    fn got_all(&self) -> bool {
-        self.clean && self.status == 201 && self.body == BODY
+    fn got_all(&self, c: &Cell) -> bool {
+        self.clean && self.status == 201 && self.body == c.body()
     }
 }
 
@@ -450,7 +485,7 @@ fn run(c: &Cell, template: &Home) {
     if c.pooled {
         let first = agent(args.clone(), None).join().unwrap();
         assert!(
-            first.got_all(),
+            first.got_all(c),
             "{ctx}: the first request: {} {:?}",
             first.status,
             first.body
@@ -478,7 +513,7 @@ fn run(c: &Cell, template: &Home) {
     // Only a delivered result reached the agent whole: a streamed one's end is held back
     // until RESULT_COMMITTED is durable, and the crash came first.
     assert_eq!(
-        seen.got_all(),
+        seen.got_all(c),
         c.crash_after == "RESULT_DELIVERED",
         "{ctx}: the agent saw {} {:?} (clean end: {})",
         seen.status,
@@ -549,7 +584,11 @@ fn run(c: &Cell, template: &Home) {
         let body = result["body_base64"]
             .as_str()
             .and_then(postern::journal::unb64);
-        assert_eq!(body.as_deref(), Some(BODY.as_bytes()), "{ctx}: {result}");
+        assert_eq!(
+            body.as_deref(),
+            Some(c.body().as_bytes()),
+            "{ctx}: {result}"
+        );
     }
     // Neither the restart nor fetching the result sent the request again.
     assert_eq!(origin.hits(), effects, "{ctx}: after the fetch");
