@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -85,7 +85,12 @@ impl BodyFiles {
     /// Opens `dir`, keeping the segments `known` names (by id, with their latest expiry:
     /// what committed rows say) and removing the others; starts a new active segment.
     pub fn open(dir: &Path, known: BTreeMap<u64, i64>) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir).map_err(io)?;
+        // Bodies are what origins answered: the operator's alone, as the journal is.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io)?;
         let mut last = known.keys().next_back().copied().unwrap_or(0);
         let mut expiry = BTreeMap::new();
         for entry in std::fs::read_dir(dir).map_err(io)? {
@@ -204,6 +209,7 @@ impl Active {
             .create_new(true)
             .read(true)
             .write(true)
+            .mode(0o600)
             .open(segment_path(dir, id))
             .map_err(io)?;
         File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;

@@ -125,3 +125,19 @@ fn a_body_file_no_row_names_goes_at_open_and_a_damaged_body_is_not_served() {
         "{read:?}"
     );
 }
+
+#[test]
+fn body_files_are_the_operators_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let journal = open(dir.path());
+    let _ = large(&journal, 20 << 10, unix_ms(journal.now()) + 60_000);
+    let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode() & 0o777);
+    let bodies = dir.path().join("bodies");
+    assert_eq!(mode(&bodies).ok(), Some(0o700));
+    for (name, _) in files(dir.path()) {
+        assert_eq!(mode(&bodies.join(name)).ok(), Some(0o600));
+    }
+}
