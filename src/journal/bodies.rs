@@ -164,6 +164,11 @@ impl BodyFiles {
             what: "result body",
             detail: format!("segment {}: {detail}", at.segment),
         };
+        // A damaged row must not make it allocate what the file does not hold.
+        let size = file.metadata().map_err(io)?.len();
+        if at.offset.checked_add(at.len).is_none_or(|end| end > size) {
+            return Err(corrupt("shorter than its row says"));
+        }
         let len = usize::try_from(at.len).map_err(|_| corrupt("impossible length"))?;
         let mut body = vec![0u8; len];
         file.read_exact_at(&mut body, at.offset)

@@ -141,3 +141,40 @@ fn body_files_are_the_operators_alone() {
         assert_eq!(mode(&bodies.join(name)).ok(), Some(0o600));
     }
 }
+
+#[test]
+fn a_reference_past_its_file_is_refused_before_anything_is_read() {
+    use crate::journal::bodies::{BodyFiles, BodyRef};
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let Ok(files) = BodyFiles::open(dir.path(), Default::default()) else {
+        panic!("no body files");
+    };
+    let Ok((at, _)) = files.append(b"a body", 1) else {
+        panic!("no append");
+    };
+    assert_eq!(
+        files.read(&at).ok().flatten().as_deref(),
+        Some(&b"a body"[..])
+    );
+    for bad in [
+        BodyRef {
+            len: u64::MAX,
+            ..at
+        },
+        BodyRef {
+            offset: u64::MAX,
+            ..at
+        },
+        BodyRef {
+            len: at.len + 1,
+            ..at
+        },
+    ] {
+        assert!(
+            matches!(files.read(&bad), Err(StoreError::Corrupt { .. })),
+            "{bad:?}"
+        );
+    }
+}
