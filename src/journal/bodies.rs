@@ -64,8 +64,12 @@ pub struct BodyFiles {
 }
 
 struct Segments {
-    active: Active,
-    /// By segment: the latest expiry of a body in it (the active one's included).
+    /// Made at the first append: opening the journal to read it (the CLI) writes nothing.
+    active: Option<Active>,
+    /// The id the next segment takes.
+    next: u64,
+    /// By segment: the latest expiry of a body in it (the active one's included; a
+    /// known one whose file is missing too, so reading it is an error, not an expiry).
     expiry: BTreeMap<u64, i64>,
 }
 
@@ -83,33 +87,50 @@ fn io(e: std::io::Error) -> StoreError {
 
 impl BodyFiles {
     /// Opens `dir`, keeping the segments `known` names (by id, with their latest expiry:
-    /// what committed rows say) and removing the others; starts a new active segment.
+    /// what committed rows say) and removing the others.
     pub fn open(dir: &Path, known: BTreeMap<u64, i64>) -> Result<Self, StoreError> {
-        // Bodies are what origins answered: the operator's alone, as the journal is.
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(io)?;
+        if !dir.exists() {
+            // Bodies are what origins answered: the operator's alone, as the journal is.
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(dir)
+                .map_err(io)?;
+            if let Some(parent) = dir.parent() {
+                sync_dir(parent)?;
+            }
+        }
         let mut last = known.keys().next_back().copied().unwrap_or(0);
-        let mut expiry = BTreeMap::new();
+        let mut found = std::collections::BTreeSet::new();
         for entry in std::fs::read_dir(dir).map_err(io)? {
             let path = entry.map_err(io)?.path();
             let Some(id) = segment_id(&path) else {
                 continue;
             };
             last = last.max(id);
-            match known.get(&id) {
-                Some(&at) => {
-                    expiry.insert(id, at);
+            match known.contains_key(&id) {
+                true => found.insert(id),
+                false => {
+                    std::fs::remove_file(&path).map_err(io)?;
+                    false
                 }
-                None => std::fs::remove_file(&path).map_err(io)?,
-            }
+            };
         }
-        let active = Active::create(dir, last + 1)?;
+        for id in known.keys().filter(|id| !found.contains(*id)) {
+            tracing::error!(
+                segment = id,
+                "a result body file is missing; its results cannot be fetched"
+            );
+        }
+        let next = last
+            .checked_add(1)
+            .ok_or_else(|| StoreError::Io("result body files: no segment id left".into()))?;
         Ok(Self {
             dir: dir.to_owned(),
-            inner: Mutex::new(Segments { active, expiry }),
+            inner: Mutex::new(Segments {
+                active: None,
+                next,
+                expiry: known,
+            }),
         })
     }
 
@@ -121,19 +142,34 @@ impl BodyFiles {
         body: &[u8],
         expires_at_ms: i64,
     ) -> Result<(BodyRef, Option<(u64, i64)>), StoreError> {
-        let mut s = self.inner.lock().map_err(|_| StoreError::Poisoned)?;
-        if s.active.len > 0 && s.active.len + body.len() as u64 > SEGMENT_BYTES {
-            // The full segment's bodies must be durable before rows name them.
-            s.active.sync()?;
-            s.active = Active::create(&self.dir, s.active.id + 1)?;
+        let mut guard = self.inner.lock().map_err(|_| StoreError::Poisoned)?;
+        let s = &mut *guard;
+        let full = s
+            .active
+            .as_ref()
+            .is_none_or(|a| a.len > 0 && a.len + body.len() as u64 > SEGMENT_BYTES);
+        if full {
+            if let Some(a) = s.active.as_mut() {
+                // The full segment's bodies must be durable before rows name them.
+                a.sync()?;
+            }
+            let id = s.next;
+            s.next = id
+                .checked_add(1)
+                .ok_or_else(|| StoreError::Io("result body files: no segment id left".into()))?;
+            s.active = Some(Active::create(&self.dir, id)?);
         }
-        let a = &mut s.active;
+        let Some(a) = s.active.as_mut() else {
+            return Err(StoreError::Io(
+                "result body files: no active segment".into(),
+            ));
+        };
         a.file.write_all_at(body, a.len).map_err(io)?;
         let at = BodyRef {
             segment: a.id,
             offset: a.len,
             len: body.len() as u64,
-            checksum: xxhash_rust::xxh3::xxh3_64(body),
+            checksum: checksum(a.id, a.len, body),
         };
         a.len += body.len() as u64;
         a.dirty = true;
@@ -149,20 +185,29 @@ impl BodyFiles {
     /// Makes every appended body durable.
     pub fn sync(&self) -> Result<(), StoreError> {
         let mut s = self.inner.lock().map_err(|_| StoreError::Poisoned)?;
-        s.active.sync()
+        s.active.as_mut().map_or(Ok(()), Active::sync)
     }
 
-    /// The body `at` names; `None` when its segment is gone (reclaimed: every body in it
-    /// had expired).
+    /// The body `at` names; `None` when its segment was reclaimed (every body in it had
+    /// expired).
     pub fn read(&self, at: &BodyRef) -> Result<Option<Vec<u8>>, StoreError> {
-        let file = match File::open(self.path(at.segment)) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io(e)),
-        };
         let corrupt = |detail: &str| StoreError::Corrupt {
             what: "result body",
             detail: format!("segment {}: {detail}", at.segment),
+        };
+        let file = match File::open(self.path(at.segment)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let known = self
+                    .inner
+                    .lock()
+                    .is_ok_and(|s| s.expiry.contains_key(&at.segment));
+                return match known {
+                    true => Err(corrupt("its file is missing")),
+                    false => Ok(None),
+                };
+            }
+            Err(e) => return Err(io(e)),
         };
         // A damaged row must not make it allocate what the file does not hold.
         let size = file.metadata().map_err(io)?.len();
@@ -172,8 +217,11 @@ impl BodyFiles {
         let len = usize::try_from(at.len).map_err(|_| corrupt("impossible length"))?;
         let mut body = vec![0u8; len];
         file.read_exact_at(&mut body, at.offset)
-            .map_err(|_| corrupt("shorter than its row says"))?;
-        if xxhash_rust::xxh3::xxh3_64(&body) != at.checksum {
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => corrupt("shorter than its row says"),
+                _ => io(e),
+            })?;
+        if checksum(at.segment, at.offset, &body) != at.checksum {
             return Err(corrupt("checksum differs"));
         }
         Ok(Some(body))
@@ -184,9 +232,10 @@ impl BodyFiles {
         let Ok(s) = self.inner.lock() else {
             return Vec::new();
         };
+        let active = s.active.as_ref().map(|a| a.id);
         s.expiry
             .iter()
-            .filter(|&(&id, &at)| id != s.active.id && at < now_ms)
+            .filter(|&(&id, &at)| Some(id) != active && at < now_ms)
             .map(|(&id, _)| id)
             .collect()
     }
@@ -217,7 +266,7 @@ impl Active {
             .mode(0o600)
             .open(segment_path(dir, id))
             .map_err(io)?;
-        File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+        sync_dir(dir)?;
         Ok(Self {
             id,
             file,
@@ -233,6 +282,17 @@ impl Active {
         }
         Ok(())
     }
+}
+
+/// Makes a directory's entries durable.
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io)
+}
+
+/// A body's checksum, seeded with where it is: a reference into a segment whose id was
+/// used again after a crash reads as damaged, never as another body.
+fn checksum(segment: u64, offset: u64, body: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(body, segment ^ offset.rotate_left(32))
 }
 
 fn segment_path(dir: &Path, id: u64) -> PathBuf {

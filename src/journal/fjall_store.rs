@@ -362,19 +362,15 @@ impl EventStore for FjallStore {
             };
             batch.insert(&self.states, id, row);
         }
-        let mut in_files = false;
+        // Only where bodies are synced before their rows: buffered, a row that outlived a
+        // power loss would name a body that did not.
+        let (mut segments, mut in_files) = (BTreeMap::new(), false);
         for result in &set.results {
             let id = result.invocation_id.as_bytes();
-            let record = match body_for_file(result) {
+            let record = match body_for_file(result).filter(|_| set.sync_bodies) {
                 Some((bare, body)) => {
                     let (at, moved) = self.bodies.append(&body, result.expires_at_ms)?;
-                    if let Some((segment, latest)) = moved {
-                        batch.insert(
-                            &self.body_segments,
-                            segment.to_be_bytes(),
-                            latest.to_le_bytes(),
-                        );
-                    }
+                    segments.extend(moved);
                     in_files = true;
                     encode_result_in_file(&bare, at)
                 }
@@ -386,6 +382,13 @@ impl EventStore for FjallStore {
                 &self.result_expiry,
                 expiry_key(result.expires_at_ms, &result.invocation_id),
                 [],
+            );
+        }
+        for (segment, latest) in &segments {
+            batch.insert(
+                &self.body_segments,
+                segment.to_be_bytes(),
+                latest.to_le_bytes(),
             );
         }
         for request in &set.requests {
@@ -422,7 +425,7 @@ impl EventStore for FjallStore {
         }
         // Durable before a durable row can name them: fjall's journal reaches the OS on
         // commit, and the OS may write it back before the next sync.
-        if in_files && set.sync_bodies {
+        if in_files {
             self.bodies.sync()?;
         }
         batch.commit()?;

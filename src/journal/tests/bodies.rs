@@ -178,3 +178,48 @@ fn a_reference_past_its_file_is_refused_before_anything_is_read() {
         );
     }
 }
+
+#[test]
+fn buffered_a_body_stays_in_its_row_and_opening_to_read_writes_no_file() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let options = JournalOptions {
+        durability: Durability::Buffered,
+        ..JournalOptions::default()
+    };
+    let Ok((journal, _)) = Journal::open(dir.path(), options) else {
+        panic!("no journal");
+    };
+    let (id, body) = large(&journal, 64 << 10, unix_ms(journal.now()) + 60_000);
+    assert_eq!(body_of(&journal, &id), Some(body));
+    // Never synced before its row, so never in a file: a power loss takes both or neither.
+    assert_eq!(files(dir.path()), Vec::new());
+}
+
+#[test]
+fn a_missing_body_file_that_rows_still_name_is_an_error_not_an_expiry() {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let journal = open(dir.path());
+    let (id, _) = large(&journal, 20 << 10, unix_ms(journal.now()) + 3_600_000);
+    drop(journal);
+    for (name, _) in files(dir.path()) {
+        assert!(std::fs::remove_file(dir.path().join("bodies").join(name)).is_ok());
+    }
+    let (journal, _) = reopen(dir.path());
+    let read = journal.result(&id);
+    assert!(
+        matches!(
+            read,
+            Err(StoreError::Corrupt {
+                what: "result body",
+                ..
+            })
+        ),
+        "{read:?}"
+    );
+    // Opening to read made no file.
+    assert_eq!(files(dir.path()), Vec::new());
+}
