@@ -32,6 +32,16 @@ fn body_of(journal: &Journal, id: &str) -> Option<Vec<u8>> {
     }
 }
 
+/// A journal in a new directory, and an expiry an hour away.
+fn fresh() -> (tempfile::TempDir, Journal, i64) {
+    let Ok(dir) = tempfile::tempdir() else {
+        panic!("no temp dir");
+    };
+    let journal = open(dir.path());
+    let far = unix_ms(journal.now()) + 3_600_000;
+    (dir, journal, far)
+}
+
 /// The body files and their sizes.
 fn files(dir: &Path) -> Vec<(String, u64)> {
     let Ok(entries) = std::fs::read_dir(dir.join("bodies")) else {
@@ -50,11 +60,7 @@ fn files(dir: &Path) -> Vec<(String, u64)> {
 
 #[test]
 fn a_large_body_is_kept_in_a_body_file_once_and_read_back_after_a_restart() {
-    let Ok(dir) = tempfile::tempdir() else {
-        panic!("no temp dir");
-    };
-    let journal = open(dir.path());
-    let far = unix_ms(journal.now()) + 3_600_000;
+    let (dir, journal, far) = fresh();
     let (big, body) = large(&journal, 64 << 10, far);
     let (small, small_body) = large(&journal, 1000, far);
     assert_eq!(body_of(&journal, &big), Some(body.clone()));
@@ -70,11 +76,7 @@ fn a_large_body_is_kept_in_a_body_file_once_and_read_back_after_a_restart() {
 
 #[test]
 fn a_body_file_goes_once_every_result_in_it_expired() {
-    let Ok(dir) = tempfile::tempdir() else {
-        panic!("no temp dir");
-    };
-    let journal = open(dir.path());
-    let far = unix_ms(journal.now()) + 3_600_000;
+    let (dir, journal, far) = fresh();
     let (gone, _) = large(&journal, 32 << 10, 1);
     drop(journal);
     // A new process writes to a new file: the first holds only the expired result.
@@ -94,11 +96,7 @@ fn a_body_file_goes_once_every_result_in_it_expired() {
 
 #[test]
 fn a_body_file_no_row_names_goes_at_open_and_a_damaged_body_is_not_served() {
-    let Ok(dir) = tempfile::tempdir() else {
-        panic!("no temp dir");
-    };
-    let journal = open(dir.path());
-    let far = unix_ms(journal.now()) + 3_600_000;
+    let (dir, journal, far) = fresh();
     let (id, _) = large(&journal, 20 << 10, far);
     drop(journal);
     // A crash between a body's write and its row's: a file no row names.
@@ -129,11 +127,8 @@ fn a_body_file_no_row_names_goes_at_open_and_a_damaged_body_is_not_served() {
 #[test]
 fn body_files_are_the_operators_alone() {
     use std::os::unix::fs::PermissionsExt;
-    let Ok(dir) = tempfile::tempdir() else {
-        panic!("no temp dir");
-    };
-    let journal = open(dir.path());
-    let _ = large(&journal, 20 << 10, unix_ms(journal.now()) + 60_000);
+    let (dir, journal, far) = fresh();
+    let _ = large(&journal, 20 << 10, far);
     let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode() & 0o777);
     let bodies = dir.path().join("bodies");
     assert_eq!(mode(&bodies).ok(), Some(0o700));
@@ -199,11 +194,8 @@ fn buffered_a_body_stays_in_its_row_and_opening_to_read_writes_no_file() {
 
 #[test]
 fn a_missing_body_file_that_rows_still_name_is_an_error_not_an_expiry() {
-    let Ok(dir) = tempfile::tempdir() else {
-        panic!("no temp dir");
-    };
-    let journal = open(dir.path());
-    let (id, _) = large(&journal, 20 << 10, unix_ms(journal.now()) + 3_600_000);
+    let (dir, journal, far) = fresh();
+    let (id, _) = large(&journal, 20 << 10, far);
     drop(journal);
     for (name, _) in files(dir.path()) {
         assert!(std::fs::remove_file(dir.path().join("bodies").join(name)).is_ok());
