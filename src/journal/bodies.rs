@@ -227,11 +227,17 @@ impl BodyFiles {
         Ok(Some(body))
     }
 
-    /// Segments (not the active one) whose every body expired before `now_ms`.
+    /// Segments whose every body expired before `now_ms`. An active one among them is
+    /// retired (the next append starts a new one): a journal that went quiet after a burst
+    /// does not keep the burst's bodies.
     pub fn expired(&self, now_ms: i64) -> Vec<u64> {
-        let Ok(s) = self.inner.lock() else {
+        let Ok(mut s) = self.inner.lock() else {
             return Vec::new();
         };
+        let active = s.active.as_ref().map(|a| a.id);
+        if active.is_some_and(|id| s.expiry.get(&id).is_some_and(|&at| at < now_ms)) {
+            s.active = None;
+        }
         let active = s.active.as_ref().map(|a| a.id);
         s.expiry
             .iter()

@@ -95,6 +95,19 @@ fn a_body_file_goes_once_every_result_in_it_expired() {
 }
 
 #[test]
+fn the_file_a_quiet_journal_still_writes_to_goes_once_its_results_expired() {
+    let (dir, journal, far) = fresh();
+    let (gone, _) = large(&journal, 32 << 10, 1);
+    assert_eq!(rt().block_on(journal.expire_results()), Ok(1));
+    assert_eq!(files(dir.path()), Vec::new(), "the active file went");
+    assert_eq!(journal.result(&gone), Ok(None));
+    // The next body starts a new file.
+    let (kept, body) = large(&journal, 32 << 10, far);
+    assert_eq!(files(dir.path()).len(), 1);
+    assert_eq!(body_of(&journal, &kept), Some(body));
+}
+
+#[test]
 fn a_body_file_no_row_names_goes_at_open_and_a_damaged_body_is_not_served() {
     let (dir, journal, far) = fresh();
     let (id, _) = large(&journal, 20 << 10, far);
