@@ -42,6 +42,21 @@ fn fresh() -> (tempfile::TempDir, Journal, i64) {
     (dir, journal, far)
 }
 
+/// Reading `id`'s result is refused as a damaged body.
+fn assert_damaged(journal: &Journal, id: &str) {
+    let read = journal.result(id);
+    assert!(
+        matches!(
+            read,
+            Err(StoreError::Corrupt {
+                what: "result body",
+                ..
+            })
+        ),
+        "{read:?}"
+    );
+}
+
 /// The body files and their sizes.
 fn files(dir: &Path) -> Vec<(String, u64)> {
     let Ok(entries) = std::fs::read_dir(dir.join("bodies")) else {
@@ -124,17 +139,7 @@ fn a_body_file_no_row_names_goes_at_open_and_a_damaged_body_is_not_served() {
     assert!(std::fs::write(&named, bytes).is_ok());
     let (journal, _) = reopen(dir.path());
     assert!(!stray.exists());
-    let read = journal.result(&id);
-    assert!(
-        matches!(
-            read,
-            Err(StoreError::Corrupt {
-                what: "result body",
-                ..
-            })
-        ),
-        "{read:?}"
-    );
+    assert_damaged(&journal, &id);
 }
 
 #[test]
@@ -214,17 +219,7 @@ fn a_missing_body_file_that_rows_still_name_is_an_error_not_an_expiry() {
         assert!(std::fs::remove_file(dir.path().join("bodies").join(name)).is_ok());
     }
     let (journal, _) = reopen(dir.path());
-    let read = journal.result(&id);
-    assert!(
-        matches!(
-            read,
-            Err(StoreError::Corrupt {
-                what: "result body",
-                ..
-            })
-        ),
-        "{read:?}"
-    );
+    assert_damaged(&journal, &id);
     // Opening to read made no file.
     assert_eq!(files(dir.path()), Vec::new());
 }
