@@ -235,40 +235,46 @@ pub fn decode_result(bytes: &[u8]) -> Result<StoredResult, DecodeError> {
     )
 }
 
-/// First byte of a result record whose HTTP body is in a body file (`bodies`): tag, the
-/// JSON's length (varint), the JSON (with `body_base64` null), then the `BodyRef`.
+/// First byte of a result record whose body (HTTP) or output (SSH) is in a body file
+/// (`bodies`): tag, the JSON's length (varint), the JSON (bodies left out as in the
+/// raw-body frame), the `BodyRef`, then the length (varint) of each part but the last (SSH:
+/// stdout's; the file holds stdout then stderr).
 const BODY_IN_FILE: u8 = 0xB7;
 
-/// The result without its HTTP body, and that body, when it is large enough for a body
-/// file.
-pub fn body_for_file(result: &StoredResult) -> Option<(StoredResult, Vec<u8>)> {
-    if !matches!(result.payload, Payload::Http(_)) {
-        return None;
-    }
-    let (bare, mut bodies) = split_bodies(result)?;
-    let body = bodies.pop()?;
-    (body.len() >= BODY_FILE_FROM).then_some((bare, body))
+/// The result without its bodies, and those bodies, when together they are large enough
+/// for a body file.
+pub fn body_for_file(result: &StoredResult) -> Option<(StoredResult, Vec<Vec<u8>>)> {
+    let (bare, bodies) = split_bodies(result)?;
+    let size: usize = bodies.iter().map(Vec::len).sum();
+    (size >= BODY_FILE_FROM).then_some((bare, bodies))
 }
 
-/// The record of a result (from `body_for_file`) whose body is at `at`.
+/// The record of a result (from `body_for_file`) whose `bodies` are at `at`, one after
+/// another.
 pub fn encode_result_in_file(
     bare: &StoredResult,
     at: BodyRef,
+    bodies: &[Vec<u8>],
 ) -> Result<Vec<u8>, serde_json::Error> {
     let json = serde_json::to_vec(bare)?;
-    let mut out = Vec::with_capacity(json.len() + 10 + BodyRef::BYTES);
+    let mut out = Vec::with_capacity(json.len() + 20 + BodyRef::BYTES);
     out.push(BODY_IN_FILE);
     varint(&mut out, json.len() as u64);
     out.extend_from_slice(&json);
     out.extend_from_slice(&at.to_bytes());
+    let but_last = bodies.split_last().map_or(&[][..], |(_, init)| init);
+    for body in but_last {
+        varint(&mut out, body.len() as u64);
+    }
     Ok(out)
 }
 
-/// A stored result record: whole, or with its body in a body file.
+/// A stored result record: whole, or with its bodies in a body file (and where each but
+/// the last ends).
 #[derive(Debug)]
 pub enum ResultRow {
     Whole(StoredResult),
-    InFile(StoredResult, BodyRef),
+    InFile(StoredResult, BodyRef, Vec<u64>),
 }
 
 /// A stored result record, whichever way it was written.
@@ -280,14 +286,50 @@ pub fn decode_result_row(bytes: &[u8]) -> Result<ResultRow, DecodeError> {
     let json = frame.body()?;
     let result: StoredResult =
         serde_json::from_slice(json).map_err(|_| DecodeError("result JSON does not parse"))?;
-    let at =
-        BodyRef::from_bytes(frame.0).ok_or(DecodeError("result body reference is malformed"))?;
-    match &result.payload {
-        Payload::Http(http) if http.body_base64.is_none() => Ok(ResultRow::InFile(result, at)),
-        _ => Err(DecodeError(
+    let at = BodyRef::from_bytes(frame.take(BodyRef::BYTES)?)
+        .ok_or(DecodeError("result body reference is malformed"))?;
+    let mut splits = Vec::new();
+    while !frame.0.is_empty() && splits.len() < 2 {
+        splits.push(frame.varint()?);
+    }
+    frame.end()?;
+    let fits = match &result.payload {
+        Payload::Http(http) => http.body_base64.is_none() && splits.is_empty(),
+        Payload::Ssh(ssh) => {
+            ssh.stdout_base64.is_empty() && ssh.stderr_base64.is_empty() && splits.len() == 1
+        }
+        Payload::Tunnel(_) => false,
+    };
+    match fits {
+        true => Ok(ResultRow::InFile(result, at, splits)),
+        false => Err(DecodeError(
             "a body file beside a result that holds its body or has none",
         )),
     }
+}
+
+/// Puts the bodies read from a body file back into their result.
+pub fn fill_bodies(
+    result: &mut StoredResult,
+    bytes: &[u8],
+    splits: &[u64],
+) -> Result<(), DecodeError> {
+    let cut = |at: u64| {
+        usize::try_from(at)
+            .ok()
+            .and_then(|at| bytes.split_at_checked(at))
+            .ok_or(DecodeError("a body file part runs past its body"))
+    };
+    match (&mut result.payload, splits) {
+        (Payload::Http(http), []) => http.body_base64 = Some(b64(bytes)),
+        (Payload::Ssh(ssh), [stdout]) => {
+            let (out, err) = cut(*stdout)?;
+            ssh.stdout_base64 = b64(out);
+            ssh.stderr_base64 = b64(err);
+        }
+        _ => return Err(DecodeError("body file parts do not fit their result")),
+    }
+    Ok(())
 }
 
 /// A stored value in a form this build does not know: the tags above are all it reads.

@@ -15,13 +15,13 @@ use super::bodies::BodyFiles;
 use super::encoding::{
     Hashes, ResultRow, body_for_file, decode_request, decode_result_row, decode_stored,
     decode_stored_hashing, encode_group, encode_request, encode_result, encode_result_in_file,
-    encode_sealed, pack, unpack,
+    encode_sealed, fill_bodies, pack, unpack,
 };
 use super::event::{Checkpoint, Event, Sealed};
 use super::keys::KeyEntry;
 use super::projection::{State, replay};
 use super::request::StoredRequest;
-use super::result::{Payload, StoredResult, b64};
+use super::result::StoredResult;
 use super::store::{Cut, EventStore, IndexEntries, RawEvent, Run, StoreError, StoredRow, WriteSet};
 use super::suspensions::Suspension;
 use super::twins::TwinEntry;
@@ -368,11 +368,11 @@ impl EventStore for FjallStore {
         for result in &set.results {
             let id = result.invocation_id.as_bytes();
             let record = match body_for_file(result).filter(|_| set.sync_bodies) {
-                Some((bare, body)) => {
-                    let (at, moved) = self.bodies.append(&body, result.expires_at_ms)?;
+                Some((bare, bodies)) => {
+                    let (at, moved) = self.bodies.append(&bodies.concat(), result.expires_at_ms)?;
                     segments.extend(moved);
                     in_files = true;
-                    encode_result_in_file(&bare, at)
+                    encode_result_in_file(&bare, at, &bodies)
                 }
                 None => encode_result(result),
             }
@@ -602,14 +602,12 @@ impl EventStore for FjallStore {
         };
         match decode_result_row(&v).map_err(|e| corrupt("result", e))? {
             ResultRow::Whole(result) => Ok(Some(result)),
-            ResultRow::InFile(mut result, at) => {
+            ResultRow::InFile(mut result, at, splits) => {
                 let Some(body) = self.bodies.read(&at)? else {
                     // Reclaimed: every body in its segment had expired, this one too.
                     return Ok(None);
                 };
-                if let Payload::Http(http) = &mut result.payload {
-                    http.body_base64 = Some(b64(&body));
-                }
+                fill_bodies(&mut result, &body, &splits).map_err(|e| corrupt("result", e))?;
                 Ok(Some(result))
             }
         }

@@ -3,6 +3,7 @@
 
 use super::recovery::reopen;
 use super::*;
+use crate::journal::result::SshResult;
 
 /// A committed result with a body of `len` bytes that expires at `expires_at_ms`.
 fn large(journal: &Journal, len: usize, expires_at_ms: i64) -> (String, Vec<u8>) {
@@ -222,4 +223,35 @@ fn a_missing_body_file_that_rows_still_name_is_an_error_not_an_expiry() {
     assert_damaged(&journal, &id);
     // Opening to read made no file.
     assert_eq!(files(dir.path()), Vec::new());
+}
+
+#[test]
+fn a_large_ssh_output_is_kept_in_a_body_file_and_read_back_after_a_restart() {
+    let (dir, journal, far) = fresh();
+    let id = new_invocation_id();
+    let stdout: Vec<u8> = (0..20_000).map(|i| (i % 251) as u8).collect();
+    let stderr = b"warning: something\n".to_vec();
+    let (draft, mut result) = committed(&id, far);
+    result.payload = Payload::Ssh(SshResult {
+        exit_status: Some(0),
+        exit_signal: None,
+        stdout_base64: b64(&stdout),
+        stderr_base64: b64(&stderr),
+        output_stored: true,
+    });
+    let committed = rt().block_on(async {
+        journal
+            .append(&id, vec![accepted("POST"), preflight(false), dispatch()])
+            .await?;
+        journal
+            .commit_result(&id, vec![draft], result.clone())
+            .await
+    });
+    assert!(committed.is_ok(), "{committed:?}");
+    let written: u64 = files(dir.path()).iter().map(|(_, len)| len).sum();
+    assert_eq!(written as usize, stdout.len() + stderr.len());
+    assert_eq!(journal.result(&id).ok().flatten().as_ref(), Some(&result));
+    drop(journal);
+    let (journal, _) = reopen(dir.path());
+    assert_eq!(journal.result(&id).ok().flatten(), Some(result));
 }
