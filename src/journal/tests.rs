@@ -78,6 +78,17 @@ fn committed(id: &str, expires_at_ms: i64) -> (Draft, StoredResult) {
     (draft, result)
 }
 
+/// Opens `id`, dispatches it and commits `result` with `draft`.
+fn dispatch_and_commit(journal: &Journal, id: &str, draft: Draft, result: StoredResult) {
+    let committed = rt().block_on(async {
+        journal
+            .append(id, vec![accepted("POST"), preflight(false), dispatch()])
+            .await?;
+        journal.commit_result(id, vec![draft], result).await
+    });
+    assert!(committed.is_ok(), "{committed:?}");
+}
+
 fn rt() -> tokio::runtime::Runtime {
     match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -162,17 +173,8 @@ fn the_result_is_committed_with_its_resolving_event() {
     };
     let journal = open(dir.path());
     let id = new_invocation_id();
-    let rt = rt();
     let (draft, result) = committed(&id, journal.result_expiry_ms());
-    let done = rt.block_on(async {
-        journal
-            .append(&id, vec![accepted("POST"), preflight(false), dispatch()])
-            .await?;
-        journal
-            .commit_result(&id, vec![draft], result.clone())
-            .await
-    });
-    assert!(done.is_ok());
+    dispatch_and_commit(&journal, &id, draft, result.clone());
     assert_eq!(journal.result(&id).ok().flatten(), Some(result));
     let r = journal.record(&id).ok().flatten();
     assert!(r.is_some_and(|r| {

@@ -15,13 +15,7 @@ fn large(journal: &Journal, len: usize, expires_at_ms: i64) -> (String, Vec<u8>)
         http.digest = sha256_tagged(&body);
         http.bytes = len as u64;
     }
-    let committed = rt().block_on(async {
-        journal
-            .append(&id, vec![accepted("POST"), preflight(false), dispatch()])
-            .await?;
-        journal.commit_result(&id, vec![draft], result).await
-    });
-    assert!(committed.is_ok(), "{committed:?}");
+    dispatch_and_commit(journal, &id, draft, result);
     (id, body)
 }
 
@@ -239,15 +233,7 @@ fn a_large_ssh_output_is_kept_in_a_body_file_and_read_back_after_a_restart() {
         stderr_base64: b64(&stderr),
         output_stored: true,
     });
-    let committed = rt().block_on(async {
-        journal
-            .append(&id, vec![accepted("POST"), preflight(false), dispatch()])
-            .await?;
-        journal
-            .commit_result(&id, vec![draft], result.clone())
-            .await
-    });
-    assert!(committed.is_ok(), "{committed:?}");
+    dispatch_and_commit(&journal, &id, draft, result.clone());
     let written: u64 = files(dir.path()).iter().map(|(_, len)| len).sum();
     assert_eq!(written as usize, stdout.len() + stderr.len());
     assert_eq!(journal.result(&id).ok().flatten().as_ref(), Some(&result));
