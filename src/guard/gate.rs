@@ -57,7 +57,9 @@ mod tests {
 
     #[test]
     fn a_form_in_any_case_across_any_window_end_is_seen() {
-        let gate = Gate::new(&[b"Secret-Token".to_vec(), b"c2VjcmV0".to_vec()]).unwrap();
+        let Some(gate) = Gate::new(&[b"Secret-Token".to_vec(), b"c2VjcmV0".to_vec()]) else {
+            panic!("no packed searcher on this machine");
+        };
         assert!(!gate.may_hit(b""));
         assert!(!gate.may_hit(&vec![b'x'; 3 * WINDOW]));
         for form in [&b"sECRET-tOKEN"[..], b"C2vJCMv0"] {
