@@ -14,7 +14,7 @@ use procstat::rss_mb;
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -574,6 +574,29 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// What one small journal write's fdatasync costs on this disk at best: into a block written
+/// before, so no allocation is committed with it.
+fn fdatasync_p50(dir: &Path) -> Duration {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join("fdatasync-floor");
+    let file = std::fs::File::create(&path).unwrap();
+    for page in 0..256u64 {
+        file.write_all_at(&[0; 4096], page * 4096).unwrap();
+    }
+    file.sync_all().unwrap();
+    let mut times: Vec<Duration> = (0..1000u64)
+        .map(|i| {
+            file.write_all_at(&[0x5a; 700], i * 700).unwrap();
+            let started = Instant::now();
+            file.sync_data().unwrap();
+            started.elapsed()
+        })
+        .collect();
+    let _ = std::fs::remove_file(&path);
+    times.sort();
+    times[times.len() / 2]
+}
+
 fn selected(cell: &str) -> bool {
     std::env::var("POSTERN_BENCH_ONLY").map_or(true, |only| cell.contains(&only))
 }
@@ -606,6 +629,7 @@ fn main() {
         "| request | concurrency | path | req/s | p50 | p99 | ratio to direct | postern CPU s / 1000 req | postern disk KB / req |"
     );
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
+    let mut c1_added = None;
     for (post, label) in [(false, "GET small"), (true, "POST 1 KiB")] {
         for concurrency in [1usize, 32] {
             let paths = ["direct", "bare relay", "postern fsync", "postern buffered"];
@@ -654,6 +678,9 @@ fn main() {
                 let cpu = cpu_seconds(p.child.id()) - cpu0;
                 let disk = written_bytes(p.child.id()) - disk0;
                 let served = cell.served.max(1) as f64;
+                if !post && concurrency == 1 && name == "postern fsync" {
+                    c1_added = Some(cell.p50.saturating_sub(direct.p50));
+                }
                 println!(
                     "| {label} | {concurrency} | {name} | {:.0} | {} | {} | {:.2} | {:.2} | {:.1} |",
                     cell.per_sec,
@@ -667,6 +694,16 @@ fn main() {
         }
     }
     println!();
+    if let Some(added) = c1_added {
+        let sync = fdatasync_p50(fsync._home.path());
+        println!(
+            "GET small c=1, postern fsync: added p50 {}; floor {} (two fdatasyncs of a page written before, p50 {} each, in postern's home, + 150 µs)",
+            us(added),
+            us(sync * 2 + Duration::from_micros(150)),
+            us(sync)
+        );
+        println!();
+    }
     if std::env::var("POSTERN_BENCH_ONLY").is_ok() {
         return;
     }

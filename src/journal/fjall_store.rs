@@ -19,6 +19,7 @@ use super::encoding::{
 };
 use super::event::{Checkpoint, Event, Sealed};
 use super::keys::KeyEntry;
+use super::prefill::Prefill;
 use super::projection::{State, replay};
 use super::request::StoredRequest;
 use super::result::StoredResult;
@@ -60,6 +61,8 @@ pub struct FjallStore {
     unindexed: Mutex<Unindexed>,
     /// How many seqs an invocation's runs stay unindexed before they are written anyway.
     fold_window: u64,
+    /// Held by every write outside the writer's, so zeros ahead never meet an entry.
+    prefill: Mutex<Prefill>,
 }
 
 /// An open invocation's runs are not written to `by_invocation` one row per write: a small
@@ -298,6 +301,7 @@ impl FjallStore {
             twin_count: AtomicI64::new(0),
             unindexed: Mutex::new(Unindexed::default()),
             fold_window: FOLD_WINDOW,
+            prefill: Mutex::new(Prefill::new(dir)),
             db,
         };
         store.find_unindexed()?;
@@ -615,12 +619,20 @@ impl EventStore for FjallStore {
 
     fn reclaim_bodies(&self, now_ms: i64) -> Result<usize, StoreError> {
         let expired = self.bodies.expired(now_ms);
+        let _flushed_before_zeros = self.prefill.lock();
         for &id in &expired {
             // The row first: a segment without one goes at the next open anyway.
             self.body_segments.remove(id.to_be_bytes())?;
             self.bodies.remove(id)?;
         }
+        self.db.persist(PersistMode::Buffer)?;
         Ok(expired.len())
+    }
+
+    fn prefill(&self) {
+        if let Ok(mut prefill) = self.prefill.lock() {
+            prefill.step();
+        }
     }
 
     fn request(&self, invocation_id: &str) -> Result<Option<StoredRequest>, StoreError> {

@@ -22,6 +22,7 @@ mod indexes;
 pub use indexes::{Listed, Whereabouts};
 mod keys;
 mod metrics;
+mod prefill;
 mod projection;
 mod request;
 mod result;

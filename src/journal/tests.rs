@@ -661,6 +661,7 @@ mod bodies;
 mod fold;
 mod recovery;
 mod suspensions;
+mod zeros_ahead;
 
 #[test]
 fn a_daemon_note_is_chained_between_invocations_and_survives_a_restart() {

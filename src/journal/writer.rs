@@ -162,8 +162,13 @@ impl Pace {
         self.average = (self.average * 7 + size) / 8;
     }
 
+    /// Requests come about one at a time.
+    fn small(&self) -> bool {
+        self.average < SPIN_BELOW
+    }
+
     fn next(&self, rx: &mut mpsc::Receiver<Request>) -> Option<Request> {
-        if self.average < SPIN_BELOW {
+        if self.small() {
             let start = Instant::now();
             while start.elapsed() < SPIN_FOR {
                 match rx.try_recv() {
@@ -256,6 +261,11 @@ impl Writer {
             }
             pace.saw(group.len());
             self.commit_with_cuts(group);
+            // After the acks. Small groups only: a large one's sync writes whole blocks, and
+            // zeros ahead would double what it writes.
+            if pace.small() && self.durability == Durability::Fsync {
+                self.store.prefill();
+            }
         }
         let _ = self.sync_now();
     }
