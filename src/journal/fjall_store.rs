@@ -620,18 +620,24 @@ impl EventStore for FjallStore {
     fn reclaim_bodies(&self, now_ms: i64) -> Result<usize, StoreError> {
         let expired = self.bodies.expired(now_ms);
         let _flushed_before_zeros = self.prefill.lock();
-        for &id in &expired {
+        let removed = expired.iter().try_for_each(|&id| {
             // The row first: a segment without one goes at the next open anyway.
             self.body_segments.remove(id.to_be_bytes())?;
-            self.bodies.remove(id)?;
-        }
+            self.bodies.remove(id)
+        });
         self.db.persist(PersistMode::Buffer)?;
-        Ok(expired.len())
+        removed.map(|()| expired.len())
     }
 
-    fn prefill(&self) {
-        if let Ok(mut prefill) = self.prefill.lock() {
-            prefill.step();
+    fn prefill(&self, small: bool) {
+        let Ok(mut prefill) = self.prefill.lock() else {
+            return;
+        };
+        // Nothing of fjall's may wait in its buffer: its worker could write it out (a
+        // rotation's sync) between the hole looked up and the zeros written.
+        match small && self.db.persist(PersistMode::Buffer).is_ok() {
+            true => prefill.step(),
+            false => prefill.idle(),
         }
     }
 

@@ -219,7 +219,7 @@ pub trait EventStore: Send + Sync + 'static {
     fn reclaim_bodies(&self, _now_ms: i64) -> Result<usize, StoreError> {
         Ok(0)
     }
-    /// Readies the store for the next small group, after a synced one (fjall: zeros ahead
-    /// of its journal file, see `prefill`).
-    fn prefill(&self) {}
+    /// After each group with `fsync`: readies the store for the next small one (fjall: zeros
+    /// ahead of its journal file, see `prefill`).
+    fn prefill(&self, _small: bool) {}
 }

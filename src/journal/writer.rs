@@ -261,10 +261,10 @@ impl Writer {
             }
             pace.saw(group.len());
             self.commit_with_cuts(group);
-            // After the acks. Small groups only: a large one's sync writes whole blocks, and
-            // zeros ahead would double what it writes.
-            if pace.small() && self.durability == Durability::Fsync {
-                self.store.prefill();
+            // After the acks. Zeros only ahead of small groups: a large one's sync writes
+            // whole blocks, and zeros ahead would double what it writes.
+            if self.durability == Durability::Fsync && !self.health.is_fatal() {
+                self.store.prefill(pace.small());
             }
         }
         let _ = self.sync_now();

@@ -67,12 +67,12 @@ fn zeros_ahead_of_the_journal_file_lose_no_entry_across_restarts() {
     for round in 0..2u64 {
         let journal = open(dir.path());
         let far = unix_ms(journal.now()) + 3_600_000;
-        // One at a time, as from one agent: each group small, each past the last zeros
-        // several times over (about 2.6 MB of entries, zeros a MiB at a time).
+        // One at a time, as from one agent: each group small, past the last zeros many
+        // times over (about 2.6 MB of entries, zeros 256 KiB at a time).
         let mut most = 0;
         for i in 0..400 {
             kept.push(rt.block_on(commit_noise(&journal, round << 32 | i, 5000, far)));
-            if i % 40 == 39 {
+            if i % 10 == 9 {
                 most = most.max(allocated_past_entries(dir.path()));
             }
         }
@@ -81,12 +81,16 @@ fn zeros_ahead_of_the_journal_file_lose_no_entry_across_restarts() {
         drop(journal);
     }
     // The first file was fjall's new, sparse one; after the restart fjall appends to it and
-    // gets no zeros.
+    // gets no zeros. Off ext4 there are none at all.
+    let first = match crate::journal::prefill::dir_on_ext4(dir.path()) {
+        true => 128 << 10..u64::MAX,
+        false => 0..16 << 10,
+    };
     assert!(
-        ahead[0] >= 256 << 10,
+        first.contains(&ahead[0]),
         "allocated past the entries: {ahead:?}"
     );
-    assert!(ahead[1] < 64 << 10, "allocated past the entries: {ahead:?}");
+    assert!(ahead[1] < 16 << 10, "allocated past the entries: {ahead:?}");
     let journal = open(dir.path());
     for (id, body) in &kept {
         let Ok(Some(result)) = journal.result(id) else {
