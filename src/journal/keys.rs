@@ -77,10 +77,7 @@ mod tests {
     use crate::journal::{Accepted, Body, Draft, JournalOptions, Protocol, Refusal};
 
     fn open(dir: &std::path::Path) -> Journal {
-        match Journal::open(dir, JournalOptions::default()) {
-            Ok((j, _)) => j,
-            Err(e) => panic!("journal: {e}"),
-        }
+        crate::journal::open_for_test(dir, JournalOptions::default()).0
     }
 
     fn accepted() -> Vec<Draft> {

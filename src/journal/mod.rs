@@ -169,6 +169,21 @@ pub struct Claims {
     pub reserved: bool,
 }
 
+/// A test's journal over `dir`: a journal dropped just before may leave fjall's threads
+/// holding the lock for a moment, so a locked journal is tried again for up to 10 s.
+#[cfg(test)]
+pub(crate) fn open_for_test(dir: &Path, options: JournalOptions) -> (Journal, RecoveryReport) {
+    let mut tries = 0;
+    loop {
+        match Journal::open(dir, options.clone()) {
+            Ok(opened) => return opened,
+            Err(StoreError::Locked) if tries < 200 => tries += 1,
+            Err(e) => panic!("journal: {e}"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// A fresh invocation id: `act_<ULID>`.
 pub fn new_invocation_id() -> String {
     format!("act_{}", ulid::Ulid::generate())

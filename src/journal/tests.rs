@@ -7,12 +7,7 @@ use super::*;
 use crate::contract::{Completion, Outcome, Phase, Retry};
 
 fn open(dir: &Path) -> Journal {
-    let j = Journal::open(dir, JournalOptions::default());
-    assert!(j.is_ok(), "{:?}", j.as_ref().err());
-    match j {
-        Ok((j, _)) => j,
-        Err(_) => unreachable!(),
-    }
+    open_for_test(dir, JournalOptions::default()).0
 }
 
 fn accepted(method: &str) -> Draft {
@@ -368,19 +363,7 @@ fn every_record_and_result_survives_flushes_compactions_and_a_restart() {
         tables >= 6,
         "only {tables} tables: the load never left the memtables"
     );
-    // The dropped journal's background threads may still hold the lock for a moment.
-    let mut reopened = Journal::open(dir.path(), options());
-    for _ in 0..100 {
-        if reopened.is_ok() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        reopened = Journal::open(dir.path(), options());
-    }
-    let (journal, report) = match reopened {
-        Ok(j) => j,
-        Err(e) => panic!("reopen: {e}"),
-    };
+    let (journal, report) = open_for_test(dir.path(), options());
     assert!(report.recovered.is_empty());
     let audit = journal.verify().ok();
     assert!(audit.is_some_and(|a| a.ok && a.events == (N * 5) as u64));
@@ -712,10 +695,7 @@ fn open_pruning(dir: &Path) -> Journal {
         event_retention_ms: 0,
         ..JournalOptions::default()
     };
-    match Journal::open(dir, options) {
-        Ok((j, _)) => j,
-        Err(e) => panic!("journal: {e}"),
-    }
+    open_for_test(dir, options).0
 }
 
 /// Settles one invocation with a committed result (kept an hour).

@@ -18,10 +18,7 @@ fn open(dir: &std::path::Path) -> Journal {
         durability: Durability::Buffered,
         ..JournalOptions::default()
     };
-    match Journal::open(dir, options) {
-        Ok((j, _)) => j,
-        Err(e) => panic!("journal: {e}"),
-    }
+    crate::journal::open_for_test(dir, options).0
 }
 
 fn rt() -> tokio::runtime::Runtime {

@@ -5,17 +5,7 @@ use super::*;
 use crate::contract::{OperationView, RecordFacts, Verdict, decide};
 
 pub(super) fn reopen(dir: &Path) -> (Journal, RecoveryReport) {
-    // The dropped journal's background threads may still hold the lock for a moment.
-    for _ in 0..100 {
-        if let Ok(j) = Journal::open(dir, JournalOptions::default()) {
-            return j;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    match Journal::open(dir, JournalOptions::default()) {
-        Ok(j) => j,
-        Err(e) => panic!("reopen: {e}"),
-    }
+    open_for_test(dir, JournalOptions::default())
 }
 
 /// What `postern decide` answers: the record's facts plus whether a result is stored.

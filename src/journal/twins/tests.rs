@@ -10,10 +10,7 @@ use crate::journal::{
 };
 
 fn open(dir: &std::path::Path) -> Journal {
-    match Journal::open(dir, JournalOptions::default()) {
-        Ok((j, _)) => j,
-        Err(e) => panic!("journal: {e}"),
-    }
+    crate::journal::open_for_test(dir, JournalOptions::default()).0
 }
 
 fn rt() -> tokio::runtime::Runtime {

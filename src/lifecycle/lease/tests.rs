@@ -10,10 +10,7 @@ use crate::journal::{
 };
 
 fn journal(dir: &std::path::Path) -> Journal {
-    match Journal::open(dir, JournalOptions::default()) {
-        Ok((j, _)) => j,
-        Err(e) => panic!("journal: {e}"),
-    }
+    crate::journal::open_for_test(dir, JournalOptions::default()).0
 }
 
 fn accepted() -> Draft {
@@ -295,18 +292,7 @@ fn a_lease_that_reopens_a_settled_invocation_is_what_recovery_finds_after_a_cras
         assert!(leased.is_ok(), "{:?}", leased.err());
         // The process stops here, before the new generation dispatches.
     }
-    // The dropped journal's writer may hold the lock for a moment.
-    let mut reopened = Journal::open(dir.path(), JournalOptions::default());
-    for _ in 0..100 {
-        if reopened.is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-        reopened = Journal::open(dir.path(), JournalOptions::default());
-    }
-    let Ok((j, report)) = reopened else {
-        panic!("reopen failed");
-    };
+    let (j, report) = crate::journal::open_for_test(dir.path(), JournalOptions::default());
     assert_eq!(
         report.recovered,
         vec![(id.clone(), Code::BrokerRestartedBeforeDispatch)]
