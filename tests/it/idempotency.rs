@@ -393,6 +393,8 @@ fn a_changed_payload_under_a_key_is_refused_locally_and_rejected_by_the_origin()
         (own["outcome"].as_str(), own["code"].as_str()),
         (Some("not_attempted"), Some("IDEMPOTENCY_MISMATCH"))
     );
+    assert!(own["route"].is_string(), "the route it matched: {own}");
+    assert_eq!(own["route"], c.record(&first.id())["route"], "{own}");
     assert_eq!(origin.hits(), 1, "nothing sent");
 
     // Keys are scoped per agent: b's use of the same key is b's own, and the origin,
@@ -433,4 +435,23 @@ fn a_changed_payload_under_a_key_is_refused_locally_and_rejected_by_the_origin()
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("MALFORMED_REQUEST") && body.contains("headers.idempotency-key"));
     assert_eq!(origin.hits(), 2);
+
+    // A key `Connection` names is hop-by-hop: it would never reach the origin, so a retry
+    // "with the same key" would be a second, keyless charge.
+    let (status, body, _) = curl(&[
+        "-x",
+        &proxy,
+        "-X",
+        "POST",
+        "-H",
+        "Idempotency-Key: hop-1",
+        "-H",
+        "Connection: keep-alive, Idempotency-KEY",
+        "--data-binary",
+        "{}",
+        &url,
+    ]);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("MALFORMED_REQUEST") && body.contains("headers.connection"));
+    assert_eq!(origin.hits(), 2, "nothing is sent");
 }

@@ -14,6 +14,7 @@ use crate::contract::{
     classify_status, postern_outcome, resolve_failure, should_retry_value,
 };
 use crate::http::Exchange;
+use crate::http::message::headers::names_in_connection;
 use crate::http::message::respond::{self, POSTERN_INVOCATION, POSTERN_OUTCOME, ProxyBody};
 use crate::journal::{Failure, KeySlot, Payload, State, StoredResult, unb64};
 use crate::lifecycle::idempotency::{
@@ -60,9 +61,9 @@ impl Exchange {
         let name = c.header.to_ascii_lowercase();
         let sent = match agent_key(headers, &name) {
             Ok(k) => k,
-            Err(()) => {
+            Err(field) => {
                 let mut f = Failure::of(Code::MalformedRequest);
-                f.field = Some(format!("headers.{name}"));
+                f.field = Some(format!("headers.{field}"));
                 return Err(self.fail(vec![], f).await);
             }
         };
@@ -226,8 +227,13 @@ impl Exchange {
     }
 }
 
-/// The agent's key: absent, or exactly one visible-ASCII value of bounded length.
-fn agent_key(headers: &HeaderMap, name: &str) -> Result<Option<String>, ()> {
+/// The agent's key: absent, or exactly one visible-ASCII value of bounded length. A key
+/// whose header `Connection` names would be stripped before the origin (hop-by-hop), so
+/// the origin never saw it: refused, naming `connection`. Otherwise the field is the key's.
+fn agent_key<'a>(headers: &HeaderMap, name: &'a str) -> Result<Option<String>, &'a str> {
+    if names_in_connection(headers).any(|n| n.eq_ignore_ascii_case(name)) {
+        return Err("connection");
+    }
     let mut values = headers.get_all(name).iter();
     let Some(v) = values.next() else {
         return Ok(None);
@@ -238,7 +244,7 @@ fn agent_key(headers: &HeaderMap, name: &str) -> Result<Option<String>, ()> {
         && v.as_bytes().iter().all(|b| b.is_ascii_graphic());
     match (ok, v.to_str()) {
         (true, Ok(s)) => Ok(Some(s.to_owned())),
-        _ => Err(()),
+        _ => Err(name),
     }
 }
 

@@ -25,12 +25,8 @@ pub(in crate::http) const HOP_BY_HOP: &[&str] = &[
 ];
 
 pub(in crate::http) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+    let listed: Vec<HeaderName> = names_in_connection(headers)
+        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
         .collect();
     for name in listed {
         headers.remove(name);
@@ -46,6 +42,17 @@ pub(in crate::http) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in postern {
         headers.remove(name);
     }
+}
+
+/// The header names `Connection` lists (hop-by-hop: never sent on).
+pub(in crate::http) fn names_in_connection(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
 }
 
 /// The response headers worth keeping: never cookies or credentials.
