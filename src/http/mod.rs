@@ -96,6 +96,9 @@ struct Exchange {
     framing_conflict: bool,
     /// The credential bound at preflight; used unchanged at dispatch.
     injection: Option<Injection>,
+    /// The other credentials routes inject into this host: the origin may have kept them
+    /// and echo them on this route, so its responses are guarded against them too.
+    neighbours: Vec<Injection>,
     /// The route's `via` hop, its credential bound at preflight.
     hop: Option<Hop>,
     /// The agent can take trailers (h2, or HTTP/1.1 with `TE: trailers`).

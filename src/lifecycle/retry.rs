@@ -137,6 +137,10 @@ pub async fn retry(
             let after = retry_after(journal, id);
             refuse(verdict, "RETRY_NOT_YET", when_allowed(after), record)
         }
+        Verdict::StopForCorrection if record.code == Some(Code::ResendRefused) => {
+            let twin = resend_twin(&record);
+            refuse(verdict, "RETRY_REFUSED", twin_first(&twin), record)
+        }
         Verdict::StopForCorrection => refuse(verdict, "RETRY_REFUSED", STOP.into(), record),
         Verdict::Reconcile if record.code == Some(Code::RetryBudgetExhausted) => {
             refuse(verdict, "RETRY_BUDGET_EXHAUSTED", budget_spent(id), record)
@@ -171,6 +175,22 @@ fn not_kept(journal: &Journal, record: &Record) -> String {
             r.body_bytes
         ),
     }
+}
+
+/// The twin a refused resend names (`evidence.resend_of.invocation_id`).
+fn resend_twin(record: &Record) -> String {
+    let twin = record.evidence.extra.get("resend_of");
+    let id = twin
+        .and_then(|t| t.get("invocation_id"))
+        .and_then(|v| v.as_str());
+    id.unwrap_or("-").to_owned()
+}
+
+/// A refused resend was never sent: what is open is its twin, which may have happened.
+fn twin_first(twin: &str) -> String {
+    format!(
+        "This request was refused as a resend of {twin}, which may have happened; nothing was sent, and this invocation is not repeated. Settle the twin first: `postern decide {twin}` (reconcile it if its outcome is unknown); send a new request only once you know it did not happen, with `Postern-Resend: deliberate`."
+    )
 }
 
 fn budget_spent(id: &str) -> String {

@@ -260,6 +260,18 @@ pub fn token_target(url: &str) -> Result<Target, &'static str> {
         .map_err(|_| "is not a valid destination")
 }
 
+/// Every credential a route injects into `host` (its offers included), whatever the
+/// route's agents, methods and paths: the secrets an origin at that host may have kept.
+pub fn credentials_at_host<'a>(config: &'a Config, host: &str) -> Vec<&'a str> {
+    let mut ids: Vec<&str> = (config.routes.iter())
+        .filter(|r| host_matches(&r.matcher.host, host))
+        .flat_map(|r| r.credentials.iter().map(String::as_str))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
 /// The route postern's own token request (SPEC §3.8) goes through: `POST target`, whoever
 /// the route's agents are (the token endpoint is postern's to call, not an agent's).
 pub fn match_token_route<'a>(config: &'a Config, target: &Target) -> Option<&'a Route> {

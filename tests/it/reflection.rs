@@ -130,10 +130,15 @@ fn respond(s: &mut std::net::TcpStream, reason: &str, headers: &[String], body: 
 /// `/forms`: every encoding, and a header named by the secret; `/stream`: a gzip SSE
 /// stream of the echo; `/bomb`: a small gzip of 8 MiB of zeros.
 fn echo_origin() -> Origin {
-    Origin::script(|s, req| {
+    // The last credential a request brought, as an origin's debug page would keep it.
+    let kept = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    Origin::script(move |s, req| {
         let req = String::from_utf8_lossy(req).into_owned();
         let path = req.split(' ').nth(1).unwrap_or("/").to_owned();
         let value = header(&req, "authorization").unwrap_or("").to_owned();
+        if let (false, Ok(mut k)) = (value.is_empty(), kept.lock()) {
+            *k = value.clone();
+        }
         let secret = value.strip_prefix("Bearer ").unwrap_or("").to_owned();
         let asked = header(&req, "accept-encoding").unwrap_or("").to_owned();
         let asked = asked.split(',').map(str::trim).find(|c| *c != "identity");
@@ -146,6 +151,11 @@ fn echo_origin() -> Origin {
         };
         match path.split('?').next().unwrap_or("") {
             "/reason" => respond(s, &value, &[], b"ok"),
+            "/pub/last" => {
+                let last = kept.lock().map(|k| k.clone()).unwrap_or_default();
+                let body = format!("last={last}\nb64={}\n", STANDARD.encode(&last));
+                respond(s, "OK", &[format!("x-last: {last}")], body.as_bytes())
+            }
             "/hop" => {
                 let member =
                     format!("proxy-status: cdn; error=connection_refused; details=\"{value}\"");
@@ -309,7 +319,8 @@ fn setup() -> Setup {
         "[proxy]\nlisten = \"127.0.0.1:0\"\n[ssh]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
          [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\nbuffer_limit = \"1MiB\"\nmax_result_bytes = \"1MiB\"\n\
          [[credentials]]\nid = \"gh\"\nsecret = \"tok\"\ninject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\n\
-         [[routes]]\nid = \"echo\"\ncredential = \"gh\"\nmatch = {{ scheme = \"http\", host = \"origin.test\", port = {port} }}\nresolve = \"127.0.0.1:{port}\"\n"
+         [[routes]]\nid = \"echo\"\ncredential = \"gh\"\nmatch = {{ scheme = \"http\", host = \"origin.test\", port = {port} }}\nresolve = \"127.0.0.1:{port}\"\n\
+         [[routes]]\nid = \"public\"\nmatch = {{ scheme = \"http\", host = \"origin.test\", port = {port}, path_prefix = \"/pub\" }}\nresolve = \"127.0.0.1:{port}\"\n"
     );
     let daemon = Daemon::start_with(&home, Some(&config), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
     Setup {
@@ -405,6 +416,25 @@ fn compressed_echoes_are_decoded_scanned_and_delivered_plain() {
         req.contains("accept-encoding: identity"),
         "an agent that asked for nothing lets the origin send only identity: {req}"
     );
+}
+
+#[test]
+fn a_route_without_the_credential_is_guarded_against_what_the_origin_kept_of_it() {
+    let s = setup();
+    let (status, _, head) = s.get("/plain", &[]);
+    assert_eq!(status, 200, "{head}");
+    // Another route to the same host injects nothing, but the origin kept the secret.
+    let (status, body, head) = s.get("/pub/last", &[]);
+    assert_eq!(status, 200, "{head}");
+    let r = s.newest();
+    assert_eq!(r["route"], "public", "{r}");
+    assert_eq!(body.matches("[postern:redacted]").count(), 2, "{body}");
+    assert_clean("the body", &body);
+    assert_clean("the head", &head);
+    let id = r["invocation_id"].as_str().unwrap().to_owned();
+    assert_clean("the read-back views", &s.read_back(&id));
+    let credential = &r["evidence"]["credential"];
+    assert!(credential.is_null(), "nothing was injected: {r}");
 }
 
 #[test]

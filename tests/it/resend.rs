@@ -133,7 +133,13 @@ fn assert_refused(agent: &Agent, r: &Reply, twin: &str, code: Value, outcome: &s
     assert!(id.starts_with("act_") && id != twin, "{}", r.head);
     let rec = agent.record(&id);
     assert_eq!(rec["code"], "RESEND_REFUSED", "{rec}");
+    assert_eq!(rec["route"], "payments", "the route it matched: {rec}");
     assert_eq!(rec["evidence"]["resend_of"]["invocation_id"], twin, "{rec}");
+    // Nothing of this one is to repeat: the operator is sent to the twin.
+    let retry = agent.daemon.cli(&["retry", &id], &[]);
+    let said = String::from_utf8_lossy(&retry.stderr);
+    assert_eq!(retry.status.code(), Some(1), "{said}");
+    assert!(said.contains(&format!("postern decide {twin}")), "{said}");
 }
 
 #[test]

@@ -220,6 +220,7 @@ impl Exchange {
                 Ok(hop) => self.hop = hop,
                 Err(failure) => refusal = Some(failure),
             }
+            self.neighbours = neighbours(&config, &self.proxy.vault, &self.target, credential);
         }
         if let Some(binding) = binding {
             // The key is claimed with the preflight, before anything can be sent (a refused
@@ -503,6 +504,20 @@ fn refuse(code: Code, field: &'static str) -> Refuse {
 }
 
 /// Which offered credential this request uses (`Postern-Credential`), never echoed back.
+/// The other credentials routes inject into the target's host, each as it would be
+/// injected now; one whose secret cannot be read now is left out (no guard can hold it).
+fn neighbours(
+    config: &Config,
+    vault: &crate::vault::Vault,
+    target: &crate::policy::Target,
+    bound: Option<&str>,
+) -> Vec<Injection> {
+    (crate::policy::credentials_at_host(config, &target.host).into_iter())
+        .filter(|id| Some(*id) != bound)
+        .filter_map(|id| Injection::resolve(config, vault, id).ok())
+        .collect()
+}
+
 fn select_credential<'r>(route: &'r Route, headers: &HeaderMap) -> Result<Option<&'r str>, Refuse> {
     let mut offered = headers.get_all(POSTERN_CREDENTIAL).iter();
     let asked = offered.next().map(|v| v.as_bytes());

@@ -84,6 +84,7 @@ impl Exchange {
             method: method.as_str().to_owned(),
             framing_conflict: false,
             injection: None,
+            neighbours: Vec::new(),
             hop: None,
             agent_trailers: headers.get_all(header::TE).iter().any(|v| {
                 v.to_str()
@@ -121,8 +122,10 @@ impl Exchange {
     pub(super) async fn fail(
         &mut self,
         drafts: Vec<Draft>,
-        failure: Failure,
+        mut failure: Failure,
     ) -> Response<ProxyBody> {
+        // A refusal before the preflight (a resend, a key) still names the route it matched.
+        failure.route = failure.route.or_else(|| self.matched.clone());
         respond::envelope(&self.inv.fail(drafts, failure).await)
     }
 

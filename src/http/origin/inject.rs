@@ -182,20 +182,28 @@ impl Injection {
         self.build_guard().is_none_or(|g| g.is_match(bytes))
     }
 
-    /// One guard for this secret and `other`'s (a route's credential and its hop's).
-    pub fn guard_with(
-        &self,
-        other: &Injection,
-        cache: &GuardCache,
-    ) -> Option<Arc<ReflectionGuard>> {
-        let id = format!("{}@{}+{}", self.id, self.secret.version, other.id);
-        cache.get(&id, other.secret.version, || {
-            let (a, b) = (self.injected(), other.injected());
-            let pairs: [(&[u8], &[u8]); 2] = [
-                (self.secret.value.as_bytes(), a.as_bytes()),
-                (other.secret.value.as_bytes(), b.as_bytes()),
-            ];
-            ReflectionGuard::for_each(&pairs)
+    /// One guard for several credentials' secrets (a route's, its hop's, the host's
+    /// others): each secret with the value it is injected as.
+    pub fn guard_all(all: &[&Injection], cache: &GuardCache) -> Option<Arc<ReflectionGuard>> {
+        let (first, one) = match all {
+            [] => return Some(ReflectionGuard::none()),
+            [one] => return one.guard(cache),
+            [first, ..] => (first, all),
+        };
+        let id: Vec<String> = one
+            .iter()
+            .map(|i| format!("{}@{}", i.guard_id(), i.secret.version))
+            .collect();
+        cache.get(&id.join("+"), first.secret.version, || {
+            let parts: Vec<GuardParts> = one.iter().map(|i| i.guard_parts()).collect();
+            let pairs: Vec<(&[u8], &[u8])> = parts
+                .iter()
+                .flat_map(|p| p.pairs.iter())
+                .map(|(s, v)| (s.as_slice(), v.as_slice()))
+                .collect();
+            // One signing key per guard: a second credential with one is rare enough.
+            let pem = parts.iter().find_map(|p| p.pem.as_deref());
+            ReflectionGuard::for_each_and_pem(&pairs, pem)
         })
     }
 
@@ -218,38 +226,47 @@ impl Injection {
     }
 
     fn build_guard(&self) -> Option<ReflectionGuard> {
-        if let Some(keys) = &self.aws {
-            let secrets = keys.secrets(self.signed.get());
-            let pairs: Vec<(&[u8], &[u8])> = secrets
-                .iter()
-                .map(|s| (s.as_slice(), s.as_slice()))
-                .collect();
-            return ReflectionGuard::for_each(&pairs);
-        }
-        if let Some((_, material)) = &self.oauth {
-            return self.minted_guard(material);
-        }
-        ReflectionGuard::new(self.secret.value.as_bytes(), self.injected().as_bytes())
+        let parts = self.guard_parts();
+        let pairs: Vec<(&[u8], &[u8])> = parts
+            .pairs
+            .iter()
+            .map(|(s, v)| (s.as_slice(), v.as_slice()))
+            .collect();
+        ReflectionGuard::for_each_and_pem(&pairs, parts.pem.as_deref())
     }
 
-    /// A minted credential's guard: the client secret and refresh token (never sent to the
-    /// origin, but an origin may know them), a refresh token rotated to, the private key's
-    /// lines, and the token, raw and as injected.
-    fn minted_guard(&self, material: &Material) -> Option<ReflectionGuard> {
-        let token = self.token.as_ref();
-        let value = token.map(|t| t.value.to_string()).unwrap_or_default();
-        let rotated = token.and_then(|t| t.refresh.clone());
-        let injected = self.injected();
-        let mut pairs: Vec<(&[u8], &[u8])> = material
-            .secrets()
-            .into_iter()
-            .chain(rotated.as_deref())
-            .map(|s| (s.as_bytes(), s.as_bytes()))
-            .collect();
-        if !value.is_empty() {
-            pairs.push((value.as_bytes(), injected.as_bytes()));
+    /// What this credential's guard looks for: each secret with the value it is injected
+    /// as. SigV4: the secret key and the key derived for the scope signed. Minted: the
+    /// client secret and refresh token (never sent to the origin, but an origin may know
+    /// them), a refresh token rotated to, the private key's lines, and the token, raw and
+    /// as injected.
+    fn guard_parts(&self) -> GuardParts {
+        let same = |s: Vec<u8>| (s.clone(), s);
+        if let Some(keys) = &self.aws {
+            let pairs = keys.secrets(self.signed.get()).into_iter().map(same);
+            return GuardParts {
+                pairs: pairs.collect(),
+                pem: None,
+            };
         }
-        ReflectionGuard::for_each_and_pem(&pairs, material.private_key())
+        let injected = self.injected().into_bytes();
+        let Some((_, material)) = &self.oauth else {
+            let pairs = vec![(self.secret.value.as_bytes().to_vec(), injected)];
+            return GuardParts { pairs, pem: None };
+        };
+        let token = self.token.as_ref();
+        let rotated = token.and_then(|t| t.refresh.clone());
+        let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = (material.secrets().into_iter())
+            .chain(rotated.as_deref())
+            .map(|s| same(s.as_bytes().to_vec()))
+            .collect();
+        if let Some(t) = token.filter(|t| !t.value.is_empty()) {
+            pairs.push((t.value.to_string().into_bytes(), injected));
+        }
+        GuardParts {
+            pairs,
+            pem: material.private_key().map(str::to_owned),
+        }
     }
 
     /// The value the secret is injected as.
@@ -320,4 +337,11 @@ fn unsupported(inject: Option<&Inject>) -> &'static str {
             "its secret holds bytes an HTTP header cannot carry (CR, LF, NUL or other control characters)"
         }
     }
+}
+
+/// A credential's guard before it is built: secrets with their injected values, and a
+/// signing key's PEM.
+struct GuardParts {
+    pairs: Vec<(Vec<u8>, Vec<u8>)>,
+    pem: Option<String>,
 }

@@ -32,6 +32,7 @@ use crate::http::message::headers::{
 use crate::http::message::respond::{
     self, POSTERN_INVOCATION, POSTERN_OUTCOME, PROXY_STATUS, ProxyBody, Relayed,
 };
+use crate::http::origin::inject::Injection;
 use crate::journal::{
     Body, Draft, Failure, HttpResult, Payload, ResponseComplete, ResponseStarted, ResultCommitted,
     Source, StoredResult, b64, sha256_tagged_digest,
@@ -327,17 +328,15 @@ impl Exchange {
         })
     }
 
-    /// The reflection guard for the response: the route's credential, and the hop's when
-    /// an http request carried it to the hop in the clear. `None` if it cannot be built
-    /// (nothing is relayed then).
+    /// The reflection guard for the response: the route's credential, the hop's when an
+    /// http request carried it to the hop in the clear, and the other credentials routes
+    /// inject into this host. `None` if it cannot be built (nothing is relayed then).
     pub(in crate::http) fn response_guard(&self) -> Option<Arc<ReflectionGuard>> {
         let hop = self.plain_hop().and_then(|h| h.credential());
-        let cache = &self.proxy.guards;
-        match (&self.injection, hop) {
-            (Some(route), Some(hop)) => route.guard_with(hop, cache),
-            (Some(one), None) | (None, Some(one)) => one.guard(cache),
-            (None, None) => Some(ReflectionGuard::none()),
-        }
+        let all: Vec<&Injection> = (self.injection.iter().chain(hop))
+            .chain(&self.neighbours)
+            .collect();
+        Injection::guard_all(&all, &self.proxy.guards)
     }
 
     pub(in crate::http) fn stored_result(
