@@ -47,16 +47,13 @@ fn ask_of(body: &Value) -> Result<RetryAsk, &'static str> {
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err("operator_attested_safe must be true or false."),
     };
+    // The attestation is journaled either way (SPEC §5.1: the flag alone is enough).
     let note = match body.get("note") {
         None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.trim().is_empty() => None,
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return Err("note must be a string."),
     };
-    if attested && note.as_deref().is_none_or(|n| n.trim().is_empty()) {
-        return Err(
-            "operator_attested_safe needs a note saying how you established that repeating is safe.",
-        );
-    }
     Ok(RetryAsk {
         operator_attested_safe: attested,
         note,

@@ -160,8 +160,9 @@ pub enum Command {
         #[command(flatten)]
         id: IdArg,
         /// Repeat although the verdict is RECONCILE: you established that the action did not
-        /// happen. Journaled as operator-attested with --note. Never overrides STOP_FOR_CORRECTION.
-        #[arg(long, requires = "note")]
+        /// happen. Journaled as operator-attested (with --note, if given). Never overrides
+        /// STOP_FOR_CORRECTION.
+        #[arg(long)]
         i_have_reconciled: bool,
         /// How you established that repeating is safe (journaled).
         #[arg(long, value_name = "TEXT")]

@@ -88,15 +88,8 @@ fn an_exec_that_timed_out_is_retried_only_when_vouched_for_with_the_stdin_the_re
     assert!(said.contains("RECONCILE"), "{said}");
     assert_eq!(read(&work.path().join("runs")), "run\n", "nothing was sent");
 
-    let vouched = retry(
-        &f,
-        &[
-            &id,
-            "--i-have-reconciled",
-            "--note",
-            "the host shows no deploy",
-        ],
-    );
+    // SPEC §5.1: the flag alone is enough (a note is optional).
+    let vouched = retry(&f, &[&id, "--i-have-reconciled"]);
     assert_eq!(vouched.status.code(), Some(0), "{}", stderr(&vouched));
     let second = record(&f, &id);
     assert_eq!(second["generation"], 2, "{second}");
