@@ -17,7 +17,8 @@ use super::state::{
 use crate::config::SecretSource;
 use crate::contract::{Outcome, Phase};
 use crate::journal::{
-    Body, Draft, JournalError, Listed, Payload, Reconciliation, Record, Source, Whereabouts, unb64,
+    Body, Draft, JournalError, Listed, Payload, Reconciliation, Record, Source, StoredResult,
+    Whereabouts, unb64,
 };
 use crate::lifecycle::idempotency::in_progress_on;
 use crate::listen::{Guarded, IdleRoster};
@@ -460,10 +461,25 @@ async fn result(state: &AdminState, id: &str) -> Reply {
 }
 
 async fn result_body(state: &AdminState, id: &str, range: Option<&str>) -> Reply {
-    let stored = match state.journal.find_result(id).await {
-        Ok(Some(r)) => r,
-        Ok(None) => return not_found(id),
-        Err(_) => return storage_error(),
+    match state.journal.find_result(id).await {
+        Ok(Some(stored)) => body_response(&stored, range).map(Full::new),
+        Ok(None) => not_found(id),
+        Err(_) => storage_error(),
+    }
+}
+
+/// `GET …/result/body`, the admin's and an agent's (`postern.internal`): the stored body
+/// (an exec's stdout), whole or the one `bytes=` range asked for (SPEC §2).
+pub fn body_response(stored: &StoredResult, range: Option<&str>) -> Response<Bytes> {
+    let coded = |status: StatusCode, code: &str, message: &str| {
+        let body = json!({"error": {"code": code, "message": message}}).to_string();
+        let mut r = Response::new(Bytes::from(body));
+        *r.status_mut() = status;
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        r
     };
     let body = match &stored.payload {
         Payload::Http(h) => h.body_base64.as_deref().and_then(unb64),
@@ -471,46 +487,39 @@ async fn result_body(state: &AdminState, id: &str, range: Option<&str>) -> Reply
         Payload::Tunnel(_) => None,
     };
     let Some(body) = body else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "BODY_NOT_STORED",
-            "Only the digest of this body was kept.",
-        );
+        let why = "Only the digest of this body was kept.";
+        return coded(StatusCode::NOT_FOUND, "BODY_NOT_STORED", why);
     };
     let total = body.len() as u64;
     let Some(spec) = range else {
-        let mut r = Response::new(Full::new(Bytes::from(body)));
+        let mut r = Response::new(Bytes::from(body));
         r.headers_mut().insert(
             header::ACCEPT_RANGES,
             header::HeaderValue::from_static("bytes"),
         );
         return r;
     };
-    match parse_range(spec, total) {
+    let (mut r, content_range) = match parse_range(spec, total) {
         Some((start, end)) => {
-            let slice = body
-                .get(start as usize..=end as usize)
-                .unwrap_or_default()
-                .to_vec();
-            let mut r = Response::new(Full::new(Bytes::from(slice)));
+            let part = body.get(start as usize..=end as usize).unwrap_or_default();
+            let mut r = Response::new(Bytes::copy_from_slice(part));
             *r.status_mut() = StatusCode::PARTIAL_CONTENT;
-            if let Ok(v) = header::HeaderValue::from_str(&format!("bytes {start}-{end}/{total}")) {
-                r.headers_mut().insert(header::CONTENT_RANGE, v);
-            }
-            r
+            (r, format!("bytes {start}-{end}/{total}"))
         }
         None => {
-            let mut r = error(
+            let why = "The range is outside the body.";
+            let r = coded(
                 StatusCode::RANGE_NOT_SATISFIABLE,
                 "RANGE_NOT_SATISFIABLE",
-                "The range is outside the body.",
+                why,
             );
-            if let Ok(v) = header::HeaderValue::from_str(&format!("bytes */{total}")) {
-                r.headers_mut().insert(header::CONTENT_RANGE, v);
-            }
-            r
+            (r, format!("bytes */{total}"))
         }
+    };
+    if let Ok(v) = header::HeaderValue::from_str(&content_range) {
+        r.headers_mut().insert(header::CONTENT_RANGE, v);
     }
+    r
 }
 
 /// One `bytes=` range, as inclusive offsets within `total`.

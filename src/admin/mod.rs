@@ -9,6 +9,6 @@ pub mod reload;
 mod retry;
 mod state;
 
-pub use api::{missing_secrets, parse_range, secret_names, serve};
+pub use api::{body_response, missing_secrets, parse_range, secret_names, serve};
 pub use console::Sessions;
 pub use state::AdminState;

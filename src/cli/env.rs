@@ -270,7 +270,7 @@ fn identity(config: &Config, id: &str) -> Result<Identity, CliError> {
     // would leave an agent whose every request is a 407 for a reason it cannot see.
     if let Some(var) = agent.token.expose().strip_prefix(UNSET) {
         return Err(CliError::Failed(format!(
-            "postern env: agent {id}'s token comes from {var}, which is not set in this shell \
+            "env: agent {id}'s token comes from {var}, which is not set in this shell \
              (set {var} and run again)"
         )));
     }

@@ -714,12 +714,27 @@ fn agents_read_their_own_invocations_through_postern_internal() {
     assert_eq!(status, 200);
     let res: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(res["body_base64"], "bWluZQ==");
-    let (status, _, _) = curl(&[
-        "-x",
-        &other,
-        &format!("http://postern.internal/v1/invocations/{id}"),
-    ]);
-    assert_eq!(status, 404, "another agent's invocation is not visible");
+    // A delivery to resume: the stored body, whole or from a byte on (SPEC §2).
+    let body_url = format!("http://postern.internal/v1/invocations/{id}/result/body");
+    let (status, body, head) = curl(&["-x", &ci, &body_url]);
+    assert_eq!((status, body.as_str()), (200, "mine"), "{head}");
+    let (status, body, head) = curl(&["-x", &ci, "-r", "2-", &body_url]);
+    assert_eq!((status, body.as_str()), (206, "ne"), "{head}");
+    assert_eq!(
+        header(&head, "content-range"),
+        Some("bytes 2-3/4"),
+        "{head}"
+    );
+    let (status, _, head) = curl(&["-x", &ci, "-r", "9-", &body_url]);
+    assert_eq!(status, 416, "{head}");
+    for path in ["", "/result", "/result/body"] {
+        let url = format!("http://postern.internal/v1/invocations/{id}{path}");
+        let (status, _, _) = curl(&["-x", &other, &url]);
+        assert_eq!(
+            status, 404,
+            "another agent's invocation is not visible: {path}"
+        );
+    }
     let (status, _, _) = curl(&[
         "-x",
         &ci,

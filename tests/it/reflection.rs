@@ -357,8 +357,10 @@ impl Setup {
         ] {
             seen.push_str(&curl(&[&self.daemon.url(&path)]).1);
         }
-        let internal = format!("http://postern.internal/v1/invocations/{id}/result");
-        seen.push_str(&curl(&["-x", &self.daemon.proxy, &internal]).1);
+        for tail in ["result", "result/body"] {
+            let internal = format!("http://postern.internal/v1/invocations/{id}/{tail}");
+            seen.push_str(&curl(&["-x", &self.daemon.proxy, &internal]).1);
+        }
         for args in [vec!["result", id], vec!["actions", "show", id, "--json"]] {
             let out = self.daemon.cli(&args, &[]);
             seen.push_str(&String::from_utf8_lossy(&out.stdout));

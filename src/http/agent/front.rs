@@ -321,7 +321,9 @@ async fn front_request(
         if google && metadata::is_metadata(path) {
             return metadata::respond(&proxy, &agent, req.headers(), path);
         }
-        return internal::respond(&proxy, &agent, req.method(), path).await;
+        let range = req.headers().get(http::header::RANGE);
+        let range = range.and_then(|v| v.to_str().ok());
+        return internal::respond(&proxy, &agent, req.method(), path, range).await;
     }
     let target = match (uri.scheme_str(), uri.host()) {
         (Some("http"), Some(host)) => Target::new(

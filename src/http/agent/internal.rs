@@ -1,5 +1,5 @@
-//! `http://postern.internal/v1/invocations/{id}[/result]`: an agent's read-only view of
-//! its own invocations, through the proxy. Not journaled; other agents' ids are 404.
+//! `http://postern.internal/v1/invocations/{id}[/result[/body]]`: an agent's read-only
+//! view of its own invocations, through the proxy. Not journaled; other agents' ids are 404.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
@@ -32,12 +32,21 @@ fn not_found() -> Response<ProxyBody> {
     )
 }
 
+#[derive(PartialEq)]
+enum Want {
+    Record,
+    Result,
+    /// The stored body, whole or a `Range` of it (a delivery to resume).
+    Body,
+}
+
 /// Serves the agent-facing view.
 pub async fn respond(
     proxy: &Proxy,
     agent: &str,
     method: &http::Method,
     path: &str,
+    range: Option<&str>,
 ) -> Response<ProxyBody> {
     if method != http::Method::GET && method != http::Method::HEAD {
         return json(
@@ -52,9 +61,10 @@ pub async fn respond(
         .trim_matches('/')
         .split('/')
         .collect();
-    let (id, want_result) = match segments.as_slice() {
-        ["v1", "invocations", id] => (*id, false),
-        ["v1", "invocations", id, "result"] => (*id, true),
+    let (id, want) = match segments.as_slice() {
+        ["v1", "invocations", id] => (*id, Want::Record),
+        ["v1", "invocations", id, "result"] => (*id, Want::Result),
+        ["v1", "invocations", id, "result", "body"] => (*id, Want::Body),
         _ => return not_found(),
     };
     // In a fleet, another node's invocation as its owner published it (SPEC §7).
@@ -68,10 +78,14 @@ pub async fn respond(
             );
         }
     };
-    if !want_result {
-        return json(StatusCode::OK, &json!(record));
-    }
-    match proxy.journal.find_result(id).await {
+    let stored = match want {
+        Want::Record => return json(StatusCode::OK, &json!(record)),
+        _ => proxy.journal.find_result(id).await,
+    };
+    match stored {
+        Ok(Some(result)) if want == Want::Body => {
+            crate::admin::body_response(&result, range).map(respond::full)
+        }
         Ok(Some(result)) => json(StatusCode::OK, &json!(result)),
         _ => json(
             StatusCode::NOT_FOUND,
