@@ -40,6 +40,8 @@ impl Exchange {
         let mut path_and_query = self.target.path_and_query.clone();
         if let Some(injection) = &self.injection {
             injection.apply(&mut headers, &mut path_and_query)?;
+        }
+        if self.guarded() {
             decode::offer(&mut headers);
             // A range of an echo is a piece of the secret too short for the guard to know:
             // the whole representation comes back, and is guarded whole.
@@ -52,7 +54,7 @@ impl Exchange {
             headers.insert(name.clone(), value.clone());
         }
         if self.grpc && h2 {
-            crate::http::message::grpc::prepare_request(&mut headers, self.injection.is_some());
+            crate::http::message::grpc::prepare_request(&mut headers, self.guarded());
         }
         let authority = self.target.authority();
         if !h2 {

@@ -328,6 +328,12 @@ impl Exchange {
         })
     }
 
+    /// Whether a secret of this host's can come back on this exchange: the origin is then
+    /// asked for what the guard reads whole (codings it decodes, no ranges).
+    pub(in crate::http) fn guarded(&self) -> bool {
+        self.injection.is_some() || !self.neighbours.is_empty()
+    }
+
     /// The reflection guard for the response: the route's credential, the hop's when an
     /// http request carried it to the hop in the clear, and the other credentials routes
     /// inject into this host. `None` if it cannot be built (nothing is relayed then).
