@@ -419,38 +419,33 @@ fn a_changed_payload_under_a_key_is_refused_locally_and_rejected_by_the_origin()
         .proxy
         .replacen("http://", "http://a:ta-0123456789abcdef@", 1);
     let url = format!("http://pay.test:{}/v1/charges", c.port);
-    let (status, body, _) = curl(&[
-        "-x",
-        &proxy,
-        "-X",
-        "POST",
-        "-H",
-        "Idempotency-Key: x",
-        "-H",
-        "Idempotency-Key: y",
-        "--data-binary",
-        "{}",
-        &url,
-    ]);
+    let post = |one: &str, two: &str| {
+        let (status, body, _) = curl(&[
+            "-x",
+            &proxy,
+            "-X",
+            "POST",
+            "-H",
+            one,
+            "-H",
+            two,
+            "--data-binary",
+            "{}",
+            &url,
+        ]);
+        (status, body)
+    };
+    let (status, body) = post("Idempotency-Key: x", "Idempotency-Key: y");
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("MALFORMED_REQUEST") && body.contains("headers.idempotency-key"));
     assert_eq!(origin.hits(), 2);
 
     // A key `Connection` names is hop-by-hop: it would never reach the origin, so a retry
     // "with the same key" would be a second, keyless charge.
-    let (status, body, _) = curl(&[
-        "-x",
-        &proxy,
-        "-X",
-        "POST",
-        "-H",
+    let (status, body) = post(
         "Idempotency-Key: hop-1",
-        "-H",
         "Connection: keep-alive, Idempotency-KEY",
-        "--data-binary",
-        "{}",
-        &url,
-    ]);
+    );
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("MALFORMED_REQUEST") && body.contains("headers.connection"));
     assert_eq!(origin.hits(), 2, "nothing is sent");
