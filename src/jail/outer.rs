@@ -94,6 +94,38 @@ pub struct Outer {
 }
 
 /// Runs CMD in the jail; returns its exit status (125 when the jail could not be made).
+/// Marks every descriptor the caller handed down (3 and up) close-on-exec, so none reaches
+/// CMD: an open directory or file would reach past the hidden state directory and config,
+/// a socket past the network namespace (`exec 8<~/.postern; postern jail …`).
+fn seal_inherited() {
+    if close_range_cloexec(3) {
+        return;
+    }
+    // Kernels before 5.11 have no close_range: one descriptor at a time.
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let numbers = fds
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok());
+    for fd in numbers.filter(|fd| *fd >= 3) {
+        set_cloexec(fd);
+    }
+}
+
+#[allow(unsafe_code)]
+fn close_range_cloexec(first: u32) -> bool {
+    let flags = libc::CLOSE_RANGE_CLOEXEC as libc::c_int;
+    // SAFETY: only descriptor flags change; no memory is passed.
+    unsafe { libc::close_range(first, u32::MAX, flags) == 0 }
+}
+
+#[allow(unsafe_code)]
+fn set_cloexec(fd: i32) {
+    // SAFETY: fcntl on a descriptor number; one closed meanwhile fails with EBADF, harmlessly.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+}
+
 pub fn run(outer: Outer, cmd: &[OsString]) -> u8 {
     match run_inner(&outer, cmd) {
         Ok(code) => code,
@@ -106,6 +138,7 @@ pub fn run(outer: Outer, cmd: &[OsString]) -> u8 {
 }
 
 fn run_inner(outer: &Outer, cmd: &[OsString]) -> Result<u8, String> {
+    seal_inherited();
     let forward = signals::forwarder(signals::catch()?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

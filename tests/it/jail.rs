@@ -449,6 +449,34 @@ env | grep -E '^(POSTERN_AGENT|POSTERN_AGENT_TOKEN|POSTERN_SSH_PROXY|NO_PROXY|ht
     );
 }
 
+/// A descriptor the caller left open (the state directory, the config, a socket) does not
+/// reach CMD: it would lead past the hiding mounts and the network namespace.
+#[test]
+fn descriptors_the_caller_left_open_do_not_reach_the_jailed_command() {
+    if !userns_allowed() {
+        return;
+    }
+    let jail = Jail::start("");
+    let script = "for fd in 8 9; do [ -e /proc/self/fd/$fd ]; echo \"fd$fd=$?\"; done";
+    let inner = jail.command(script);
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c")
+        .arg("exec 8<\"$1\" 9<\"$2\"; shift 2; exec \"$@\"")
+        .arg("bash")
+        .arg(jail.home.root())
+        .arg(&jail.config)
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (name, value) in inner.get_envs() {
+        match value {
+            Some(v) => cmd.env(name, v),
+            None => cmd.env_remove(name),
+        };
+    }
+    let text = ok(&run_within(cmd, Duration::from_secs(90)));
+    assert_eq!(text, "fd8=1\nfd9=1\n", "{text}");
+}
+
 /// Issue 40 (low 6 and 5): wget (GnuTLS) reads only the system CA store; a client calling
 /// `https://host:8443` found nothing listening; plain `ssh host` bypassed postern. The jail's
 /// bundle now covers the system CA stores, every port the agent's routes name is relayed, and
