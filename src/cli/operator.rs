@@ -25,8 +25,8 @@ fn print_json(v: &Value) {
     outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
-fn s(v: &Value) -> &str {
-    v.as_str().unwrap_or("-")
+fn s(v: &Value) -> std::borrow::Cow<'_, str> {
+    render::printable(v.as_str().unwrap_or("-"))
 }
 
 pub fn actions(target: &AdminTarget, command: ActionsCommand) -> Result<ExitCode, CliError> {

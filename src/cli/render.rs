@@ -1,12 +1,31 @@
 //! How `postern result` and `postern approvals` show the admin API's JSON to an operator:
 //! text as text, binary summarized, nothing a terminal would interpret.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
 use crate::journal::{as_text, unb64};
 
-fn s(v: &Value) -> &str {
-    v.as_str().unwrap_or("-")
+fn s(v: &Value) -> Cow<'_, str> {
+    printable(v.as_str().unwrap_or("-"))
+}
+
+/// A journaled string as a terminal may show it: control characters (an escape sequence, a
+/// carriage return forging a line) escaped. Agents and origins choose much of what is
+/// journaled.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.contains(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c.is_control() {
+            true => shown.extend(c.escape_default()),
+            false => shown.push(c),
+        }
+    }
+    Cow::Owned(shown)
 }
 
 /// The stored result (SPEC §5.5 "Result"): HTTP, SSH or a tunnel's counts.
@@ -158,6 +177,12 @@ pub fn decision(id: &str, approve: bool, record: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn control_characters_are_shown_escaped() {
+        assert_eq!(printable("ci \"ok\""), "ci \"ok\"");
+        assert_eq!(printable("h\u{1b}[2J\r\nforged"), "h\\u{1b}[2J\\r\\nforged");
+    }
 
     #[test]
     fn an_http_result_shows_text_and_summarizes_binary() {

@@ -82,11 +82,17 @@ impl Preamble {
                 _ => {} // later versions may add keys
             }
         }
-        if p.user.is_empty() {
+        // Control characters would reach the journal, the log and the operator's terminal
+        // (`postern actions list`) as escape sequences and forged lines.
+        let unprintable = |s: &str| s.chars().any(char::is_control);
+        if p.user.is_empty() || unprintable(&p.user) {
             return Err(Malformed("user"));
         }
-        if p.host.is_empty() {
+        if p.host.is_empty() || unprintable(&p.host) || p.host.contains(char::is_whitespace) {
             return Err(Malformed("target.host"));
+        }
+        if p.agent.as_deref().is_some_and(unprintable) {
+            return Err(Malformed("agent"));
         }
         if p.port == 0 {
             return Err(Malformed("target.port"));
@@ -163,6 +169,17 @@ mod tests {
             Preamble::parse("POSTERN-SSH/1 user=u host=h port=22 agent=%zz"),
             Err(Malformed("preamble"))
         );
+        for (line, field) in [
+            ("POSTERN-SSH/1 user=u%1B%5B2J host=h port=22", "user"),
+            (
+                "POSTERN-SSH/1 user=u host=h%0D%0Aforged port=22",
+                "target.host",
+            ),
+            ("POSTERN-SSH/1 user=u host=h%20h port=22", "target.host"),
+            ("POSTERN-SSH/1 agent=a%07 user=u host=h port=22", "agent"),
+        ] {
+            assert_eq!(Preamble::parse(line), Err(Malformed(field)), "{line}");
+        }
         let anon = Preamble::parse("POSTERN-SSH/1 user=u host=H port=22").unwrap();
         assert_eq!((anon.agent, anon.host.as_str()), (None, "h"));
     }
