@@ -146,6 +146,14 @@ pub fn approvals(list: &Value) -> Vec<String> {
             s(&h["expires_at"])
         ));
         out.push(format!("  fingerprint {}", s(&h["fingerprint"])));
+        for pair in h["headers"].as_array().into_iter().flatten() {
+            out.push(format!("  header {}: {}", s(&pair[0]), s(&pair[1])));
+        }
+        if let Some(n) = h["headers_not_shown"].as_u64() {
+            out.push(format!(
+                "  ({n} more headers not shown; approving sends them: deny what you cannot read whole)"
+            ));
+        }
         out.push(format!(
             "  body {} bytes: {}",
             h["body_bytes"],

@@ -31,6 +31,13 @@ pub struct Held {
     /// The request's headers as `[name, value]`, sensitive-looking values redacted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<(String, String)>,
+    /// Headers past the shown ones (sent too when approved).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub headers_not_shown: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// How many headers, and how much of each value, an operator is shown.
@@ -47,7 +54,10 @@ pub fn shown_headers(headers: &http::HeaderMap) -> Vec<(String, String)> {
         .take(SHOWN_HEADERS)
         .map(|(name, value)| {
             let name = clipped(name.as_str(), SHOWN_NAME).to_ascii_lowercase();
-            let shown = match (sensitive_name(&name), std::str::from_utf8(value.as_bytes())) {
+            let shown = match (
+                sensitive_header(&name),
+                std::str::from_utf8(value.as_bytes()),
+            ) {
                 (true, _) => REDACTED.to_owned(),
                 (false, Ok(v)) => clipped(v, SHOWN_VALUE),
                 (false, Err(_)) => format!("(binary, {} bytes)", value.len()),
@@ -66,8 +76,15 @@ fn clipped(text: &str, max: usize) -> String {
     format!("{}…", &text[..cut.unwrap_or(0)])
 }
 
-fn sensitive_name(lower: &str) -> bool {
-    SENSITIVE.iter().any(|k| lower.contains(k))
+/// How many of a request's headers `shown_headers` leaves out (approving sends them too).
+pub fn headers_not_shown(headers: &http::HeaderMap) -> usize {
+    headers.len().saturating_sub(SHOWN_HEADERS)
+}
+
+/// A header name that ends in a sensitive word (`x-auth-token`, `x-api-key`, `cookie`): one
+/// that only holds one (`x-token-target`) is shown, else an agent could hide any value.
+fn sensitive_header(lower: &str) -> bool {
+    SENSITIVE.iter().any(|k| lower.ends_with(k))
 }
 
 /// How much of a body the preview shows: enough for a whole API call's JSON, so what an
@@ -207,18 +224,40 @@ fn value_span(b: &[u8], mut i: usize) -> Option<(usize, usize)> {
     }
     let quote = at(i).filter(|c| *c == b'"' || *c == b'\'');
     let start = i + usize::from(quote.is_some());
-    let mut end = start;
-    while let Some(c) = at(end) {
-        let stop = match quote {
-            Some(q) => c == q,
-            None => matches!(c, b'&' | b',' | b'}' | b']' | b'\n' | b'\r' | b';'),
-        };
-        if stop {
-            break;
-        }
-        end += 1;
+    if quote.is_some() {
+        let end = (start..b.len())
+            .find(|e| at(*e) == quote)
+            .unwrap_or(b.len());
+        return Some((start, end));
     }
-    Some((start, end))
+    // A bare value is one word (two after an auth scheme: `Bearer x`): what follows it in
+    // XML, GraphQL or prose (`<amount>`, `amount: 1000000`) stays in sight.
+    let word_end = |from: usize| {
+        (from..b.len())
+            .find(|e| at(*e).is_some_and(ends_bare_value))
+            .unwrap_or(b.len())
+    };
+    let first = word_end(start);
+    let scheme = b.get(start..first).is_some_and(|w| {
+        AUTH_SCHEMES
+            .iter()
+            .any(|s| w.eq_ignore_ascii_case(s.as_bytes()))
+    });
+    match scheme && at(first) == Some(b' ') {
+        true => Some((start, word_end(first + 1))),
+        false => Some((start, first)),
+    }
+}
+
+/// Schemes an `Authorization`-like value starts with: the credential is the next word.
+const AUTH_SCHEMES: &[&str] = &["bearer", "basic", "token", "digest", "negotiate", "bot"];
+
+fn ends_bare_value(c: u8) -> bool {
+    c.is_ascii_whitespace()
+        || matches!(
+            c,
+            b'&' | b',' | b'}' | b']' | b';' | b'<' | b'>' | b'"' | b'\'' | b')' | b'('
+        )
 }
 
 /// A multipart field's content when the name sits in its `Content-Disposition` line
@@ -462,6 +501,7 @@ mod tests {
             credential: None,
             body_hex: None,
             headers: Vec::new(),
+            headers_not_shown: 0,
         }
     }
 
@@ -496,6 +536,8 @@ mod tests {
         put("authorization", b"Bearer postern:pay");
         put("cookie", b"session=abc");
         put("x-api-key", b"k");
+        put("x-auth-token", b"t");
+        put("x-account-token-target", b"mallory");
         put("x-long", "é".repeat(300).as_bytes());
         put("x-raw", &[0xff, 0xfe]);
         let long_name = http::HeaderName::from_bytes(&[b'n'; 300]);
@@ -505,9 +547,23 @@ mod tests {
         let shown = shown_headers(&h);
         let get = |n: &str| shown.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
         assert_eq!(get("x-request-note"), Some("refund order 7"));
-        for n in ["authorization", "cookie", "x-api-key"] {
+        for n in ["authorization", "cookie", "x-api-key", "x-auth-token"] {
             assert_eq!(get(n), Some(REDACTED), "{n}");
         }
+        assert_eq!(
+            get("x-account-token-target"),
+            Some("mallory"),
+            "not a token's name"
+        );
+        assert_eq!(headers_not_shown(&h), 0);
+        for n in 0..SHOWN_HEADERS {
+            let name = http::HeaderName::from_bytes(format!("x-pad-{n}").as_bytes());
+            if let Ok(name) = name {
+                h.append(name, http::HeaderValue::from_static("x"));
+            }
+        }
+        assert_eq!(shown_headers(&h).len(), SHOWN_HEADERS);
+        assert_eq!(headers_not_shown(&h), 9, "the rest is counted, not hidden");
         assert!(get("x-long").is_some_and(|v| v.ends_with('…') && v.len() <= SHOWN_VALUE + 3));
         assert_eq!(get("x-raw"), Some("(binary, 2 bytes)"));
         assert!(
@@ -540,6 +596,19 @@ mod tests {
             "Authorization: [redacted]\\nok"
         );
         assert_eq!(preview(b"tokens are fine"), "tokens are fine");
+        // Only the value is hidden: what follows it in XML, GraphQL or prose stays in sight.
+        assert_eq!(
+            preview(b"<memo>ref token: 12</memo><amount>1000000</amount>"),
+            "<memo>ref token: [redacted]</memo><amount>1000000</amount>"
+        );
+        assert_eq!(
+            preview(b"{ pay(memo: \"secret: none\" amount: 1000000 to: \"mallory\") }"),
+            "{ pay(memo: \"secret: [redacted]\" amount: 1000000 to: \"mallory\") }"
+        );
+        assert_eq!(
+            preview(b"Authorization: token abc def"),
+            "Authorization: [redacted] def"
+        );
         assert_eq!(preview(&[0, 1, 2, 255]), "(binary, 4 bytes)");
         assert_eq!(hex_head(&[0, 1, 2, 255]).as_deref(), Some("00 01 02 ff"));
         assert_eq!(hex_head(b"plain text"), None);

@@ -198,8 +198,18 @@ fn an_approved_request_dispatches_only_after_the_approval() {
 #[test]
 fn a_denied_request_never_reaches_the_origin() {
     let s = setup("20s");
-    let pending = s.send();
-    let id = s.held_id();
+    // Headers past the shown ones are counted where the operator decides, never dropped
+    // silently: an override header behind 70 others must not slip by.
+    let mut args: Vec<String> = (0..70).map(|n| format!("X-Pad-{n}: x")).collect();
+    args.push("X-HTTP-Method-Override: DELETE".into());
+    let mut curl_args: Vec<&str> = args.iter().flat_map(|h| ["-H", h.as_str()]).collect();
+    curl_args.extend(["--data", "amount=5"]);
+    let pending = s.send_with(&curl_args);
+    let held = s.held();
+    assert!(held["headers_not_shown"].as_u64() >= Some(7), "{held}");
+    let listed = stdout(&s.daemon.cli(&["approvals"], &[]));
+    assert!(listed.contains("more headers not shown"), "{listed}");
+    let id = id_of(&held);
     let said = s.answer("deny", &id);
     assert!(said.contains("APPROVAL_DENIED"), "{said}");
     let reply = pending.join().unwrap_or_default();

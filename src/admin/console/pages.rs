@@ -82,8 +82,15 @@ fn held_card(l: &approvals::Listed, csrf: &str) -> String {
                     .iter()
                     .map(|(n, v)| format!("{}: {}", esc(n), esc(v)))
                     .collect();
+                let more = match h.headers_not_shown {
+                    0 => String::new(),
+                    n => format!(
+                        "<p class=\"problem\">{n} more headers are not shown here, and \
+                         approving sends them too: deny what you cannot read whole.</p>"
+                    ),
+                };
                 format!(
-                    "<dt>Headers</dt><dd><pre class=\"headers\">{}</pre></dd>",
+                    "<dt>Headers</dt><dd><pre class=\"headers\">{}</pre>{more}</dd>",
                     lines.join("\n")
                 )
             }

@@ -11,7 +11,9 @@ use crate::http::Proxy;
 use crate::http::message::respond::{self, ProxyBody};
 use crate::http::origin::inject::Injection;
 use crate::journal::{Draft, rfc3339};
-use crate::policy::approvals::{Approvals, Held, hex_head, preview, shown_headers};
+use crate::policy::approvals::{
+    Approvals, Held, headers_not_shown, hex_head, preview, shown_headers,
+};
 
 impl Exchange {
     /// Holds the request (after `drafts`, the preflight) until it is approved and nothing
@@ -40,6 +42,7 @@ impl Exchange {
             credential: credential.map(str::to_owned),
             body_hex: hex_head(body),
             headers: shown_headers(headers),
+            headers_not_shown: headers_not_shown(headers),
         };
         let approvals = self.proxy.approvals.clone();
         let proxy = self.proxy.clone();

@@ -211,6 +211,7 @@ impl Tunnel {
             credential: None,
             body_hex: None,
             headers: Vec::new(),
+            headers_not_shown: 0,
         };
         let (approvals, timeout) = (self.proxy.approvals.clone(), route.approval_timeout);
         let id = self.inv.id().to_owned();

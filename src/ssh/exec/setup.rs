@@ -93,6 +93,7 @@ impl Run {
             credential: Some(target.credential.clone()),
             body_hex: None,
             headers: Vec::new(),
+            headers_not_shown: 0,
         };
         let (config, vault) = (self.config.clone(), self.vault.clone());
         let bound = login.evidence.clone();
