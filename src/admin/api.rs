@@ -100,8 +100,10 @@ fn authorized(state: &AdminState, req: &Request<Incoming>) -> bool {
     req.headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| token.matches(t.trim()))
+        .and_then(|v| v.split_once(' '))
+        // The scheme is case-insensitive (RFC 9110 §11.1).
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .is_some_and(|(_, t)| token.matches(t.trim()))
 }
 
 async fn handle(state: &AdminState, req: Request<Incoming>) -> Reply {

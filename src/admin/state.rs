@@ -45,6 +45,11 @@ pub(super) fn json_reply(status: StatusCode, body: &Value) -> Reply {
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/json"),
     );
+    // Records, results and approvals are the operator's: no cache keeps a copy.
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
     r
 }
 

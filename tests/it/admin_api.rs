@@ -47,6 +47,15 @@ fn the_admin_api_needs_its_token_but_healthz_does_not() {
         &["-H", "Authorization: Bearer wrong"],
     );
     assert_eq!(status, 401);
+    // The scheme is case-insensitive; what the API answers is never cached.
+    let lower = format!("Authorization: bearer {CANARY}");
+    let (status, _, head) = curl(&["-i", "-H", &lower, &w.daemon.url("/v1/invocations")]);
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("cache-control: no-store"),
+        "{head}"
+    );
     let (status, body) = get_json(&w.daemon.url("/healthz"), &[]);
     assert_eq!((status, body["status"].as_str()), (200, Some("ok")));
     let out = w.daemon.cli(&["actions", "list"], &[]);
