@@ -43,12 +43,18 @@ fn settings(
         .as_ref()
         .map(super::env::Identity::authorization)
         .unwrap_or_default();
-    // A wrong token is said now, not at every call; a daemon not up yet is each call's news.
-    if let super::env::IdentityCheck::Refused(body) =
-        super::env::check_identity(config.proxy.listen, identity.as_ref())
-    {
-        let hint = super::env::refused_hint(identity.as_ref().map(|i| i.agent.as_str()));
-        return Err(format!("{body}\npostern mcp: {hint}"));
+    // A wrong token is said now, not at every call; a daemon not up yet is each call's news,
+    // and a warning now (a config that is not the daemon's names another address).
+    match super::env::check_identity(config.proxy.listen, identity.as_ref()) {
+        super::env::IdentityCheck::Refused(body) => {
+            let hint = super::env::refused_hint(identity.as_ref().map(|i| i.agent.as_str()));
+            return Err(format!("{body}\npostern mcp: {hint}"));
+        }
+        super::env::IdentityCheck::Unreachable(why) => errln!(
+            "postern mcp: warning: {why}; every call is CONNECTION_REFUSED until the daemon answers \
+             there (is this the daemon's config? --config or POSTERN_CONFIG names it)"
+        ),
+        super::env::IdentityCheck::Taken => {}
     }
     let ca = home.certs_dir().join("ca.pem");
     if !ca.is_file() {
