@@ -130,6 +130,13 @@ pub fn init(caller: Ids, cmd: &[OsString]) -> ExitCode {
         super::note(&e.to_string());
         return ExitCode::from(EXIT_SETUP);
     }
+    // A session of its own: the caller's terminal is no longer CMD's controlling one, so
+    // CMD cannot push keystrokes into it (TIOCSTI) for the caller's shell to run after the
+    // jail. Signals still reach CMD: postern forwards them.
+    if let Err(e) = nix::unistd::setsid() {
+        super::note(&format!("cannot start a session of the jail's own: {e}"));
+        return ExitCode::from(EXIT_SETUP);
+    }
     reenter_cwd();
     ExitCode::from(init_status(cmd))
 }

@@ -477,6 +477,20 @@ fn descriptors_the_caller_left_open_do_not_reach_the_jailed_command() {
     assert_eq!(text, "fd8=1\nfd9=1\n", "{text}");
 }
 
+/// CMD runs in a session of the jail's own: the caller's terminal is not its controlling
+/// terminal, so it cannot push keystrokes (TIOCSTI) for the caller's shell to run later.
+#[test]
+fn the_jailed_command_has_a_session_of_its_own() {
+    if !userns_allowed() {
+        return;
+    }
+    let jail = Jail::start("");
+    // Field 6 of /proc/self/stat is the session id, as the jail's PID namespace numbers it:
+    // 0 for a session begun outside, 1 for the session the jail's init began.
+    let text = ok(&jail.run("cut -d' ' -f6 /proc/self/stat"));
+    assert_eq!(text.trim(), "1", "{text}");
+}
+
 /// Issue 40 (low 6 and 5): wget (GnuTLS) reads only the system CA store; a client calling
 /// `https://host:8443` found nothing listening; plain `ssh host` bypassed postern. The jail's
 /// bundle now covers the system CA stores, every port the agent's routes name is relayed, and
