@@ -222,14 +222,10 @@ fn value_span(b: &[u8], mut i: usize) -> Option<(usize, usize)> {
     while at(i) == Some(b' ') {
         i += 1;
     }
-    let quote = at(i).filter(|c| *c == b'"' || *c == b'\'');
-    let start = i + usize::from(quote.is_some());
-    if quote.is_some() {
-        let end = (start..b.len())
-            .find(|e| at(*e) == quote)
-            .unwrap_or(b.len());
-        return Some((start, end));
+    if let Some(end) = quoted_end(b, i) {
+        return Some((i + 1, end));
     }
+    let start = i + usize::from(at(i).is_some_and(|c| c == b'"' || c == b'\''));
     // A bare value is one word (two after an auth scheme: `Bearer x`): what follows it in
     // XML, GraphQL or prose (`<amount>`, `amount: 1000000`) stays in sight.
     let word_end = |from: usize| {
@@ -249,6 +245,23 @@ fn value_span(b: &[u8], mut i: usize) -> Option<(usize, usize)> {
     }
 }
 
+/// The closing quote of a quoted value opening at `i`: within `MAX_QUOTED` bytes, on one
+/// line, and holding no other quote or markup. Else the quote is not taken for one (it may
+/// open another string of the body, and a span to its close would hide what lies between).
+fn quoted_end(b: &[u8], i: usize) -> Option<usize> {
+    let quote = b.get(i).copied().filter(|c| *c == b'"' || *c == b'\'')?;
+    let rest = b.get(i + 1..)?;
+    let len = rest.iter().take(MAX_QUOTED + 1).position(|c| *c == quote)?;
+    let inside = rest.get(..len)?;
+    let plain = !inside
+        .iter()
+        .any(|c| matches!(c, b'"' | b'\'' | b'<' | b'>' | b'\n' | b'\r'));
+    plain.then_some(i + 1 + len)
+}
+
+/// The longest quoted value a preview hides whole.
+const MAX_QUOTED: usize = 512;
+
 /// Schemes an `Authorization`-like value starts with: the credential is the next word.
 const AUTH_SCHEMES: &[&str] = &["bearer", "basic", "token", "digest", "negotiate", "bot"];
 
@@ -263,6 +276,10 @@ fn ends_bare_value(c: u8) -> bool {
 /// A multipart field's content when the name sits in its `Content-Disposition` line
 /// (`name="password"`): from after the part's blank line to the next boundary line.
 fn part_span(lower: &str, key_end: usize) -> Option<(usize, usize)> {
+    // A multipart body opens with its boundary line; any other body is not one.
+    if !lower.trim_start_matches(['\r', '\n']).starts_with("--") {
+        return None;
+    }
     let line_start = lower.get(..key_end)?.rfind('\n').map_or(0, |i| i + 1);
     if !lower
         .get(line_start..key_end)?
@@ -608,6 +625,15 @@ mod tests {
         assert_eq!(
             preview(b"Authorization: token abc def"),
             "Authorization: [redacted] def"
+        );
+        // A quote that opens another string, or a blank line in JSON, hides nothing more.
+        assert_eq!(
+            preview(br#"{"a":"token:'", "amount": 1000000, "to": "mallory", "b":"'"}"#),
+            r#"{"a":"token:'[redacted]", "amount": 1000000, "to": "mallory", "b":"'"}"#
+        );
+        assert_eq!(
+            preview(b"{\"content-disposition token x\": 1,\n\n\"amount\": 1000000}"),
+            "{\"content-disposition token x\": 1,\\n\\n\"amount\": 1000000}"
         );
         assert_eq!(preview(&[0, 1, 2, 255]), "(binary, 4 bytes)");
         assert_eq!(hex_head(&[0, 1, 2, 255]).as_deref(), Some("00 01 02 ff"));
