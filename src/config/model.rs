@@ -534,3 +534,16 @@ pub enum CommandRefusal {
     /// No pattern matches the command.
     NotListed,
 }
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1): postern never sends them on (nor `postern-*`).
+pub const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];

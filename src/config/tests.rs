@@ -652,3 +652,27 @@ fn a_cluster_needs_a_node_id_the_fleet_can_tell_apart_and_a_postgres_url() {
     let none = parse("", None, &env).ok();
     assert!(none.is_some_and(|c| c.cluster.is_none()));
 }
+
+#[test]
+fn an_idempotency_key_header_postern_would_not_send_on_is_refused() {
+    let route = |header: &str| {
+        format!(
+            "[[routes]]\nid = \"pay\"\nmatch = {{ host = \"pay.test\" }}\n\
+             idempotency = {{ header = \"{header}\", scope = \"s\", retention = \"1h\" }}\n"
+        )
+    };
+    for header in [
+        "Keep-Alive",
+        "TE",
+        "Connection",
+        "Postern-Key",
+        "postern-resend",
+    ] {
+        assert_eq!(
+            paths(&route(header)),
+            ["routes[0].idempotency.header"],
+            "{header}"
+        );
+    }
+    assert!(paths(&route("X-Request-Key")).is_empty());
+}

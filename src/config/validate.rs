@@ -774,10 +774,20 @@ fn route(
                 "must be shorter than retention",
             );
         }
+        let lower = k.header.to_ascii_lowercase();
         if http::HeaderName::from_bytes(k.header.as_bytes()).is_err() {
             c.bad(
                 format!("{p}.idempotency.header"),
                 format!("`{}` is not a header name", k.header),
+            );
+        } else if HOP_BY_HOP.contains(&lower.as_str()) || lower.starts_with("postern-") {
+            // The key would be stripped before the origin, yet retries would count on it.
+            c.bad(
+                format!("{p}.idempotency.header"),
+                format!(
+                    "`{}` never reaches the origin (hop-by-hop, or postern's own)",
+                    k.header
+                ),
             );
         }
     }

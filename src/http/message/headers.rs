@@ -7,22 +7,9 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 
 use super::respond::PROXY_STATUS;
-use crate::config::Delivery;
+use crate::config::{Delivery, HOP_BY_HOP};
 use crate::contract::Completion;
 use crate::guard::{REDACTED, ReflectionGuard};
-
-/// Hop-by-hop headers (RFC 9110 §7.6.1) and postern's own, never forwarded.
-pub(in crate::http) const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authorization",
-    "proxy-authenticate",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
 
 pub(in crate::http) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = names_in_connection(headers)
