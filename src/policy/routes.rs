@@ -261,11 +261,35 @@ pub fn token_target(url: &str) -> Result<Target, &'static str> {
 }
 
 /// Every credential a route injects into `host` (its offers included), whatever the
-/// route's agents, methods and paths: the secrets an origin at that host may have kept.
-pub fn credentials_at_host<'a>(config: &'a Config, host: &str) -> Vec<&'a str> {
+/// route's agents, methods and paths, and every `oauth2` one whose token endpoint is there
+/// (postern sends it the client secret): the secrets an origin at that host may have kept.
+/// `at` is where this request's route pins the host (`resolve`): a route pinned to the same
+/// address, or naming its IP, reaches the same origin under another name.
+pub fn credentials_at_host<'a>(
+    config: &'a Config,
+    host: &str,
+    at: Option<std::net::SocketAddr>,
+) -> Vec<&'a str> {
+    let same_origin = |r: &&Route| {
+        host_matches(&r.matcher.host, host)
+            || (at.is_some() && r.resolve == at)
+            || r.resolve.is_some_and(|a| a.ip().to_string() == host)
+            || at.is_some_and(|a| a.ip().to_string() == r.matcher.host)
+    };
+    let token_endpoint_here = |c: &&crate::config::Credential| match &c.inject {
+        crate::config::Inject::OAuth2(o) => {
+            token_target(&o.token_url).is_ok_and(|t| t.host == host)
+        }
+        _ => false,
+    };
     let mut ids: Vec<&str> = (config.routes.iter())
-        .filter(|r| host_matches(&r.matcher.host, host))
+        .filter(same_origin)
         .flat_map(|r| r.credentials.iter().map(String::as_str))
+        .chain(
+            (config.credentials.iter())
+                .filter(token_endpoint_here)
+                .map(|c| c.id.as_str()),
+        )
         .collect();
     ids.sort_unstable();
     ids.dedup();
@@ -467,6 +491,54 @@ id = "wild"
 match = { host = "*.example.test", scheme = "http", port = 8080 }
 "#;
         crate::config::parse(text, None, &|_| None).unwrap()
+    }
+
+    #[test]
+    fn a_hosts_credentials_include_aliases_and_its_token_endpoints() {
+        let text = r#"
+[[credentials]]
+id = "api"
+secret = "a"
+inject = { header = "Authorization", format = "Bearer {secret}" }
+[[credentials]]
+id = "idp"
+secret = "i"
+inject = { oauth2 = { grant = "client_credentials", token_url = "https://idp.test/token" } }
+[[routes]]
+id = "api"
+credential = "api"
+match = { host = "api.test" }
+resolve = "127.0.0.1:9443"
+[[routes]]
+id = "idp"
+match = { host = "idp.test" }
+[[routes]]
+id = "alias"
+match = { host = "alias.test" }
+resolve = "127.0.0.1:9443"
+"#;
+        let c = match crate::config::parse(text, None, &|_| None) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        let at: Option<std::net::SocketAddr> = "127.0.0.1:9443".parse().ok();
+        assert_eq!(credentials_at_host(&c, "api.test", at), ["api"]);
+        assert_eq!(
+            credentials_at_host(&c, "alias.test", at),
+            ["api"],
+            "same address"
+        );
+        assert_eq!(
+            credentials_at_host(&c, "127.0.0.1", None),
+            ["api"],
+            "its IP"
+        );
+        assert_eq!(
+            credentials_at_host(&c, "idp.test", None),
+            ["idp"],
+            "a token endpoint"
+        );
+        assert!(credentials_at_host(&c, "other.test", None).is_empty());
     }
 
     fn t(scheme: Scheme, host: &str, port: Option<u16>, path: &str) -> Target {

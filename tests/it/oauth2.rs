@@ -172,11 +172,12 @@ fn setup(mode: Mode, token_down: bool) -> Setup {
          [[credentials]]\nid = \"cc\"\nsecret = \"cc-client\"\n\
          inject = {{ oauth2 = {{ grant = \"client_credentials\", token_url = \"https://auth.test:{port}/oauth/token\", scope = \"read write\" }} }}\n\
          [[routes]]\nid = \"token\"\nagents = []\nmatch = {{ host = \"auth.test\", port = {port} }}\nresolve = \"{token_addr}\"\nupstream_ca = \"{}\"\nresponse_timeout = \"3s\"\n\
-         [[routes]]\nid = \"api\"\ncredential = \"cc\"\nmatch = {{ host = \"api.test\", port = {} }}\nresolve = \"{}\"\nupstream_ca = \"{}\"\n",
+         [[routes]]\nid = \"api\"\ncredential = \"cc\"\nmatch = {{ host = \"api.test\", port = {api_port} }}\nresolve = \"{api_addr}\"\nupstream_ca = \"{api_ca}\"\n\
+         [[routes]]\nid = \"open\"\nmatch = {{ host = \"api.test\", port = {api_port}, path_prefix = \"/open\" }}\nresolve = \"{api_addr}\"\nupstream_ca = \"{api_ca}\"\n",
         token.tls.ca_file.display(),
-        api.tls.addr.port(),
-        api.tls.addr,
-        api.tls.ca_file.display(),
+        api_port = api.tls.addr.port(),
+        api_addr = api.tls.addr,
+        api_ca = api.tls.ca_file.display(),
     );
     let daemon = Daemon::start_with(&home, Some(&config), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
     Setup {
@@ -243,6 +244,17 @@ fn twenty_concurrent_requests_share_one_token_request() {
         .encode(format!("{CLIENT_ID}:client-secret-canary-5f2b71%2FZq"));
     assert_eq!(auth, format!("Basic {basic}"));
     assert_eq!(form, "grant_type=client_credentials&scope=read%20write");
+    // A route to the same host that injects nothing is guarded against the minted token
+    // too: an origin that kept it could echo it there (here the echo is of what it got).
+    let ca = s.home.root().join("certs/ca.pem").display().to_string();
+    let url = format!("https://api.test:{}/open/x", s.api.tls.addr.port());
+    let sent = "Authorization: Bearer minted-token-1";
+    let (status, body, head) = curl(&["--cacert", &ca, "-x", &s.daemon.proxy, "-H", sent, &url]);
+    assert_eq!(status, 200, "{body}{head}");
+    assert!(
+        !body.contains("minted-token-1") && !head.contains("minted-token-1"),
+        "{body}{head}"
+    );
 }
 
 #[test]

@@ -320,7 +320,8 @@ fn setup() -> Setup {
          [journal]\nmin_free_bytes = \"1MiB\"\nreserve_bytes = \"1MiB\"\nbuffer_limit = \"1MiB\"\nmax_result_bytes = \"1MiB\"\n\
          [[credentials]]\nid = \"gh\"\nsecret = \"tok\"\ninject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\n\
          [[routes]]\nid = \"echo\"\ncredential = \"gh\"\nmatch = {{ scheme = \"http\", host = \"origin.test\", port = {port} }}\nresolve = \"127.0.0.1:{port}\"\n\
-         [[routes]]\nid = \"public\"\nmatch = {{ scheme = \"http\", host = \"origin.test\", port = {port}, path_prefix = \"/pub\" }}\nresolve = \"127.0.0.1:{port}\"\n"
+         [[routes]]\nid = \"public\"\nmatch = {{ scheme = \"http\", host = \"origin.test\", port = {port}, path_prefix = \"/pub\" }}\nresolve = \"127.0.0.1:{port}\"\n\
+         [[routes]]\nid = \"alias\"\nmatch = {{ scheme = \"http\", host = \"alias.test\", port = {port} }}\nresolve = \"127.0.0.1:{port}\"\n"
     );
     let daemon = Daemon::start_with(&home, Some(&config), &[("POSTERN_VAULT_KEY", VAULT_KEY)]);
     Setup {
@@ -444,6 +445,12 @@ fn a_route_without_the_credential_is_guarded_against_what_the_origin_kept_of_it(
     let req = s.origin.last_request().to_ascii_lowercase();
     assert!(!req.contains("\r\nrange:"), "{req}");
     assert!(!req.contains("authorization"), "nothing injected: {req}");
+    // The same origin under another name (pinned to the same address) is guarded too.
+    let url = format!("http://alias.test:{}/pub/last", s.port);
+    let (status, body, head) = curl(&["-x", s.daemon.proxy.as_str(), &url]);
+    assert_eq!(status, 200, "{head}");
+    assert!(body.contains("[postern:redacted]"), "{body}");
+    assert_clean("the alias's body", &body);
 }
 
 #[test]

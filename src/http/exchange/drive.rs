@@ -220,7 +220,7 @@ impl Exchange {
                 Ok(hop) => self.hop = hop,
                 Err(failure) => refusal = Some(failure),
             }
-            self.neighbours = neighbours(&config, &self.proxy.vault, &self.target, credential);
+            self.neighbours = neighbours(&config, &self.proxy, &self.target, route, credential);
         }
         if let Some(binding) = binding {
             // The key is claimed with the preflight, before anything can be sent (a refused
@@ -505,16 +505,19 @@ fn refuse(code: Code, field: &'static str) -> Refuse {
 
 /// Which offered credential this request uses (`Postern-Credential`), never echoed back.
 /// The other credentials routes inject into the target's host, each as it would be
-/// injected now; one whose secret cannot be read now is left out (no guard can hold it).
+/// injected now (a minted one with the token last minted); one whose secret cannot be read
+/// now is left out (no guard can hold it).
 fn neighbours(
     config: &Config,
-    vault: &crate::vault::Vault,
+    proxy: &Proxy,
     target: &crate::policy::Target,
+    route: &Route,
     bound: Option<&str>,
 ) -> Vec<Injection> {
-    (crate::policy::credentials_at_host(config, &target.host).into_iter())
+    (crate::policy::credentials_at_host(config, &target.host, route.resolve).into_iter())
         .filter(|id| Some(*id) != bound)
-        .filter_map(|id| Injection::resolve(config, vault, id).ok())
+        .filter_map(|id| Injection::resolve(config, &proxy.vault, id).ok())
+        .map(|i| i.with_kept_token(&proxy.minter))
         .collect()
 }
 

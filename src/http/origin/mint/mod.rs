@@ -224,6 +224,13 @@ impl Minter {
         slots.entry(key).or_default().clone()
     }
 
+    /// The token last kept for this credential, fresh or not (an origin may still hold it).
+    pub fn kept(&self, ask: &Ask<'_>) -> Option<Token> {
+        let slot = self.slots.lock().ok()?.get(&ask.key())?.clone();
+        let kept = slot.kept.lock().ok()?;
+        kept.as_ref().map(|k| k.token.clone())
+    }
+
     /// The credential's token: the kept one while fresh, else one minted now (or by the
     /// request in flight this one waited for).
     pub async fn token(
@@ -492,6 +499,14 @@ impl Injection {
         let token = proxy.minter.token(proxy, config, &ask).await?;
         self.token = Some(token);
         Ok(())
+    }
+
+    /// `oauth2`: the token last minted for this credential, for a guard (nothing is minted).
+    pub fn with_kept_token(mut self, minter: &Minter) -> Self {
+        if let Some(ask) = self.ask() {
+            self.token = minter.kept(&ask);
+        }
+        self
     }
 
     /// What a token request for this credential needs (`oauth2` only).
