@@ -676,3 +676,14 @@ fn an_idempotency_key_header_postern_would_not_send_on_is_refused() {
     }
     assert!(paths(&route("X-Request-Key")).is_empty());
 }
+
+#[test]
+fn an_idempotency_key_header_a_credential_of_the_route_injects_is_refused() {
+    let text = "[[credentials]]\nid = \"k\"\nsecret = \"s\"\n\
+                inject = { header = \"X-Request-Key\", format = \"{secret}\" }\n\
+                [[routes]]\nid = \"pay\"\ncredential = \"k\"\nmatch = { host = \"pay.test\" }\n\
+                idempotency = { header = \"x-request-key\", scope = \"s\", retention = \"1h\" }\n";
+    assert_eq!(paths(text), ["routes[0].idempotency.header"]);
+    let apart = text.replace("x-request-key\", scope", "Idempotency-Key\", scope");
+    assert!(paths(&apart).is_empty(), "{:?}", paths(&apart));
+}

@@ -676,6 +676,16 @@ fn methods(c: &mut Checker<'_>, path: &str, list: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// The header a credential's value goes in, for the modes that set one.
+fn injected_header(inject: &Inject) -> Option<&str> {
+    match inject {
+        Inject::Header { name, .. } => Some(name),
+        Inject::Basic { .. } => Some("authorization"),
+        Inject::OAuth2(o) => Some(&o.header),
+        _ => None,
+    }
+}
+
 fn route(
     c: &mut Checker<'_>,
     refs: &Refs<'_>,
@@ -787,6 +797,19 @@ fn route(
                 format!(
                     "`{}` never reaches the origin (hop-by-hop, or postern's own)",
                     k.header
+                ),
+            );
+        } else if let Some(cred) = defined
+            .iter()
+            .filter(|d| credentials.contains(&d.id))
+            .find(|d| injected_header(&d.inject).is_some_and(|h| h.eq_ignore_ascii_case(&lower)))
+        {
+            // The credential's value would replace the key on the way out.
+            c.bad(
+                format!("{p}.idempotency.header"),
+                format!(
+                    "`{}` is the header credential `{}` injects",
+                    k.header, cred.id
                 ),
             );
         }
