@@ -503,7 +503,6 @@ fn refuse(code: Code, field: &'static str) -> Refuse {
     }
 }
 
-/// Which offered credential this request uses (`Postern-Credential`), never echoed back.
 /// The other credentials routes inject into the target's host, each as it would be
 /// injected now (a minted one with the token last minted); one whose secret cannot be read
 /// now is left out (no guard can hold it).
@@ -521,6 +520,7 @@ fn neighbours(
         .collect()
 }
 
+/// Which offered credential this request uses (`Postern-Credential`), never echoed back.
 fn select_credential<'r>(route: &'r Route, headers: &HeaderMap) -> Result<Option<&'r str>, Refuse> {
     let mut offered = headers.get_all(POSTERN_CREDENTIAL).iter();
     let asked = offered.next().map(|v| v.as_bytes());
