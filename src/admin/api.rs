@@ -473,6 +473,16 @@ async fn result_body(state: &AdminState, id: &str, range: Option<&str>) -> Reply
 /// `GET …/result/body`, the admin's and an agent's (`postern.internal`): the stored body
 /// (an exec's stdout), whole or the one `bytes=` range asked for (SPEC §2).
 pub fn body_response(stored: &StoredResult, range: Option<&str>) -> Response<Bytes> {
+    let mut r = ranged_body(stored, range);
+    // A stored result is the operator's and its agent's: no cache keeps a copy.
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    r
+}
+
+fn ranged_body(stored: &StoredResult, range: Option<&str>) -> Response<Bytes> {
     let coded = |status: StatusCode, code: &str, message: &str| {
         let body = json!({"error": {"code": code, "message": message}}).to_string();
         let mut r = Response::new(Bytes::from(body));

@@ -725,6 +725,7 @@ fn agents_read_their_own_invocations_through_postern_internal() {
         Some("bytes 2-3/4"),
         "{head}"
     );
+    assert_eq!(header(&head, "cache-control"), Some("no-store"), "{head}");
     let (status, _, head) = curl(&["-x", &ci, "-r", "9-", &body_url]);
     assert_eq!(status, 416, "{head}");
     for path in ["", "/result", "/result/body"] {
